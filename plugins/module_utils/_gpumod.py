@@ -1,0 +1,70 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection.
+# Breaking changes can happen without notice.
+
+"""Glue between AnsibleModule and the GPU backend, shared by the GPU modules."""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+import typing as t
+
+from ansible.module_utils.basic import missing_required_lib
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _gpuwait, _nvml
+
+
+@contextlib.contextmanager
+def backend_or_fail(module: t.Any) -> t.Iterator[_nvml.Backend]:
+    try:
+        backend = _nvml.open_backend(module.params.get("backend") or "auto")
+    except _nvml.BackendUnavailable as e:
+        msg = str(e)
+        if _nvml.pynvml is None:
+            msg = missing_required_lib("nvidia-ml-py", reason="GPU queries (and nvidia-smi was not found either)") + " " + msg
+        module.fail_json(msg=msg, exception=e.exception)
+    try:
+        yield backend
+    except _nvml.GpuError as e:
+        module.fail_json(msg=str(e), backend=backend.name)
+    except Exception as e:  # pragma: no cover - reported with traceback for bug reports
+        module.fail_json(msg="Unexpected GPU backend error: %s" % e, exception=traceback.format_exc())
+    finally:
+        backend.close()
+
+
+def gpu_facts(module: t.Any, backend: _nvml.Backend, wanted: t.Sequence[int]) -> t.Dict[str, t.Any]:
+    indices = _nvml.resolve_indices(backend, wanted)
+    gpus = [backend.info(i) for i in indices]
+    holders = {(h["gpu"], h["pid"]): h for h in _gpuwait.enrich_holders(gpus)}
+    for g in gpus:
+        for p in g["processes"]:
+            h = holders[(g["index"], p["pid"])]
+            p["user"] = h["user"]
+            p["cmdline"] = h["cmdline"]
+    sysinfo = backend.system()
+    links = [g["nvlink"]["active_links"] for g in gpus if g["nvlink"]["supported"] is not None]
+    nvlink_known = [g["nvlink"]["supported"] for g in gpus if g["nvlink"]["supported"] is not None]
+    return {
+        "backend": backend.name,
+        "driver_version": sysinfo["driver_version"],
+        "cuda_driver_version": sysinfo["cuda_driver_version"],
+        "gpu_count": backend.count(),
+        "nvlink_active": (any(n > 0 for n in links) if nvlink_known else None),
+        "gpus": gpus,
+    }
+
+
+def not_ready_message(res: t.Mapping[str, t.Any]) -> str:
+    used = ", ".join("GPU %d %s MiB used" % (g["index"], g["used_mib"]) for g in res["gpus"])
+    if res["state"] == "clean":
+        who = "; ".join("GPU %d pid %d (%s, %s MiB): %s" % (h["gpu"], h["pid"], h["user"], h["used_mib"], h["cmdline"][:160])
+                        for h in res["holders"]) or "no process listed"
+        return "GPUs not clean after %.1f s (%s; threshold %s MiB). Holders: %s" % (
+            res["waited_s"], used, res["max_used_mib"], who)
+    return "GPUs not busy after %.1f s (%s)" % (res["waited_s"], used)

@@ -1,0 +1,120 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection.
+# Breaking changes can happen without notice.
+
+"""Shared argument spec and runners for the process-selecting modules (process_kill, process_env)."""
+
+from __future__ import annotations
+
+import time
+import typing as t
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod, _kill, _nvml, _proc, _select
+
+
+def selector_argspec(**extra: t.Any) -> t.Dict[str, t.Any]:
+    spec: t.Dict[str, t.Any] = dict(
+        tag=dict(type="str"),
+        pidfile=dict(type="path"),
+        pidfile_cmdline_regex=dict(type="str"),
+        pids=dict(type="list", elements="int", default=[]),
+        cmdline_regex=dict(type="str"),
+        user=dict(type="str"),
+        gpu_holders=dict(type="list", elements="int", default=[]),
+        include_descendants=dict(type="bool", default=True),
+        include_groups=dict(type="bool", default=True),
+        exclude_regex=dict(type="list", elements="str"),
+        backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),
+    )
+    spec.update(extra)
+    return spec
+
+
+def gpu_holder_pids(module: t.Any, gpus: t.Sequence[int], procs: t.Mapping[int, _proc.Proc]) -> t.List[int]:
+    """NVML's process list for these GPUs plus processes with their /dev/nvidiaN open."""
+    pids: t.Set[int] = set()
+    minors = []
+    with _gpumod.backend_or_fail(module) as backend:
+        for i in _nvml.resolve_indices(backend, gpus):
+            pids.update(p["pid"] for p in backend.processes(i))
+            minors.append(backend.minor(i))
+    if minors:
+        rx = r"^/dev/nvidia(%s)$" % "|".join(str(m) for m in minors)
+        pids.update(_proc.device_holders(procs, rx))
+    return sorted(pids)
+
+
+def build_selector(module: t.Any, procs: t.Mapping[int, _proc.Proc]) -> _select.Selector:
+    p = module.params
+    sel = _select.Selector(
+        tag=p["tag"],
+        pidfile=p["pidfile"],
+        pidfile_cmdline_regex=p["pidfile_cmdline_regex"],
+        pids=p["pids"],
+        cmdline_regex=p["cmdline_regex"],
+        user=p["user"],
+        gpu_holder_pids=gpu_holder_pids(module, p["gpu_holders"], procs) if p["gpu_holders"] else (),
+        include_descendants=p["include_descendants"],
+        include_groups=p["include_groups"],
+        exclude_regex=_select.DEFAULT_EXCLUDES if p["exclude_regex"] is None else p["exclude_regex"],
+    )
+    if sel.is_empty() and not p["gpu_holders"]:
+        module.fail_json(msg="No selector given: set at least one of tag, pidfile, pids, cmdline_regex, user, gpu_holders")
+    return sel
+
+
+def select_or_fail(module: t.Any) -> t.Tuple[t.Dict[str, t.Any], t.Mapping[int, _proc.Proc]]:
+    procs = _proc.snapshot()
+    try:
+        sel = build_selector(module, procs)
+        return _select.select(sel, procs), procs
+    except (_select.SelectError, _proc.ProcError) as e:
+        module.fail_json(msg=str(e))
+        raise  # unreachable; keeps type checkers honest
+
+
+def run_kill(module: t.Any) -> t.Dict[str, t.Any]:
+    p = module.params
+    for k in ("grace", "final_wait"):
+        if p[k] < 0:
+            module.fail_json(msg="%s must be >= 0 seconds, got %s" % (k, p[k]))
+    if p["poll_interval"] <= 0:
+        module.fail_json(msg="poll_interval must be > 0 seconds, got %s" % p["poll_interval"])
+    try:
+        for s in p["signals"]:
+            _kill.parse_signal(s)
+    except _kill.KillError as e:
+        module.fail_json(msg="signals: %s" % e)
+    if not p["signals"]:
+        module.fail_json(msg="signals must name at least one signal")
+
+    chosen, procs = select_or_fail(module)
+    sel = chosen["selected"]
+    described = {pid: _select.describe(pid, procs, why) for pid, why in sel.items()}
+    excluded = [dict(pid=pid, reason=why, cmdline=procs[pid].command[:300]) for pid, why in sorted(chosen["excluded"].items())]
+    result: t.Dict[str, t.Any] = dict(changed=bool(sel), processes=[described[k] for k in sorted(described)],
+                                      signalled=len(sel), survivors=[], excluded=excluded,
+                                      notes=chosen["notes"], elapsed_s=0.0)
+    if module.check_mode or not sel:
+        return result
+    t0 = time.monotonic()
+    try:
+        report = _kill.kill([procs[pid] for pid in sorted(sel)], signals=p["signals"], grace=p["grace"],
+                            final_wait=p["final_wait"], poll_interval=p["poll_interval"])
+    except _kill.KillError as e:
+        module.fail_json(msg=str(e))
+    result["elapsed_s"] = round(time.monotonic() - t0, 4)
+    for r in report:
+        described[r["pid"]].update(r)
+    result["processes"] = [described[k] for k in sorted(described)]
+    result["signalled"] = sum(1 for r in report if r["signals_sent"])
+    result["changed"] = result["signalled"] > 0
+    result["survivors"] = [r["pid"] for r in report if r["survived"]]
+    if result["survivors"] and p["fail_on_survivor"]:
+        detail = "; ".join("pid %d state %s: %s" % (r["pid"], r.get("state"), r["cmdline"][:160]) for r in report if r["survived"])
+        module.fail_json(msg="%d process(es) survived %s: %s" % (len(result["survivors"]), p["signals"][-1], detail), **result)
+    return result

@@ -1,0 +1,197 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection.
+# Breaking changes can happen without notice.
+
+"""Process selection shared by process_kill and process_env.
+
+A selector is a union of criteria (tag, pidfile, pids, cmdline regex, user, GPU holders),
+expanded with descendants and with the sessions/process groups the selected processes LEAD,
+then reduced by exclusions and by the protected set (pid 1, kernel threads, our own chain).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import typing as t
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _proc
+
+# Host agents that hold /dev/nvidia* or GPU contexts but are never part of a server.
+DEFAULT_EXCLUDES = [
+    r"(^|/)nvidia-persistenced(\s|$)",
+    r"(^|/)nv-hostengine(\s|$)",
+    r"(^|/)dcgm",
+    r"(^|/)(dcgm|nvidia_gpu|node|dcgm-)exporter",
+    r"nvidia_gpu_exporter",
+    r"(^|/)nvidia-fabricmanager",
+]
+
+# Tolerance between a process start and a pidfile mtime (clock ticks round to 10 ms,
+# and a launcher writes its pidfile right after fork).
+_PIDFILE_SLACK_S = 2.0
+
+
+class SelectError(Exception):
+    pass
+
+
+class Selector(t.NamedTuple):
+    tag: str | None = None
+    pidfile: str | None = None
+    pidfile_cmdline_regex: str | None = None
+    pids: t.Sequence[int] = ()
+    cmdline_regex: str | None = None
+    user: str | None = None
+    gpu_holder_pids: t.Sequence[int] = ()
+    include_descendants: bool = True
+    include_groups: bool = True
+    exclude_regex: t.Sequence[str] = tuple(DEFAULT_EXCLUDES)
+
+    def is_empty(self) -> bool:
+        return not (self.tag or self.pidfile or self.pids or self.cmdline_regex or self.user or self.gpu_holder_pids)
+
+
+def parse_tag(tag: str) -> t.Tuple[str, str]:
+    name, sep, value = tag.partition("=")
+    if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name) or not value:
+        raise SelectError("tag must look like NAME=VALUE (for example GPUFLEET_SERVICE=sglang), got %r" % tag)
+    return name, value
+
+
+def read_pidfile(path: str) -> t.Tuple[int, int | None]:
+    """Our pidfiles hold 'PID START_TIME'; foreign ones hold just 'PID'."""
+    with open(path) as f:
+        parts = f.read().split()
+    if not parts or not parts[0].isdigit():
+        raise SelectError("pidfile %s does not start with a pid" % path)
+    start = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+    return int(parts[0]), start
+
+
+def check_pidfile(path: str, procs: t.Mapping[int, _proc.Proc], cmdline_regex: str | None) -> t.Tuple[int | None, str]:
+    """Return (pid, reason). pid is None when the pidfile is missing or stale.
+
+    A pid is reused after its process dies, so the pidfile is never trusted blindly:
+    the recorded start time must match, or (foreign pidfile) the process must have
+    started before the pidfile was written and match the cmdline regex if given.
+    """
+    try:
+        pid, start = read_pidfile(path)
+        mtime = os.stat(path).st_mtime
+    except FileNotFoundError:
+        return None, "pidfile %s does not exist" % path
+    p = procs.get(pid)
+    if p is None or p.state in ("Z", "X"):
+        return None, "pidfile %s names pid %d, which is not running" % (path, pid)
+    if start is not None and start != p.start_time:
+        return None, "pidfile %s is stale: pid %d now belongs to another process (%s)" % (path, pid, p.command[:120])
+    if start is None and _proc.start_epoch(p) > mtime + _PIDFILE_SLACK_S:
+        return None, "pidfile %s is stale: pid %d started after the pidfile was written (%s)" % (path, pid, p.command[:120])
+    if cmdline_regex and not re.search(cmdline_regex, p.command):
+        return None, "pidfile %s: pid %d does not match %r (%s)" % (path, pid, cmdline_regex, p.command[:120])
+    return pid, "pidfile %s names running pid %d" % (path, pid)
+
+
+def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_pid: int | None = None) -> t.Dict[str, t.Any]:
+    """Return {'selected': {pid: [reasons]}, 'notes': [...], 'excluded': {pid: reason}}."""
+    if procs is None:
+        procs = _proc.snapshot()
+    me = os.getpid() if self_pid is None else self_pid
+    try:
+        cmd_rx = re.compile(sel.cmdline_regex) if sel.cmdline_regex else None
+        excl = [re.compile(r) for r in sel.exclude_regex]
+        if sel.pidfile_cmdline_regex:
+            re.compile(sel.pidfile_cmdline_regex)
+    except re.error as e:
+        raise SelectError("invalid regular expression: %s" % e)
+    tag = parse_tag(sel.tag) if sel.tag else None
+    uid = None
+    if sel.user is not None:
+        uid = _uid_of(sel.user)
+
+    reasons: t.Dict[int, t.List[str]] = {}
+    notes: t.List[str] = []
+
+    def add(pid: int, why: str) -> None:
+        reasons.setdefault(pid, [])
+        if why not in reasons[pid]:
+            reasons[pid].append(why)
+
+    for pid in sel.pids:
+        if pid in procs:
+            add(pid, "pid")
+        else:
+            notes.append("pid %d is not running" % pid)
+    if sel.pidfile:
+        pid, why = check_pidfile(sel.pidfile, procs, sel.pidfile_cmdline_regex)
+        notes.append(why)
+        if pid is not None:
+            add(pid, "pidfile")
+    for pid in sel.gpu_holder_pids:
+        if pid in procs:
+            add(pid, "gpu_holder")
+    for p in procs.values():
+        if p.pid == me:
+            continue
+        if cmd_rx is not None and p.cmdline and cmd_rx.search(p.command):
+            add(p.pid, "cmdline")
+        if uid is not None and p.uid == uid:
+            add(p.pid, "user")
+        if tag is not None and _proc.environ_has(p.pid, tag[0], tag[1]):
+            add(p.pid, "tag")
+
+    roots = list(reasons)
+    if sel.include_groups:
+        for pid in _proc.group_members(roots, procs):
+            add(pid, "group_member")
+    if sel.include_descendants:
+        for pid in _proc.descendants(list(reasons), procs):
+            add(pid, "descendant")
+
+    protected = _proc.protected_pids(procs, me)
+    excluded: t.Dict[int, str] = {}
+    for pid in list(reasons):
+        p = procs.get(pid)
+        if p is None:
+            del reasons[pid]
+            continue
+        if pid in protected:
+            excluded[pid] = "protected (pid 1, kernel thread, or this module's own process chain)"
+        elif p.state in ("Z", "X"):
+            excluded[pid] = "zombie (already exited)"
+        else:
+            for rx in excl:
+                if rx.search(p.command) or rx.search(p.comm):
+                    excluded[pid] = "excluded by %r" % rx.pattern
+                    break
+        if pid in excluded:
+            del reasons[pid]
+    return {"selected": reasons, "notes": notes, "excluded": excluded}
+
+
+def _uid_of(user: str) -> int:
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        if user.isdigit():
+            return int(user)
+        raise SelectError("user %r does not exist on this host" % user)
+
+
+def describe(pid: int, procs: t.Mapping[int, _proc.Proc], why: t.Sequence[str]) -> t.Dict[str, t.Any]:
+    p = procs[pid]
+    return {
+        "pid": pid,
+        "ppid": p.ppid,
+        "start_time": p.start_time,
+        "user": p.user(),
+        "cmdline": p.command[:500],
+        "matched_by": list(why),
+    }

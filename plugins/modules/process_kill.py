@@ -1,0 +1,183 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: process_kill
+short_description: Kill a server's processes, workers and orphans included, with TERM, grace, KILL escalation
+version_added: 0.1.0
+description:
+  - Replaces C(ps aux | grep python3 | xargs kill -9) and C(fuser -k /dev/nvidia*) with a selection that
+    kills exactly the processes asked for.
+  - Processes are selected by any of O(tag), O(pidfile), O(pids), O(cmdline_regex), O(user), O(gpu_holders),
+    then extended with their descendants and the members of the sessions and process groups they lead.
+  - O(tag) finds every process whose exec-time environment has C(NAME=VALUE); a launch tag is inherited by
+    all workers, so workers orphaned to PID 1 after their launcher died (a known SGLang/vLLM failure) are found.
+  - Each process is pinned by pid and start time (field 22 of C(/proc/PID/stat)) and signalled through a
+    pidfd where the kernel has them, so a pid reused by another process is never signalled.
+  - PID 1, kernel threads, this module's own process and its ancestors (the ssh/ansible chain) are never signalled;
+    O(exclude_regex) removes host agents (nvidia-persistenced, DCGM, exporters) by default.
+  - A process that is already gone counts as success. The module fails, listing them, when processes
+    survive the last signal (for example in uninterruptible sleep, state C(D)).
+author: gpufleet contributors
+extends_documentation_fragment:
+  - gpufleet.serving._attributes
+  - gpufleet.serving._attributes.NVML
+attributes:
+  check_mode:
+    support: full
+    details: Lists the processes that would be signalled and signals none.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+    details: A second run finds nothing to kill and reports RV(changed=false).
+options:
+  tag:
+    description: Select processes whose C(/proc/PID/environ) holds this C(NAME=VALUE) pair.
+    type: str
+  pidfile:
+    description:
+      - Select the process named by this pidfile.
+      - A pidfile written by gpufleet holds C(PID START_TIME) and must match exactly; a foreign pidfile's pid
+        must have started before the file was written (and match O(pidfile_cmdline_regex) if given), so a
+        stale pidfile whose pid now belongs to another process selects nothing.
+    type: path
+  pidfile_cmdline_regex:
+    description: Regex the pidfile's process command line must match.
+    type: str
+  pids:
+    description: Select these pids.
+    type: list
+    elements: int
+    default: []
+  cmdline_regex:
+    description: Select processes whose command line (arguments joined by spaces) matches this Python regex.
+    type: str
+  user:
+    description: Select every process of this user (name or uid).
+    type: str
+  gpu_holders:
+    description:
+      - Select the processes holding these GPU indices (NVML compute and graphics processes).
+      - This is C(fuser -k /dev/nvidia*) made safe; O(exclude_regex) and the protected set still apply.
+    type: list
+    elements: int
+    default: []
+  include_descendants:
+    description: Also select every descendant of a selected process.
+    type: bool
+    default: true
+  include_groups:
+    description: Also select the members of the sessions and process groups that a selected process leads.
+    type: bool
+    default: true
+  exclude_regex:
+    description:
+      - Never select processes whose command line matches one of these regexes.
+      - The default excludes nvidia-persistenced, nv-hostengine, DCGM, GPU exporters and nvidia-fabricmanager.
+    type: list
+    elements: str
+  signals:
+    description: Signals to send in turn to processes still alive, for example V([TERM, KILL]).
+    type: list
+    elements: str
+    default: [TERM, KILL]
+  grace:
+    description: Seconds to wait after each signal but the last before escalating.
+    type: float
+    default: 10
+  final_wait:
+    description: Seconds to wait after the last signal before reporting survivors.
+    type: float
+    default: 5
+  poll_interval:
+    description: Seconds between liveness checks (pidfds also wake the wait at once).
+    type: float
+    default: 0.01
+  fail_on_survivor:
+    description: Fail when a process survives the last signal.
+    type: bool
+    default: true
+notes:
+  - Reading other users' C(/proc/PID/environ) needs root; use C(become) for O(tag).
+seealso:
+  - module: gpufleet.serving.gpu_wait
+"""
+
+EXAMPLES = r"""
+- name: Kill every process of the sglang service, orphans included
+  gpufleet.serving.process_kill:
+    tag: GPUFLEET_SERVICE=sglang
+    grace: 15
+  become: true
+
+- name: Kill what the pidfile names, only if it is really the server
+  gpufleet.serving.process_kill:
+    pidfile: /run/gpufleet/sglang.pid
+    pidfile_cmdline_regex: sglang\.launch_server
+
+- name: Show what would be killed on GPUs 0-7 (check mode)
+  gpufleet.serving.process_kill:
+    gpu_holders: [0, 1, 2, 3, 4, 5, 6, 7]
+  check_mode: true
+"""
+
+RETURN = r"""
+processes:
+  description:
+    - One entry per selected process with C(pid), C(ppid), C(start_time), C(user), C(cmdline), C(matched_by),
+      and after signalling C(signals_sent), C(already_gone), C(exited_after_s), C(survived) (and C(state) if it survived).
+  returned: always
+  type: list
+  elements: dict
+signalled:
+  description: Number of processes that were (or in check mode would be) signalled.
+  returned: always
+  type: int
+survivors:
+  description: Pids still alive after the last signal.
+  returned: always
+  type: list
+  elements: int
+excluded:
+  description: Processes matched but left alone, with the reason (protected, zombie, or exclude_regex).
+  returned: always
+  type: list
+  elements: dict
+notes:
+  description: Facts about the selection, such as a stale pidfile.
+  returned: always
+  type: list
+  elements: str
+elapsed_s:
+  description: Seconds from the first signal until every process was gone (or the wait ended).
+  returned: always
+  type: float
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _killmod
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=_killmod.selector_argspec(
+            signals=dict(type="list", elements="str", default=["TERM", "KILL"]),
+            grace=dict(type="float", default=10.0),
+            final_wait=dict(type="float", default=5.0),
+            poll_interval=dict(type="float", default=0.01),
+            fail_on_survivor=dict(type="bool", default=True),
+        ),
+        supports_check_mode=True,
+    )
+    module.exit_json(**_killmod.run_kill(module))
+
+
+if __name__ == "__main__":
+    main()
