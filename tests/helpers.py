@@ -1,0 +1,120 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Helpers for tests: collection install, fake GPUs, real processes, ansible-playbook runs."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import typing as t
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+FAKE_NVML_DIR = ROOT / "tests" / "fakes" / "nvml"
+PY = sys.executable
+
+_installed: t.Optional[Path] = None
+
+
+def install_collection() -> Path:
+    global _installed
+    if _installed is None:
+        out = subprocess.run([PY, str(ROOT / "scripts" / "install-collection"), str(ROOT / "collections")],
+                             check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
+        _installed = Path(out)
+    return _installed
+
+
+class FakeGpus:
+    """Config + state dir of the fake pynvml; `env` puts the fake first on PYTHONPATH."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = Path(base)
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.config = self.base / "fake_nvml.json"
+        self.state = self.base / "state"
+        self.holders: t.List[subprocess.Popen] = []
+
+    def configure(self, gpus: int = 2, memory_mib: int = 143771, reserved_mib: int = 615, nvlink_links: int = 0,
+                  memory_v2: bool = True, release_delay_s: float = 0.15, init_error: t.Optional[str] = None) -> None:
+        cfg = {
+            "gpus": [{"name": "NVIDIA H200", "memory_mib": memory_mib, "reserved_mib": reserved_mib,
+                      "nvlink_links": nvlink_links} for _ in range(gpus)],
+            "memory_v2": memory_v2,
+            "release_delay_s": release_delay_s,
+            "state_dir": str(self.state),
+            "init_error": init_error,
+        }
+        self.config.write_text(json.dumps(cfg))
+
+    @property
+    def env(self) -> t.Dict[str, str]:
+        e = dict(os.environ)
+        e["FAKE_NVML_CONFIG"] = str(self.config)
+        e["PYTHONPATH"] = str(FAKE_NVML_DIR) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+        return e
+
+    def hold(self, gpu: int = 0, mib: int = 20000, ignore_term: bool = False, **popen: t.Any) -> subprocess.Popen:
+        """Start a real process that holds `mib` of fake GPU memory until it dies."""
+        ready = tempfile.mktemp(dir=str(self.base), prefix="ready-")
+        argv = [PY, str(FAKE_NVML_DIR / "fake_gpu.py"), "hold", "--gpu", str(gpu), "--mib", str(mib), "--ready-file", ready]
+        if ignore_term:
+            argv.append("--ignore-term")
+        p = subprocess.Popen(argv, env=self.env, **popen)
+        wait_for(lambda: os.path.exists(ready), 10, "fake GPU holder ready")
+        self.holders.append(p)
+        return p
+
+    def cleanup(self) -> None:
+        for p in self.holders:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def wait_for(cond: t.Callable[[], t.Any], timeout: float, what: str, interval: float = 0.01) -> t.Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out after %.1fs waiting for %s" % (timeout, what))
+        time.sleep(interval)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            data = f.read()
+    except OSError:
+        return False
+    return data[data.rindex(")") + 2:].split()[0] not in ("Z", "X")
+
+
+def run_playbook(playbook: t.Union[str, Path], *args: str, env: t.Optional[t.Dict[str, str]] = None,
+                 extra_vars: t.Optional[t.Dict[str, t.Any]] = None, check: bool = False, diff: bool = False,
+                 inventory: t.Optional[str] = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ansible-playbook (the real CLI) from the repo root; localhost uses this venv's python."""
+    e = dict(env or os.environ)
+    e.setdefault("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
+    e["ANSIBLE_NOCOLOR"] = "1"
+    e["ANSIBLE_FORCE_COLOR"] = "0"
+    argv = [str(VENV_BIN / "ansible-playbook"), str(playbook)]
+    if inventory is None:
+        argv += ["-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=%s" % PY]
+    else:
+        argv += ["-i", inventory]
+    if extra_vars:
+        argv += ["-e", json.dumps(extra_vars)]
+    if check:
+        argv.append("--check")
+    if diff:
+        argv.append("--diff")
+    argv += list(args)
+    return subprocess.run(argv, cwd=str(ROOT), env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout)
