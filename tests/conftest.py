@@ -21,6 +21,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from helpers import FakeGpus, install_collection  # noqa: E402
 
+pytest_plugins = ["sandbox.fixtures"]  # sandbox_fleet / sandbox_fleet_module (tests/sandbox/fixtures.py)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def installed_collection() -> Path:
