@@ -49,6 +49,7 @@ class _Target:
         self.signals: t.List[str] = []
         self.exited_after: float | None = None
         self.already_gone = False
+        self.error: str | None = None
         if _HAVE_PIDFD:
             try:
                 self.fd = os.pidfd_open(p.pid)
@@ -59,10 +60,14 @@ class _Target:
             self.already_gone = True
             self.close()
 
-    def alive(self) -> bool:
+    def alive(self, t0: float) -> bool:
+        """Re-check, and record the exit time the first time the process is seen gone."""
         if self.already_gone or self.exited_after is not None:
             return False
-        return _proc.is_alive(self.proc.identity)
+        if _proc.is_alive(self.proc.identity):
+            return True
+        self.exited_after = time.monotonic() - t0
+        return False
 
     def send(self, sig: signal.Signals) -> bool:
         try:
@@ -74,6 +79,10 @@ class _Target:
                 return False
         except ProcessLookupError:
             return False
+        except PermissionError:
+            # Another user's process without become: report it as a survivor, do not crash.
+            self.error = "permission denied sending %s; use become: true" % sig.name
+            return True
         self.signals.append(sig.name)
         return True
 
@@ -103,7 +112,7 @@ def kill(
     t0 = time.monotonic()
     try:
         for i, sig in enumerate(sigs):
-            living = [x for x in targets if x.alive()]
+            living = [x for x in targets if x.alive(t0) and x.error is None]
             if not living:
                 break
             for x in living:
@@ -131,6 +140,8 @@ def kill(
         if survived:
             now = _proc.read_proc(p.pid)
             res["state"] = now.state if now else "?"
+        if x.error:
+            res["error"] = x.error
         out.append(res)
     return out
 
@@ -142,11 +153,7 @@ def _wait(targets: t.List[_Target], t0: float, deadline: float, poll_interval: f
     re-checked every poll_interval too (no pidfd support, or a zombie state change).
     """
     while True:
-        pending = [x for x in targets if not x.already_gone and x.exited_after is None]
-        for x in pending:
-            if not _proc.is_alive(x.proc.identity):
-                x.exited_after = time.monotonic() - t0
-        pending = [x for x in pending if x.exited_after is None]
+        pending = [x for x in targets if x.alive(t0) and x.error is None]
         now = time.monotonic()
         if not pending or now >= deadline:
             return

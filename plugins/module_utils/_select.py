@@ -145,6 +145,23 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
         if tag is not None and _proc.environ_has(p.pid, tag[0], tag[1]):
             add(p.pid, "tag")
 
+    protected = _proc.protected_pids(procs, me)
+    excluded: t.Dict[int, str] = {}
+
+    def drop_excluded() -> None:
+        for pid in list(reasons):
+            p = procs.get(pid)
+            if p is None:
+                del reasons[pid]
+                continue
+            why = _exclusion(p, protected, excl)
+            if why:
+                excluded[pid] = why
+                del reasons[pid]
+
+    # Filter BEFORE expanding: a protected or excluded match (pid 1, our own ansible chain,
+    # nvidia-persistenced) must not pull in its descendants or the session it leads.
+    drop_excluded()
     roots = list(reasons)
     if sel.include_groups:
         for pid in _proc.group_members(roots, procs):
@@ -152,26 +169,19 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
     if sel.include_descendants:
         for pid in _proc.descendants(list(reasons), procs):
             add(pid, "descendant")
-
-    protected = _proc.protected_pids(procs, me)
-    excluded: t.Dict[int, str] = {}
-    for pid in list(reasons):
-        p = procs.get(pid)
-        if p is None:
-            del reasons[pid]
-            continue
-        if pid in protected:
-            excluded[pid] = "protected (pid 1, kernel thread, or this module's own process chain)"
-        elif p.state in ("Z", "X"):
-            excluded[pid] = "zombie (already exited)"
-        else:
-            for rx in excl:
-                if rx.search(p.command) or rx.search(p.comm):
-                    excluded[pid] = "excluded by %r" % rx.pattern
-                    break
-        if pid in excluded:
-            del reasons[pid]
+    drop_excluded()
     return {"selected": reasons, "notes": notes, "excluded": excluded}
+
+
+def _exclusion(p: _proc.Proc, protected: t.Set[int], excl: t.Sequence[t.Pattern[str]]) -> str | None:
+    if p.pid in protected:
+        return "protected (pid 1, kernel thread, or this module's own process chain)"
+    if p.state in ("Z", "X"):
+        return "zombie (already exited)"
+    for rx in excl:
+        if rx.search(p.command) or rx.search(p.comm):
+            return "excluded by %r" % rx.pattern
+    return None
 
 
 def _uid_of(user: str) -> int:

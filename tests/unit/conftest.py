@@ -1,0 +1,78 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Unit-test harness.
+
+- Imports go through the installed copy (collections/ansible_collections/gpufleet/serving), refreshed
+  from the checkout before any test module is imported, so `ansible_collections.gpufleet.serving...`
+  resolves exactly as it does on a target.
+- The test-only fake pynvml (tests/fakes/nvml) is put first on sys.path BEFORE _nvml is imported, so the
+  product's `import pynvml` binds to the fake: the only double, at the NVML boundary.
+- `run_module` runs a module's real main() in-process with `patch_module_args` (core 2.19+), lets the real
+  exit_json/fail_json print their JSON and raise SystemExit, and returns the parsed result.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import typing as t
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+from helpers import FAKE_NVML_DIR, FakeGpus, install_collection  # noqa: E402
+
+_COLL_BASE = install_collection().parents[2]
+if str(_COLL_BASE) not in sys.path:
+    sys.path.insert(0, str(_COLL_BASE))
+if str(FAKE_NVML_DIR) not in sys.path:
+    sys.path.insert(0, str(FAKE_NVML_DIR))
+
+try:
+    from ansible.module_utils.testing import patch_module_args
+except ImportError:  # pragma: no cover - ansible-core < 2.19
+    import contextlib
+    from unittest import mock
+
+    from ansible.module_utils import basic
+
+    @contextlib.contextmanager
+    def patch_module_args(args=None):
+        data = json.dumps({"ANSIBLE_MODULE_ARGS": args or {}}).encode()
+        with mock.patch.object(basic, "_ANSIBLE_ARGS", data):
+            yield
+
+
+@pytest.fixture
+def nvml(tmp_path, monkeypatch) -> FakeGpus:
+    """Two fake H200s for in-process use; FAKE_NVML_CONFIG is set in this process's environment."""
+    fg = FakeGpus(tmp_path / "nvml")
+    fg.configure(gpus=2)
+    monkeypatch.setenv("FAKE_NVML_CONFIG", str(fg.config))
+    yield fg
+    fg.cleanup()
+
+
+@pytest.fixture
+def run_module(capsys) -> t.Callable[..., t.Dict[str, t.Any]]:
+    """Run a module's main() with the given args; return its JSON result (with 'failed' when it failed)."""
+
+    def run(main: t.Callable[[], None], args: t.Dict[str, t.Any], check_mode: bool = False) -> t.Dict[str, t.Any]:
+        a = dict(args)
+        if check_mode:
+            a["_ansible_check_mode"] = True
+        capsys.readouterr()
+        with patch_module_args(a):
+            with pytest.raises(SystemExit) as exc:
+                main()
+        out = capsys.readouterr().out
+        res = json.loads(out)
+        assert exc.value.code == (1 if res.get("failed") else 0), out
+        return res
+
+    return run
+
+
+def env_without(*keys: str) -> t.Dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in keys}
