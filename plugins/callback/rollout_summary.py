@@ -1,0 +1,135 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: rollout_summary
+type: aggregate
+short_description: Per-host summary of a gpufleet rollout (terminal table, Markdown and JSON)
+version_added: 0.1.0
+description:
+  - Collects the C(gpufleet_server_result) fact that the C(gpufleet.serving.gpu_server) role sets on each host,
+    plus failures and unreachable hosts, and prints one table at the end of the run.
+  - It prints even when a failed batch stops the rollout, so the hosts left untouched are listed too.
+  - When O(summary_dir) is set it also writes C(rollout-summary.json) and C(rollout-summary.md) there.
+requirements:
+  - enable in ansible.cfg with C(callbacks_enabled = gpufleet.serving.rollout_summary)
+options:
+  summary_dir:
+    description: Directory to write C(rollout-summary.json) and C(rollout-summary.md) into.
+    type: path
+    env:
+      - name: GPUFLEET_SUMMARY_DIR
+    ini:
+      - section: gpufleet
+        key: summary_dir
+"""
+
+import json
+import os
+import typing as t
+
+from ansible.plugins.callback import CallbackBase
+
+
+def _fmt(v: t.Any) -> str:
+    if v is None or v == "":
+        return "-"
+    if isinstance(v, float):
+        return "%.2f" % v
+    return str(v)
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "gpufleet.serving.rollout_summary"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hosts: t.Dict[str, t.Dict[str, t.Any]] = {}
+        self.inventory_hosts: t.List[str] = []
+
+    def v2_playbook_on_play_start(self, play: t.Any) -> None:
+        try:
+            vm = play.get_variable_manager()
+            inv = vm._inventory
+            for h in inv.get_hosts(play.hosts):
+                if h.name not in self.inventory_hosts:
+                    self.inventory_hosts.append(h.name)
+        except Exception:  # the summary must never break a run
+            pass
+
+    def _host(self, name: str) -> t.Dict[str, t.Any]:
+        return self.hosts.setdefault(name, {"host": name, "status": "ok"})
+
+    def v2_runner_on_ok(self, result: t.Any) -> None:
+        facts = result._result.get("ansible_facts") or {}
+        if "gpufleet_server_result" in facts:
+            h = self._host(result._host.get_name())
+            h.update(facts["gpufleet_server_result"])
+        elif result._host.get_name() not in self.hosts:
+            self._host(result._host.get_name())
+
+    def v2_runner_on_failed(self, result: t.Any, ignore_errors: bool = False) -> None:
+        if ignore_errors:
+            return
+        h = self._host(result._host.get_name())
+        h["status"] = "failed"
+        h.setdefault("failure", str(result._result.get("msg", "failed"))[:400])
+        h.setdefault("failed_task", result._task.get_name())
+
+    def v2_runner_on_unreachable(self, result: t.Any) -> None:
+        h = self._host(result._host.get_name())
+        h["status"] = "unreachable"
+        h["failure"] = str(result._result.get("msg", "unreachable"))[:400]
+
+    def rows(self) -> t.List[t.Dict[str, t.Any]]:
+        out = []
+        names = list(self.inventory_hosts) + [n for n in self.hosts if n not in self.inventory_hosts]
+        for n in names:
+            h = dict(self.hosts.get(n) or {"host": n, "status": "not run"})
+            tm = h.get("timings") or {}
+            out.append({
+                "host": n,
+                "status": h.get("status"),
+                "restarted": bool(h.get("restarted")),
+                "would_restart": bool(h.get("would_restart")),
+                "kill_s": tm.get("kill_s"),
+                "clean_s": tm.get("clean_s"),
+                "launch_s": tm.get("launch_s"),
+                "ready_s": tm.get("ready_s"),
+                "workers_verified": h.get("workers_verified"),
+                "reasons": h.get("reasons") or [],
+                "failure": h.get("failure"),
+            })
+        return out
+
+    def markdown(self, rows: t.List[t.Dict[str, t.Any]]) -> str:
+        cols = ["host", "status", "restarted", "kill_s", "clean_s", "launch_s", "ready_s", "workers_verified", "failure"]
+        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for r in rows:
+            vals = [_fmt(r[c]) if c != "restarted" else ("yes" if r["restarted"] else ("would" if r["would_restart"] else "no"))
+                    for c in cols]
+            lines.append("| " + " | ".join(v.replace("|", "/").replace("\n", " ") for v in vals) + " |")
+        return "\n".join(lines) + "\n"
+
+    def v2_playbook_on_stats(self, stats: t.Any) -> None:
+        if not self.hosts and not any(h for h in self.inventory_hosts):
+            return
+        rows = self.rows()
+        if not any("restarted" in (self.hosts.get(r["host"]) or {}) or r["status"] != "ok" for r in rows):
+            return  # not a gpufleet rollout
+        self._display.banner("GPUFLEET ROLLOUT SUMMARY")
+        self._display.display(self.markdown(rows))
+        d = self.get_option("summary_dir")
+        if d:
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, "rollout-summary.json"), "w") as f:
+                json.dump({"hosts": rows}, f, indent=1)
+            with open(os.path.join(d, "rollout-summary.md"), "w") as f:
+                f.write(self.markdown(rows))

@@ -1,0 +1,261 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection.
+# Breaking changes can happen without notice.
+
+"""Server lifecycle helpers: launch in a new session, readiness gate, state file, host lock."""
+
+from __future__ import annotations
+
+import errno
+import grp
+import json
+import os
+import pwd
+import re
+import subprocess
+import time
+import typing as t
+import urllib.error
+import urllib.request
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _proc
+
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class ServerError(Exception):
+    def __init__(self, msg: str, **details: t.Any) -> None:
+        super().__init__(msg)
+        self.details = details
+
+
+# ---------------------------------------------------------------- launch
+
+def validate_env(env: t.Mapping[str, t.Any], field: str = "env") -> t.Dict[str, str]:
+    out = {}
+    for k, v in env.items():
+        if not isinstance(k, str) or not _ENV_NAME.match(k):
+            raise ServerError("%s: invalid variable name %r (must match ^[A-Za-z_][A-Za-z0-9_]*$)" % (field, k))
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise ServerError("%s: value of %s must be a string or a number, got %s" % (field, k, type(v).__name__))
+        s = str(v)
+        if "\0" in s:
+            raise ServerError("%s: value of %s contains a NUL byte" % (field, k))
+        out[k] = s
+    return out
+
+
+def base_env(user: str, passthrough: t.Sequence[str] = ()) -> t.Dict[str, str]:
+    """A clean, systemd-like environment: the server's env is exactly what the inventory says."""
+    pw = pwd.getpwnam(user)
+    env = {"PATH": SAFE_PATH, "HOME": pw.pw_dir, "USER": pw.pw_name, "LOGNAME": pw.pw_name,
+           "SHELL": pw.pw_shell or "/bin/sh", "LANG": os.environ.get("LANG", "C.UTF-8")}
+    for k in passthrough:
+        if k in os.environ:
+            env[k] = os.environ[k]
+    return env
+
+
+def write_pidfile(path: str, p: _proc.Proc) -> None:
+    d = os.path.dirname(path)
+    os.makedirs(d, mode=0o755, exist_ok=True)
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        f.write("%d %d\n" % (p.pid, p.start_time))
+    os.chmod(tmp, 0o644)
+    os.rename(tmp, path)
+
+
+def launch(argv: t.Sequence[str], env: t.Mapping[str, str], user: str, workdir: str, log_path: str,
+           pidfile: str) -> _proc.Proc:
+    """Start argv in a new session (setsid) as `user`, output appended to log_path; write 'PID START' pidfile."""
+    if not argv:
+        raise ServerError("command must not be empty")
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise ServerError("user %r does not exist on this host" % user)
+    if not os.path.isdir(workdir):
+        raise ServerError("workdir %s does not exist" % workdir)
+    os.makedirs(os.path.dirname(log_path) or ".", mode=0o755, exist_ok=True)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    if os.geteuid() == 0:
+        os.fchown(log_fd, pw.pw_uid, pw.pw_gid)
+    as_other = os.geteuid() == 0 and pw.pw_uid != 0
+
+    def demote() -> None:  # runs in the child between fork and exec
+        if as_other:
+            os.setgroups([g.gr_gid for g in grp.getgrall() if pw.pw_name in g.gr_mem] + [pw.pw_gid])
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+
+    os.write(log_fd, ("==== gpufleet launch %s: %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S%z"), " ".join(argv))).encode())
+    try:
+        child = subprocess.Popen(list(argv), env=dict(env), cwd=workdir, stdin=subprocess.DEVNULL, stdout=log_fd,
+                                 stderr=log_fd, start_new_session=True, close_fds=True, preexec_fn=demote)
+    except OSError as e:
+        raise ServerError("cannot start %s: %s" % (argv[0], e.strerror or e))
+    finally:
+        os.close(log_fd)
+    p = None
+    for _ in range(200):
+        p = _proc.read_proc(child.pid)
+        if p is not None:
+            break
+        time.sleep(0.005)
+    if p is None:
+        raise ServerError("server process %d vanished right after start" % child.pid)
+    write_pidfile(pidfile, p)
+    # Not waited for: the server outlives this module (it is in its own session).
+    child.returncode = 0
+    return p
+
+
+# ---------------------------------------------------------------- readiness
+
+def log_tail(path: str, lines: int = 40, max_bytes: int = 65536) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def http(url: str, method: str = "GET", body: t.Optional[str] = None, headers: t.Optional[t.Mapping[str, str]] = None,
+         timeout: float = 5.0) -> t.Tuple[int, str]:
+    data = body.encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
+    # No proxies: health checks target the server on this host.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=timeout) as r:
+            return r.status, r.read(65536).decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(4096).decode("utf-8", "replace") if e.fp else ""
+
+
+def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request: t.Mapping[str, t.Any],
+               timeout: float, interval: float, log_path: str, tail_lines: int = 40) -> t.Dict[str, t.Any]:
+    """Poll health (then a real request) until both pass; fail at once if the server dies."""
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    last = "not polled yet"
+    health_ok_at = None
+    attempts = 0
+    while True:
+        if identity is not None and not _proc.is_alive(identity):
+            raise ServerError("server process %d exited during start-up after %.1f s" % (identity[0], time.monotonic() - t0),
+                              log_tail=log_tail(log_path, tail_lines), phase="startup")
+        attempts += 1
+        try:
+            if health_url and health_ok_at is None:
+                code, _ = http(health_url, timeout=min(5.0, max(0.1, deadline - time.monotonic())))
+                if code == 200:
+                    health_ok_at = time.monotonic() - t0
+                else:
+                    last = "health returned HTTP %d" % code
+            if health_ok_at is not None or not health_url:
+                if not request:
+                    return {"ready_s": round(time.monotonic() - t0, 3), "health_s": health_ok_at, "attempts": attempts}
+                code, text = http(request["url"], request.get("method") or "POST", request.get("body"),
+                                  request.get("headers") or {}, timeout=float(request.get("timeout") or 10))
+                want = int(request.get("status") or 200)
+                rx = request.get("expect_regex")
+                if code == want and (not rx or re.search(rx, text)):
+                    return {"ready_s": round(time.monotonic() - t0, 3), "health_s": health_ok_at, "attempts": attempts,
+                            "request_status": code, "response": text[:300]}
+                last = "real request returned HTTP %d: %s" % (code, text[:200])
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", e)
+            last = ("real request" if health_ok_at is not None else "health") + " failed: %s" % reason
+        if time.monotonic() >= deadline:
+            hint = ""
+            if health_ok_at is not None and request:
+                hint = " (/health answered 200 but the real request did not succeed: the server may be hung)"
+            raise ServerError("server not ready after %.1f s: %s%s" % (timeout, last, hint),
+                              log_tail=log_tail(log_path, tail_lines), phase="ready", health_ok=health_ok_at is not None)
+        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+
+
+# ---------------------------------------------------------------- state file and lock
+
+def read_state(path: str) -> t.Dict[str, t.Any]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+    except ValueError:
+        return {"corrupt": True}
+
+
+def write_json_atomic(path: str, data: t.Mapping[str, t.Any], mode: int = 0o644) -> None:
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.chmod(tmp, mode)
+    os.rename(tmp, path)
+
+
+def pidfile_identity(path: str) -> t.Optional[t.Tuple[int, int]]:
+    try:
+        with open(path) as f:
+            parts = f.read().split()
+        return int(parts[0]), int(parts[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def acquire_lock(path: str, owner: str, ttl: float, wait: float, poll: float = 0.2) -> t.Dict[str, t.Any]:
+    """Host-side lock: one rollout at a time. A lock older than its TTL is stale and broken.
+
+    The lock is a file created with O_EXCL holding {owner, expires}; the owner re-acquiring
+    (same run) succeeds, another owner waits up to `wait` s, then fails naming the holder.
+    """
+    deadline = time.monotonic() + wait
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    broke = None
+    while True:
+        now = time.time()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"owner": owner, "acquired": now, "expires": now + ttl}, f)
+            return {"acquired": True, "broke_stale": broke}
+        except OSError as e:
+            if e.errno != errno.EEXIST:
+                raise
+        cur = read_state(path)
+        if cur.get("owner") == owner:
+            return {"acquired": False, "already_held": True, "broke_stale": None}
+        if cur.get("corrupt") or float(cur.get("expires", 0)) < now:
+            broke = cur
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            continue
+        if time.monotonic() >= deadline:
+            raise ServerError("host is locked by another gpufleet run (%s) until %s; not touching it"
+                              % (cur.get("owner"), time.strftime("%H:%M:%S", time.localtime(float(cur.get("expires", 0))))),
+                              holder=cur.get("owner"))
+        time.sleep(poll)
+
+
+def release_lock(path: str, owner: str) -> bool:
+    cur = read_state(path)
+    if cur.get("owner") == owner:
+        os.unlink(path)
+        return True
+    return False

@@ -1,0 +1,128 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: server_ready
+short_description: Wait until a server answers its health check and a real request, failing fast if it dies
+version_added: 0.1.0
+description:
+  - Polls O(health_url) until it answers HTTP 200, then sends O(request) (a real request) until it succeeds.
+    C(/health) can answer 200 while the server hangs (sglang#22779), so a real request is the stronger gate.
+  - Watches the server process named by O(pidfile): if it exits during start-up the module fails at once with
+    the tail of O(log_path), instead of waiting out O(timeout).
+author: gpufleet contributors
+extends_documentation_fragment:
+  - gpufleet.serving._attributes
+  - gpufleet.serving._attributes.INFO_MODULE
+options:
+  health_url:
+    description: URL that must answer HTTP 200. Empty skips the health poll.
+    type: str
+    default: ""
+  request:
+    description:
+      - A real request that must succeed, with keys C(url), C(method) (default POST), C(body), C(headers),
+        C(status) (default 200), C(expect_regex), C(timeout) (seconds per attempt, default 10).
+      - Empty skips it.
+    type: dict
+    default: {}
+  pidfile:
+    description: Pidfile (C(PID START_TIME)) of the server process to watch.
+    type: path
+  timeout:
+    description: Seconds to wait for readiness. Must be greater than 0.
+    type: float
+    default: 600
+  interval:
+    description: Seconds between polls.
+    type: float
+    default: 0.25
+  log_path:
+    description: Server log whose tail is returned on failure.
+    type: path
+    default: ""
+  log_tail_lines:
+    description: Lines of log returned on failure.
+    type: int
+    default: 40
+"""
+
+EXAMPLES = r"""
+- name: Wait for sglang, with a real generation request
+  gpufleet.serving.server_ready:
+    health_url: http://127.0.0.1:30000/health
+    request:
+      url: http://127.0.0.1:30000/generate
+      body: '{"text": "ping", "sampling_params": {"max_new_tokens": 1}}'
+      headers: {Content-Type: application/json}
+    pidfile: /run/gpufleet/sglang.pid
+    log_path: /var/log/gpufleet/sglang.log
+    timeout: 900
+"""
+
+RETURN = r"""
+ready_s:
+  description: Seconds until the server was ready.
+  returned: success
+  type: float
+health_s:
+  description: Seconds until /health first answered 200.
+  returned: success
+  type: float
+log_tail:
+  description: Last lines of the server log.
+  returned: failure
+  type: str
+phase:
+  description: On failure, V(startup) (the process died) or V(ready) (timeout).
+  returned: failure
+  type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _server
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            health_url=dict(type="str", default=""),
+            request=dict(type="dict", default={}),
+            pidfile=dict(type="path"),
+            timeout=dict(type="float", default=600.0),
+            interval=dict(type="float", default=0.25),
+            log_path=dict(type="path", default=""),
+            log_tail_lines=dict(type="int", default=40),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    if p["timeout"] <= 0:
+        module.fail_json(msg="timeout must be greater than 0 seconds, got %s" % p["timeout"])
+    if p["interval"] <= 0:
+        module.fail_json(msg="interval must be greater than 0 seconds, got %s" % p["interval"])
+    if not p["health_url"] and not p["request"]:
+        module.fail_json(msg="set health_url or request (or both)")
+    if p["request"] and not p["request"].get("url"):
+        module.fail_json(msg="request.url is required when request is set")
+    if module.check_mode:
+        module.exit_json(changed=False, skipped=True, msg="not polled in check mode")
+    ident = _server.pidfile_identity(p["pidfile"]) if p["pidfile"] else None
+    if p["pidfile"] and ident is None:
+        module.fail_json(msg="pidfile %s is missing or unreadable; was the server launched?" % p["pidfile"])
+    try:
+        res = _server.wait_ready(ident, p["health_url"], p["request"], p["timeout"], p["interval"],
+                                 p["log_path"], p["log_tail_lines"])
+    except _server.ServerError as e:
+        module.fail_json(msg=str(e), **e.details)
+    module.exit_json(changed=False, **res)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: server_state
+short_description: Decide whether a GPU server must be restarted, record what was launched, and lock the host
+version_added: 0.1.0
+description:
+  - O(action=check) is read-only. It compares the desired O(fingerprint) with the one recorded at the last
+    launch, checks that the launcher (pidfile) is alive, that processes carrying the launch tag hold the GPUs,
+    that no other process holds them, and that the GPU-holding workers carry O(expected_env).
+    RV(needs_restart) is false only when all of that holds; RV(reasons) says why otherwise.
+  - O(action=record) writes the state file (fingerprint, pid, timings) after a launch.
+  - O(action=lock) and O(action=unlock) take and release a host-side lock so two rollouts never interleave
+    kill and launch on one host. A lock past its TTL is stale and is broken.
+author: gpufleet contributors
+extends_documentation_fragment:
+  - gpufleet.serving._attributes
+  - gpufleet.serving._attributes.NVML
+attributes:
+  check_mode:
+    support: full
+    details: V(check) is read-only; V(record), V(lock) and V(unlock) report what they would change.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+options:
+  action:
+    description: What to do.
+    type: str
+    choices: [check, record, lock, unlock]
+    default: check
+  name:
+    description: Service name (value of the launch tag).
+    type: str
+    required: true
+  tag_name:
+    description: Launch tag variable name.
+    type: str
+    default: GPUFLEET_SERVICE
+  state_file:
+    description: JSON state file of this service.
+    type: path
+    required: true
+  pidfile:
+    description: Pidfile written by the launcher (C(PID START_TIME)).
+    type: path
+  fingerprint:
+    description: Hash of the desired state (command, env, user, workdir, launcher, NCCL layers).
+    type: str
+  gpus:
+    description: GPUs the server uses. Empty means all.
+    type: list
+    elements: int
+    default: []
+  require_gpu_holders:
+    description: With V(check), require that tagged processes hold every GPU in O(gpus).
+    type: bool
+    default: true
+  expected_env:
+    description: With V(check), variables every GPU-holding worker must carry in /proc/PID/environ.
+    type: dict
+    default: {}
+  timings:
+    description: With V(record), timings to store (seconds).
+    type: dict
+    default: {}
+  lock_file:
+    description: With V(lock)/V(unlock), the lock file.
+    type: path
+  owner:
+    description: With V(lock)/V(unlock), an id of this run (controller host, pid, time).
+    type: str
+  lock_ttl:
+    description: Seconds after which a lock is stale.
+    type: float
+    default: 1800
+  lock_wait:
+    description: Seconds to wait for another run's lock before failing.
+    type: float
+    default: 0
+  break_owner:
+    description: With V(lock), break a lock held by this owner (a run known to be dead).
+    type: str
+"""
+
+EXAMPLES = r"""
+- name: Does the server need a restart?
+  gpufleet.serving.server_state:
+    name: sglang
+    state_file: /var/lib/gpufleet/sglang.json
+    pidfile: /run/gpufleet/sglang.pid
+    fingerprint: "{{ fingerprint }}"
+    gpus: [0, 1, 2, 3, 4, 5, 6, 7]
+    expected_env: {NCCL_PROTO: LL}
+  register: st
+"""
+
+RETURN = r"""
+needs_restart:
+  description: With V(check), whether the server must be (re)started.
+  returned: when action is check
+  type: bool
+reasons:
+  description: Why a restart is needed.
+  returned: when action is check
+  type: list
+  elements: str
+running:
+  description: Whether the launcher named by the pidfile is alive.
+  returned: when action is check
+  type: bool
+fingerprint_recorded:
+  description: Fingerprint stored at the last launch.
+  returned: when action is check
+  type: str
+workers:
+  description: Live processes carrying the launch tag (pid, ppid, cmdline, holds_gpu).
+  returned: when action is check
+  type: list
+  elements: dict
+strays:
+  description: GPU holders without the launch tag (gpu, pid, cmdline).
+  returned: when action is check
+  type: list
+  elements: dict
+env_problems:
+  description: Per worker pid, the expected keys that are missing or different (only expected keys are read).
+  returned: when action is check
+  type: dict
+state:
+  description: With V(record), the state written.
+  returned: when action is record
+  type: dict
+"""
+
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod, _nvml, _proc, _server
+
+
+def check(module: AnsibleModule) -> dict:
+    p = module.params
+    state = _server.read_state(p["state_file"])
+    reasons = []
+    ident = _server.pidfile_identity(p["pidfile"]) if p["pidfile"] else None
+    running = bool(ident and _proc.is_alive(ident))
+    if not running:
+        reasons.append("server is not running")
+    recorded = state.get("fingerprint")
+    if p["fingerprint"] and recorded != p["fingerprint"]:
+        reasons.append("desired state changed (fingerprint %s -> %s)" % ((recorded or "none")[:12], p["fingerprint"][:12]))
+    procs = _proc.snapshot()
+    tagged = sorted(pid for pid in procs if _proc.environ_has(pid, p["tag_name"], p["name"]))
+    holders = {}
+    if p["require_gpu_holders"]:
+        with _gpumod.backend_or_fail(module) as backend:
+            for i in _nvml.resolve_indices(backend, p["gpus"]):
+                holders[i] = [h["pid"] for h in backend.processes(i)]
+    tagged_set = set(tagged)
+    strays = [dict(gpu=g, pid=pid, cmdline=procs[pid].command[:300] if pid in procs else "?")
+              for g, pids in sorted(holders.items()) for pid in pids if pid not in tagged_set]
+    if strays:
+        reasons.append("GPUs held by %d process(es) without the launch tag" % len(strays))
+    for g, pids in sorted(holders.items()):
+        if not tagged_set.intersection(pids):
+            reasons.append("GPU %d is not held by a %s worker" % (g, p["name"]))
+    if tagged and not running:
+        reasons.append("%d tagged process(es) alive without their launcher (orphans)" % len(tagged))
+    holder_pids = {pid for pids in holders.values() for pid in pids}
+    env_problems = {}
+    expected = {k: str(v) for k, v in p["expected_env"].items()}
+    for pid in tagged:
+        if holders and pid not in holder_pids:
+            continue
+        try:
+            actual = _proc.read_environ(pid, expected)
+        except _proc.ProcError:
+            continue
+        bad = sorted(k for k, v in expected.items() if actual.get(k) != v)
+        if bad:
+            env_problems[str(pid)] = bad
+    if env_problems:
+        reasons.append("workers lack the expected environment: %s" % ", ".join(
+            "pid %s: %s" % (k, " ".join(v)) for k, v in sorted(env_problems.items())))
+    workers = [dict(pid=pid, ppid=procs[pid].ppid, cmdline=procs[pid].command[:300], holds_gpu=pid in holder_pids)
+               for pid in tagged if pid in procs]
+    return dict(changed=False, needs_restart=bool(reasons), reasons=reasons, running=running,
+                fingerprint_recorded=recorded, workers=workers, strays=strays, env_problems=env_problems,
+                gpu_holders={str(k): v for k, v in holders.items()})
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            action=dict(type="str", choices=["check", "record", "lock", "unlock"], default="check"),
+            name=dict(type="str", required=True),
+            tag_name=dict(type="str", default="GPUFLEET_SERVICE"),
+            state_file=dict(type="path", required=True),
+            pidfile=dict(type="path"),
+            fingerprint=dict(type="str"),
+            gpus=dict(type="list", elements="int", default=[]),
+            require_gpu_holders=dict(type="bool", default=True),
+            expected_env=dict(type="dict", default={}),
+            timings=dict(type="dict", default={}),
+            lock_file=dict(type="path"),
+            owner=dict(type="str"),
+            lock_ttl=dict(type="float", default=1800.0),
+            lock_wait=dict(type="float", default=0.0),
+            break_owner=dict(type="str"),
+            backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),
+        ),
+        required_if=[("action", "record", ("fingerprint", "pidfile")),
+                     ("action", "lock", ("lock_file", "owner")),
+                     ("action", "unlock", ("lock_file", "owner"))],
+        supports_check_mode=True,
+    )
+    p = module.params
+    if p["action"] == "check":
+        module.exit_json(**check(module))
+    if p["action"] == "record":
+        ident = _server.pidfile_identity(p["pidfile"])
+        new = {"fingerprint": p["fingerprint"], "pid": ident[0] if ident else None,
+               "start_time": ident[1] if ident else None, "name": p["name"], "timings": p["timings"]}
+        old = _server.read_state(p["state_file"])
+        changed = {k: old.get(k) for k in ("fingerprint", "pid", "start_time")} != {k: new[k] for k in ("fingerprint", "pid", "start_time")}
+        new["recorded_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        if changed and not module.check_mode:
+            _server.write_json_atomic(p["state_file"], new)
+        module.exit_json(changed=changed, state=new)
+    if p["action"] == "lock":
+        if module.check_mode:
+            cur = _server.read_state(p["lock_file"])
+            module.exit_json(changed=cur.get("owner") != p["owner"], lock=cur)
+        if p["break_owner"]:
+            cur = _server.read_state(p["lock_file"])
+            if cur.get("owner") == p["break_owner"] and cur.get("owner") != p["owner"]:
+                os.unlink(p["lock_file"])
+                module.warn("broke the lock of dead run %s" % p["break_owner"])
+        try:
+            res = _server.acquire_lock(p["lock_file"], p["owner"], p["lock_ttl"], p["lock_wait"])
+        except _server.ServerError as e:
+            module.fail_json(msg=str(e), **e.details)
+        if res.get("broke_stale"):
+            module.warn("broke a stale lock: %s" % res["broke_stale"])
+        # A lock is bookkeeping, not a change to the host's configuration.
+        module.exit_json(changed=False, **res)
+    released = False
+    if not module.check_mode:
+        released = _server.release_lock(p["lock_file"], p["owner"])
+    module.exit_json(changed=False, released=released)
+
+
+if __name__ == "__main__":
+    main()
