@@ -12,7 +12,7 @@ short_description: Start a server process in its own session, tagged, with a pid
 version_added: 0.1.0
 description:
   - Starts O(command) in a new session (setsid) as O(user) in O(workdir), appending its output to O(log_path).
-  - The environment is clean and explicit, like a systemd unit's: C(PATH), C(HOME), C(USER), C(LOGNAME), C(SHELL),
+  - The environment is clean and explicit, like a systemd unit's, C(PATH), C(HOME), C(USER), C(LOGNAME), C(SHELL),
     C(LANG), the names in O(env_passthrough), then O(env), then the launch tag O(tag_name)=O(name).
     Every worker inherits the tag, so C(gpufleet.serving.process_kill tag=...) finds orphans later.
   - Writes O(pidfile) as C(PID START_TIME) so a reused pid is never mistaken for the server.

@@ -12,8 +12,8 @@ short_description: Wait until a server answers its health check and a real reque
 version_added: 0.1.0
 description:
   - Polls O(health_url) until it answers HTTP 200, then sends O(request) (a real request) until it succeeds.
-    C(/health) can answer 200 while the server hangs (sglang#22779), so a real request is the stronger gate.
-  - Watches the server process named by O(pidfile): if it exits during start-up the module fails at once with
+  - C(/health) can answer 200 while the server hangs (sglang#22779), so a real request is the stronger gate.
+  - Watches the server process named by O(pidfile). If it exits during start-up the module fails at once with
     the tail of O(log_path), instead of waiting out O(timeout).
 author: gpufleet contributors
 extends_documentation_fragment:
