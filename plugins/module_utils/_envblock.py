@@ -1,0 +1,253 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection.
+# Breaking changes can happen without notice.
+
+"""Marked blocks in host files, shared by sitecustomize_env and nccl_conf.
+
+Both layers keep the rest of the file byte for byte: a block is the lines from
+``# BEGIN gpufleet NAME`` to ``# END gpufleet NAME``. A file the module creates gets a
+header line, so removing its last block removes the file and restores the host exactly.
+Writes go to a temp file in the target's directory and are moved over it atomically.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import stat
+import tempfile
+import typing as t
+
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+BLOCK_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+", re.ASCII)
+MARK = "gpufleet"
+
+
+class BlockError(Exception):
+    """A refusal with a one-sentence reason; nothing has been changed when it is raised."""
+
+
+def begin_marker(name: str) -> str:
+    return "# BEGIN %s %s" % (MARK, name)
+
+
+def end_marker(name: str) -> str:
+    return "# END %s %s" % (MARK, name)
+
+
+def check_block_name(name: str) -> str:
+    if not isinstance(name, str) or not BLOCK_NAME_RE.fullmatch(name):
+        raise BlockError("name must match [A-Za-z0-9_.-]+ (it is written into the block markers), got %r" % (name,))
+    return name
+
+
+def normalize_env(env: t.Any, field: str = "env") -> t.Dict[str, str]:
+    """Validate an env dict: identifier names; string or finite number values, returned as strings."""
+    if env is None:
+        return {}
+    if not isinstance(env, dict):
+        raise BlockError("%s must be a dict of NAME: value, got %s" % (field, type(env).__name__))
+    out: t.Dict[str, str] = {}
+    for k, v in env.items():
+        if not isinstance(k, str) or not ENV_NAME_RE.fullmatch(k):
+            raise BlockError("%s: variable name %r is not a valid name (it must match ^[A-Za-z_][A-Za-z0-9_]*$)" % (field, k))
+        if isinstance(v, bool) or v is None or not isinstance(v, (str, int, float)):
+            raise BlockError("%s: value of %s must be a string or a number, got %s" % (field, k, "null" if v is None else type(v).__name__))
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                raise BlockError("%s: value of %s must be a finite number, got %r" % (field, k, v))
+            v = repr(v)
+        v = str(v)
+        if "\0" in v:
+            raise BlockError("%s: value of %s contains a NUL character, which no environment can hold" % (field, k))
+        out[k] = v
+    return out
+
+
+class Block(t.NamedTuple):
+    start: int  # index of the BEGIN line
+    end: int  # index of the END line
+
+
+def split_lines(text: str) -> t.List[str]:
+    return text.splitlines(keepends=True)
+
+
+def find_block(lines: t.Sequence[str], name: str, path: str = "file") -> t.Optional[Block]:
+    begin, end = begin_marker(name), end_marker(name)
+    starts = [i for i, ln in enumerate(lines) if ln.rstrip("\r\n") == begin]
+    ends = [i for i, ln in enumerate(lines) if ln.rstrip("\r\n") == end]
+    if not starts and not ends:
+        return None
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        raise BlockError(
+            "%s has a damaged block %r (%d BEGIN and %d END markers, expected one of each in order); fix it by hand"
+            % (path, name, len(starts), len(ends)))
+    return Block(starts[0], ends[0])
+
+
+def block_lines(lines: t.Sequence[str], name: str, path: str = "file") -> t.List[str]:
+    """The lines strictly inside the block (empty when there is no block)."""
+    b = find_block(lines, name, path)
+    return [] if b is None else list(lines[b.start + 1:b.end])
+
+
+def replace_block(text: t.Optional[str], name: str, body: t.Optional[str], header: str,
+                  path: str = "file") -> t.Optional[str]:
+    """Return the new file content, or None for 'no file'.
+
+    text None means the file does not exist. body None removes the block. The file keeps
+    everything outside the block; a new block is appended at the end. A file this module
+    creates starts with `header`; when removing a block leaves only that header, the result
+    is None (remove the file), which restores the host exactly.
+    """
+    if text is None:
+        if body is None:
+            return None
+        return header + begin_marker(name) + "\n" + body + end_marker(name) + "\n"
+    lines = split_lines(text)
+    b = find_block(lines, name, path)
+    if body is None:
+        if b is None:
+            return text
+        new = "".join(list(lines[:b.start]) + list(lines[b.end + 1:]))
+        return None if new == header else new
+    new_block = begin_marker(name) + "\n" + body + end_marker(name) + "\n"
+    if b is not None:
+        return "".join(lines[:b.start]) + new_block + "".join(lines[b.end + 1:])
+    sep = "" if text == "" or text.endswith("\n") else "\n"
+    return text + sep + new_block
+
+
+# --- safe file handling ---------------------------------------------------------------
+
+def _trusted_uids() -> t.Set[int]:
+    uid = os.geteuid()
+    return {0} if uid == 0 else {0, uid}
+
+
+def _check_dir_chain(directory: str, trusted: t.Set[int], what: str) -> None:
+    """Every directory from / down to `directory` must be owned by a trusted user and not be
+    writable by group or others; the sticky bit (as on /tmp) is accepted above the last level,
+    because then only an entry's owner can rename or remove the (already checked) entry below."""
+    directory = os.path.abspath(directory)
+    parts = [p for p in directory.split(os.sep) if p]
+    cur = os.sep
+    chain = [cur] + [os.path.join(os.sep, *parts[:i + 1]) for i in range(len(parts))]
+    for i, d in enumerate(chain):
+        st = os.stat(d)  # follows links: the directory actually traversed
+        if st.st_uid not in trusted:
+            raise BlockError("refusing to follow the symlink %s: directory %s is owned by uid %d, not root" % (what, d, st.st_uid))
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            last = i == len(chain) - 1
+            if last or not st.st_mode & stat.S_ISVTX:
+                raise BlockError("refusing to follow the symlink %s: directory %s is writable by group or others (mode %s)"
+                                 % (what, d, oct(st.st_mode & 0o7777)))
+
+
+def resolve_target(path: str, max_hops: int = 40) -> t.Tuple[str, t.List[str]]:
+    """Return (real path to write, [symlinks followed]).
+
+    A symlink is followed only when each link is owned by a trusted user (root; also the current
+    user when not root) and every directory holding a link or the final target passes
+    _check_dir_chain; otherwise the module refuses (the lesson of the ansible.posix authorized_key symlink fix).
+    """
+    trusted = _trusted_uids()
+    links: t.List[str] = []
+    cur = os.path.abspath(path)
+    for _ in range(max_hops):
+        # Resolve symlinks in the directory part, checking the chain each time.
+        parent = os.path.dirname(cur)
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            if links:
+                _check_dir_chain(os.path.realpath(parent), trusted, links[0])
+            return os.path.join(os.path.realpath(parent), os.path.basename(cur)), links
+        if not stat.S_ISLNK(st.st_mode):
+            if not stat.S_ISREG(st.st_mode):
+                raise BlockError("%s is not a regular file" % cur)
+            if links:
+                _check_dir_chain(os.path.realpath(parent), trusted, links[0])
+                if st.st_uid not in trusted:
+                    raise BlockError("refusing to follow the symlink %s: its target %s is owned by uid %d, not root"
+                                     % (links[0], cur, st.st_uid))
+            return os.path.join(os.path.realpath(parent), os.path.basename(cur)), links
+        if st.st_uid not in trusted:
+            raise BlockError("refusing to follow the symlink %s: the link is owned by uid %d, not root" % (cur, st.st_uid))
+        _check_dir_chain(os.path.realpath(parent), trusted, cur)
+        links.append(cur)
+        target = os.readlink(cur)
+        cur = os.path.normpath(os.path.join(os.path.realpath(parent), target))
+    raise BlockError("%s: too many levels of symbolic links" % path)
+
+
+def read_text(path: str) -> t.Optional[str]:
+    """File content (undecodable bytes kept through surrogateescape), or None when it does not exist."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    return data.decode("utf-8", "surrogateescape")
+
+
+def encode(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def write_temp(real_path: str, text: str, mode: int = 0o644) -> str:
+    """Write text to a new temp file beside real_path (same filesystem, so the move is atomic)."""
+    d = os.path.dirname(real_path)
+    fd, tmp = tempfile.mkstemp(prefix=".%s.gpufleet-" % os.path.basename(real_path), suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(encode(text))
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return tmp
+
+
+def diff_entry(path: str, before: t.Optional[str], after: t.Optional[str]) -> t.Dict[str, str]:
+    return {
+        "before_header": path if before is not None else "%s (absent)" % path,
+        "after_header": path if after is not None else "%s (absent)" % path,
+        "before": before or "",
+        "after": after or "",
+    }
+
+
+def install(module: t.Any, real_path: str, tmp: str, existed: bool, backup: bool) -> t.Optional[str]:
+    """Move tmp over real_path (keeping the old file's owner and mode); return the backup path."""
+    backup_file = None
+    if existed and backup:
+        backup_file = module.backup_local(real_path)
+    if existed:
+        st = os.stat(real_path)
+        os.chmod(tmp, stat.S_IMODE(st.st_mode))
+        try:
+            os.chown(tmp, st.st_uid, st.st_gid)
+        except PermissionError:
+            pass
+    module.atomic_move(tmp, real_path, unsafe_writes=False)
+    if not existed:
+        os.chmod(real_path, 0o644)
+    return backup_file
+
+
+def remove(module: t.Any, real_path: str, backup: bool) -> t.Optional[str]:
+    backup_file = module.backup_local(real_path) if backup else None
+    os.unlink(real_path)
+    return backup_file

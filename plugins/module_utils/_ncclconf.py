@@ -1,0 +1,123 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection.
+# Breaking changes can happen without notice.
+
+"""nccl_conf: a marked block of NAME=VALUE lines in /etc/nccl.conf.
+
+NCCL's own reader (src/misc/param.cc, setEnvFile) reads the file line by line, skips lines
+starting with '#' (older releases: lines without '='), splits at the FIRST '=', keeps the
+value verbatim (spaces included, at most 1023 bytes) and calls setenv without overwriting.
+So the real environment wins over NCCL_CONF_FILE (or ~/.nccl.conf), which wins over
+/etc/nccl.conf, and inside one file the first line for a name wins.
+"""
+
+from __future__ import annotations
+
+import os
+import typing as t
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _ncclvars
+
+HEADER = "# Created by gpufleet.serving.nccl_conf; removed with its last gpufleet block.\n"
+MAX_VALUE_BYTES = 1023
+
+
+def check_values(env: t.Mapping[str, str]) -> None:
+    for k, v in env.items():
+        if "\n" in v or "\r" in v:
+            raise _envblock.BlockError("env: value of %s contains a line break, which nccl.conf cannot hold" % k)
+        if v != v.strip():
+            raise _envblock.BlockError("env: value of %s has leading or trailing whitespace, which NCCL would keep as part of the value" % k)
+        if v == "":
+            raise _envblock.BlockError("env: value of %s is empty; NCCL ignores empty values" % k)
+        if len(_envblock.encode(v)) > MAX_VALUE_BYTES:
+            raise _envblock.BlockError("env: value of %s is longer than the %d bytes NCCL reads from a conf file" % (k, MAX_VALUE_BYTES))
+
+
+def render_body(env: t.Mapping[str, str]) -> str:
+    return (
+        "# Managed by Ansible (gpufleet.serving.nccl_conf); edits inside this block are lost.\n"
+        + "".join("%s%s%s\n" % (k, "=", v) for k, v in sorted(env.items()))
+    )
+
+
+def parse_conf(text: str) -> t.Dict[str, t.Tuple[str, int]]:
+    """What NCCL takes from this file: name -> (value, 1-based line); the first line for a name wins."""
+    out: t.Dict[str, t.Tuple[str, int]] = {}
+    for n, line in enumerate(text.split("\n"), 1):
+        line = line[:-1] if line.endswith("\r") else line
+        if line.startswith("#") or "=" not in line:
+            continue
+        k, _, v = line.partition("=")
+        out.setdefault(k, (v[:MAX_VALUE_BYTES], n))
+    return out
+
+
+def run(module: t.Any) -> t.Dict[str, t.Any]:
+    p = module.params
+    present = p["state"] == "present"
+    try:
+        name = _envblock.check_block_name(p["name"])
+        env = _envblock.normalize_env(p["env"], "env")
+        check_values(env)
+    except _envblock.BlockError as e:
+        module.fail_json(msg=str(e))
+    if present:
+        _ncclvars.apply_name_policy(module, env, p["nccl_names"])
+    path = p["path"]
+    real = path
+    try:
+        real, links = _envblock.resolve_target(path)
+        current = _envblock.read_text(real)
+        old_block = _envblock.block_lines(_envblock.split_lines(current or ""), name, real)
+        body = render_body(env) if present else None
+        desired = _envblock.replace_block(current, name, body, HEADER, real)
+    except _envblock.BlockError as e:
+        module.fail_json(msg=str(e), path=path)
+    except (OSError, ValueError) as e:
+        module.fail_json(msg="cannot read %s: %s" % (path, e), path=path)
+
+    # Prove it before writing: read the candidate the way NCCL will.
+    effective = parse_conf(desired or "")
+    keys = sorted(env) if present else sorted(set(parse_conf("".join(old_block))) | set(env))
+    eff = {k: effective[k][0] if k in effective else None for k in keys}
+    if present:
+        shadowed = {k: effective[k][1] for k in keys if eff[k] != env[k]}
+        if shadowed:
+            module.fail_json(msg="%s sets %s earlier in the file, outside the block, and NCCL uses the first line for a name; "
+                             "nothing was changed" % (real, ", ".join("%s (line %d)" % kv for kv in sorted(shadowed.items()))),
+                             path=real)
+    else:
+        still = [k for k in keys if eff[k] is not None]
+        if still:
+            module.warn("%s still sets %s outside the block" % (real, ", ".join(still)))
+
+    changed = desired != current
+    result: t.Dict[str, t.Any] = dict(changed=changed, path=path, real_path=real, symlinks=links,
+                                      created=changed and current is None, removed=changed and desired is None,
+                                      backup_file=None, effective_conf=eff)
+    if changed and module._diff:
+        result["diff"] = _envblock.diff_entry(real, current, desired)
+    if changed and not module.check_mode:
+        try:
+            if desired is None:
+                result["backup_file"] = _envblock.remove(module, real, p["backup"])
+            else:
+                tmp = _envblock.write_temp(real, desired)
+                try:
+                    result["backup_file"] = _envblock.install(module, real, tmp, current is not None, p["backup"])
+                finally:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+        except OSError as e:
+            module.fail_json(msg="cannot write %s: %s" % (real, e), path=real)
+    if not module.check_mode:
+        written = parse_conf(_envblock.read_text(real) or "")
+        got = {k: written[k][0] if k in written else None for k in keys}
+        if got != eff:
+            module.fail_json(msg="%s does not hold what was written (changed by someone else meanwhile?)" % real, **result)
+    return result

@@ -1,0 +1,338 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection.
+# Breaking changes can happen without notice.
+
+"""sitecustomize_env: environment variables exported by every Python process at start-up.
+
+Why sitecustomize: torch.multiprocessing 'spawn' workers start a fresh interpreter from the
+launcher's os.environ, and the launcher may be started by anything (systemd, a shell, a
+scheduler). Only a block in the sitecustomize.py that the interpreter imports at start-up
+reaches all of them. /proc/PID/environ of the launcher itself will not show the variables
+(they are set after exec); its spawned workers will (see process_env).
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import json
+import os
+import re
+import subprocess
+import typing as t
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _ncclvars
+
+HEADER = "# Created by gpufleet.serving.sitecustomize_env; removed with its last gpufleet block.\n"
+DEFAULT_GLOBS = ["/usr/bin/python3*", "/usr/local/bin/python3*"]
+_PY_NAME_RE = re.compile(r"python3(\.[0-9]+)?")
+_PROBE_TIMEOUT = 60
+
+# Runs inside each target interpreter, started like any process on the host (empty environment,
+# cwd /). It reports which sitecustomize start-up imported, or where `import sitecustomize`
+# would look, and any copies later on sys.path that the first one shadows. It prints only paths.
+_PROBE = r"""
+import sys, os, json, sysconfig
+from importlib.machinery import PathFinder
+mod = sys.modules.get("sitecustomize")
+origin = getattr(mod, "__file__", None) if mod is not None else None
+path = [p for p in sys.path if p]
+if origin is None:
+    spec = PathFinder.find_spec("sitecustomize", path)
+    origin = spec.origin if spec is not None else None
+found = []
+for p in path:
+    for cand in (os.path.join(p, "sitecustomize.py"), os.path.join(p, "sitecustomize", "__init__.py")):
+        if os.path.isfile(cand):
+            found.append(os.path.abspath(cand))
+print(json.dumps({
+    "executable": sys.executable,
+    "version": "%d.%d.%d" % sys.version_info[:3],
+    "prefix": sys.prefix,
+    "base_prefix": getattr(sys, "base_prefix", sys.prefix),
+    "stdlib": sysconfig.get_paths()["stdlib"],
+    "imported": mod is not None,
+    "origin": os.path.abspath(origin) if origin else None,
+    "candidates": found,
+    "no_site": bool(sys.flags.no_site),
+}))
+"""
+
+_READ_ENV = "import os, json, sys; print(json.dumps({k: os.environ.get(k) for k in json.loads(sys.argv[1])}))"
+
+# Executes the candidate file the way site.py does (as module 'sitecustomize'), then reports the
+# managed keys. Started with -S so the currently installed sitecustomize does not run first.
+_IMPORT_TEST = (
+    "import os, sys, json, runpy; runpy.run_path(sys.argv[1], run_name='sitecustomize'); "
+    "print(json.dumps({k: os.environ.get(k) for k in json.loads(sys.argv[2])}))"
+)
+
+
+class SiteError(Exception):
+    def __init__(self, msg: str, **extra: t.Any) -> None:
+        super().__init__(msg)
+        self.extra = extra
+
+
+# --- rendering -------------------------------------------------------------------------
+
+def render_body(env: t.Mapping[str, str], mode: str) -> str:
+    """The block's inner lines. Names and values are ASCII Python literals (ascii()), so no
+    name or value can become code; the whole body is guarded so it can never raise at import."""
+    if mode not in ("setdefault", "override"):
+        raise _envblock.BlockError("mode must be setdefault or override, got %r" % (mode,))
+    for k in env:
+        if not _envblock.ENV_NAME_RE.fullmatch(k):
+            raise _envblock.BlockError("env: variable name %r is not a valid name" % (k,))
+    pairs = "".join("        (%s, %s),\n" % (ascii(k), ascii(v)) for k, v in sorted(env.items()))
+    action = "_gpufleet_os.environ.setdefault(_gpufleet_k, _gpufleet_v)" if mode == "setdefault" \
+        else "_gpufleet_os.environ[_gpufleet_k] = _gpufleet_v"
+    return (
+        "# Managed by Ansible (gpufleet.serving.sitecustomize_env, mode %s); edits inside this block are lost.\n"
+        "# A failing sitecustomize breaks every Python process on the host: this block never raises.\n"
+        "try:\n"
+        "    import os as _gpufleet_os\n"
+        "    for _gpufleet_k, _gpufleet_v in (\n"
+        "%s"
+        "    ):\n"
+        "        %s\n"
+        "except Exception:\n"
+        "    pass\n" % (mode, pairs, action)
+    )
+
+
+_PAIR_RE = re.compile(r"^        (\(.*\)),\s*$")
+
+
+def parse_body(lines: t.Sequence[str]) -> t.Dict[str, str]:
+    """Keys and values of a block this module rendered (used to verify state=absent)."""
+    out: t.Dict[str, str] = {}
+    for ln in lines:
+        m = _PAIR_RE.match(ln)
+        if not m:
+            continue
+        try:
+            k, v = ast.literal_eval(m.group(1))
+        except (ValueError, SyntaxError, TypeError):
+            continue
+        if isinstance(k, str) and isinstance(v, str):
+            out[k] = v
+    return out
+
+
+def new_text(current: t.Optional[str], name: str, env: t.Optional[t.Mapping[str, str]], mode: str, path: str) -> t.Optional[str]:
+    """New file content (None: no file) for the block set to env, or removed when env is None."""
+    body = None if env is None else render_body(env, mode)
+    return _envblock.replace_block(current, name, body, HEADER, path)
+
+
+# --- interpreters ----------------------------------------------------------------------
+
+def discover_interpreters(patterns: t.Sequence[str] = tuple(DEFAULT_GLOBS)) -> t.List[str]:
+    """System python3 interpreters: python3 and python3.X under the globs, resolved and de-duplicated."""
+    seen: t.Dict[str, str] = {}
+    for pat in patterns:
+        for p in sorted(glob.glob(pat)):
+            if not _PY_NAME_RE.fullmatch(os.path.basename(p)):
+                continue
+            real = os.path.realpath(p)
+            if os.path.isfile(real) and os.access(real, os.X_OK) and real not in seen:
+                seen[real] = p
+    return sorted(seen)
+
+
+def _run(argv: t.Sequence[str], env: t.Mapping[str, str], timeout: float = _PROBE_TIMEOUT) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), env=dict(env), cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=timeout, check=False)
+
+
+def _last_json(out: bytes) -> t.Any:
+    # Anything a sitecustomize prints itself comes before our line.
+    lines = out.decode("utf-8", "replace").strip().splitlines()
+    return json.loads(lines[-1]) if lines else None
+
+
+def probe(interp: str, probe_env: t.Mapping[str, str]) -> t.Dict[str, t.Any]:
+    if not os.path.isabs(interp):
+        raise SiteError("interpreters: %r is not an absolute path" % interp, interpreter=interp)
+    if not (os.path.isfile(interp) and os.access(interp, os.X_OK)):
+        raise SiteError("interpreter %s does not exist or is not executable" % interp, interpreter=interp)
+    try:
+        r = _run([interp, "-c", _PROBE], probe_env)
+        info = _last_json(r.stdout) if r.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError) as e:
+        raise SiteError("interpreter %s could not be started to locate its sitecustomize: %s" % (interp, e), interpreter=interp)
+    if r.returncode != 0 or not isinstance(info, dict):
+        raise SiteError("interpreter %s failed to report its sitecustomize (rc %d)" % (interp, r.returncode),
+                        interpreter=interp, rc=r.returncode, stderr=r.stderr.decode("utf-8", "replace")[-2000:])
+    if info["no_site"]:
+        raise SiteError("interpreter %s runs without the site module, so it never imports sitecustomize" % interp, interpreter=interp)
+    stderr = r.stderr.decode("utf-8", "replace")
+    info["interpreter"] = interp
+    info["import_error"] = "Error in sitecustomize" in stderr
+    origin = info["origin"]
+    if origin is None:
+        info["sitecustomize"] = os.path.join(info["stdlib"], "sitecustomize.py")
+        info["exists"] = False
+    else:
+        if not origin.endswith(".py"):
+            raise SiteError("interpreter %s imports sitecustomize from %s, which is not a .py file this module can edit"
+                            % (interp, origin), interpreter=interp)
+        info["sitecustomize"] = origin
+        info["exists"] = True
+    info["shadowed"] = [c for c in info["candidates"] if c != info["sitecustomize"]]
+    return info
+
+
+def read_effective(interp: str, keys: t.Sequence[str], probe_env: t.Mapping[str, str]) -> t.Dict[str, t.Optional[str]]:
+    """Start the interpreter like any process (given environment only, normally empty) and read back the keys."""
+    try:
+        r = _run([interp, "-c", _READ_ENV, json.dumps(list(keys))], probe_env)
+        vals = _last_json(r.stdout) if r.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError) as e:
+        raise SiteError("interpreter %s could not be started to verify its environment: %s" % (interp, e), interpreter=interp)
+    if r.returncode != 0 or not isinstance(vals, dict):
+        raise SiteError("interpreter %s failed to start after the change (rc %d)" % (interp, r.returncode),
+                        interpreter=interp, rc=r.returncode, stderr=r.stderr.decode("utf-8", "replace")[-2000:])
+    return vals
+
+
+def import_test(interp: str, tmp: str, keys: t.Sequence[str], probe_env: t.Mapping[str, str]) -> t.Dict[str, t.Optional[str]]:
+    env = {k: v for k, v in probe_env.items() if k not in keys}
+    try:
+        r = _run([interp, "-S", "-c", _IMPORT_TEST, tmp, json.dumps(list(keys))], env)
+        vals = _last_json(r.stdout) if r.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError) as e:
+        raise SiteError("interpreter %s could not run the candidate file: %s" % (interp, e), interpreter=interp)
+    if r.returncode != 0 or not isinstance(vals, dict):
+        raise SiteError("the new sitecustomize fails when %s imports it (rc %d); nothing was changed" % (interp, r.returncode),
+                        interpreter=interp, rc=r.returncode, stderr=r.stderr.decode("utf-8", "replace")[-2000:])
+    return vals
+
+
+# --- the module's work -----------------------------------------------------------------
+
+def run(module: t.Any) -> t.Dict[str, t.Any]:
+    p = module.params
+    try:
+        name = _envblock.check_block_name(p["name"])
+        env = _envblock.normalize_env(p["env"], "env")
+        probe_env = _envblock.normalize_env(p["probe_env"], "probe_env")
+    except _envblock.BlockError as e:
+        module.fail_json(msg=str(e))
+    if p["state"] == "present":
+        _ncclvars.apply_name_policy(module, env, p["nccl_names"])
+
+    interps = list(dict.fromkeys(p["interpreters"] or []))
+    if not interps:
+        interps = discover_interpreters()
+        if not interps:
+            module.fail_json(msg="No interpreters given and no python3 found under %s" % ", ".join(DEFAULT_GLOBS))
+
+    result: t.Dict[str, t.Any] = dict(changed=False, interpreters=[], files=[], effective_env={}, shadowed=[])
+    try:
+        infos = [probe(i, probe_env) for i in interps]
+    except SiteError as e:
+        module.fail_json(msg=str(e), **e.extra)
+
+    # Group interpreters by the file they import (or the explicit path), so a shared file is edited once.
+    groups: t.Dict[str, t.List[t.Dict[str, t.Any]]] = {}
+    for info in infos:
+        target = p["path"] or info["sitecustomize"]
+        groups.setdefault(target, []).append(info)
+        entry = {k: info[k] for k in ("interpreter", "executable", "version", "prefix", "base_prefix", "sitecustomize", "exists", "shadowed")}
+        entry["venv"] = info["prefix"] != info["base_prefix"]
+        entry["managed_path"] = target
+        if info["import_error"]:
+            module.warn("%s already prints 'Error in sitecustomize' at start-up (%s is broken outside this block)"
+                        % (info["interpreter"], info["sitecustomize"]))
+        result["interpreters"].append(entry)
+        for s in info["shadowed"]:
+            msg = "%s: %s is shadowed by %s (import sitecustomize loads the first one on sys.path), so its content never runs" % (
+                info["interpreter"], s, info["sitecustomize"])
+            if msg not in result["shadowed"]:
+                result["shadowed"].append(msg)
+                module.warn(msg)
+
+    diffs = []
+    plans = []
+    present = p["state"] == "present"
+    # Plan every file first; refuse before changing anything.
+    for target, members in groups.items():
+        real = target
+        try:
+            real, links = _envblock.resolve_target(target)
+            current = _envblock.read_text(real)
+            old_block = _envblock.block_lines(_envblock.split_lines(current or ""), name, real)
+            desired = new_text(current, name, env if present else None, p["mode"], real)
+            if desired is not None and desired != current:
+                compile(_envblock.encode(desired), real, "exec", dont_inherit=True)
+        except _envblock.BlockError as e:
+            module.fail_json(msg=str(e), path=target)
+        except SyntaxError as e:
+            module.fail_json(msg="%s would not compile after the change (%s); nothing was changed" % (real, e), path=real)
+        except (OSError, ValueError) as e:
+            module.fail_json(msg="cannot read %s: %s" % (target, e), path=target)
+        changed = desired != current
+        keys = sorted(env) if present else sorted(set(parse_body(old_block)) | set(env))
+        plans.append((target, real, links, members, current, desired, changed, keys))
+        if changed and module._diff:
+            diffs.append(_envblock.diff_entry(real, current, desired))
+
+    for target, real, links, members, current, desired, changed, keys in plans:
+        fentry: t.Dict[str, t.Any] = dict(path=target, real_path=real, symlinks=links, changed=changed,
+                                          created=changed and current is None, removed=changed and desired is None,
+                                          interpreters=[m["interpreter"] for m in members], backup_file=None)
+        if changed and not module.check_mode:
+            try:
+                if desired is None:
+                    fentry["backup_file"] = _envblock.remove(module, real, p["backup"])
+                else:
+                    tmp = _envblock.write_temp(real, desired)
+                    try:
+                        for m in members:
+                            got = import_test(m["interpreter"], tmp, keys, probe_env)
+                            bad = [k for k in keys if present and got.get(k) != env[k]]
+                            if bad:
+                                raise SiteError("the new %s does not export %s when %s runs it; nothing was changed"
+                                                % (real, ", ".join(bad), m["interpreter"]), interpreter=m["interpreter"])
+                        fentry["backup_file"] = _envblock.install(module, real, tmp, current is not None, p["backup"])
+                    finally:
+                        if os.path.exists(tmp):
+                            os.unlink(tmp)
+            except SiteError as e:
+                module.fail_json(msg=str(e), **e.extra)
+            except OSError as e:
+                module.fail_json(msg="cannot write %s: %s" % (real, e), path=real)
+        result["changed"] = result["changed"] or changed
+        result["files"].append(fentry)
+        # Prove it: start each interpreter like any process (probe_env only, normally empty) and read the keys back.
+        want = _want(p, env, probe_env, keys)
+        for m in members:
+            try:
+                got = read_effective(m["interpreter"], keys, probe_env)
+            except SiteError as e:
+                module.fail_json(msg=str(e), **dict(e.extra, **result))
+            result["effective_env"][m["interpreter"]] = got
+            bad = [k for k in keys if got.get(k) != want.get(k)]
+            if bad and not module.check_mode:
+                why = ("still set after removing the block (set elsewhere in %s?)" % real if not present
+                       else "not exported as asked (got %s)" % json.dumps({k: got.get(k) for k in bad}))
+                module.fail_json(msg="%s started with an empty environment has %s %s" % (m["interpreter"], ", ".join(bad), why),
+                                 **result)
+    if diffs:
+        result["diff"] = diffs if len(diffs) > 1 else diffs[0]
+    return result
+
+
+def _want(p: t.Mapping[str, t.Any], env: t.Mapping[str, str], probe_env: t.Mapping[str, str],
+          keys: t.Sequence[str]) -> t.Dict[str, t.Optional[str]]:
+    """What an interpreter started with probe_env must report for each key after the change:
+    an explicitly exported value wins in setdefault mode, as it will for real processes."""
+    if p["state"] == "absent":
+        return {k: probe_env.get(k) for k in keys}
+    return {k: probe_env[k] if (p["mode"] == "setdefault" and k in probe_env) else env[k] for k in keys}

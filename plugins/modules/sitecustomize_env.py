@@ -1,0 +1,196 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: sitecustomize_env
+short_description: Export environment variables from every Python process at start-up, through sitecustomize.py
+version_added: 0.1.0
+description:
+  - Manages a marked block in the C(sitecustomize.py) that each given interpreter imports at start-up, so that
+    every Python process of that interpreter, and every C(spawn)-started worker (torch.multiprocessing, vLLM,
+    SGLang tensor-parallel workers), sees the variables, whatever started the launcher (systemd, a shell, a scheduler).
+  - The file is found by asking each interpreter itself, started with an empty environment (or O(probe_env)),
+    which C(sitecustomize) it imports, or where C(import sitecustomize) would look when none exists; a new
+    file is created in the interpreter's standard library directory. Interpreters that share one file
+    (a venv and its base interpreter) are edited once.
+  - On Debian and Ubuntu C(/usr/lib/python3.X/sitecustomize.py) is a symlink to C(/etc/python3.X/sitecustomize.py).
+    The module edits the target and keeps the link, and only when the link and every directory holding the link
+    or its target are owned by root (or the current user when not root) and not writable by group or others;
+    otherwise it refuses.
+  - A venv with C(include-system-site-packages = false) still imports the standard library's C(sitecustomize.py),
+    which shadows any C(sitecustomize.py) in the venv's C(site-packages); shadowed copies are reported as warnings.
+  - The block is delimited by C(# BEGIN gpufleet NAME) and C(# END gpufleet NAME); everything else in the file is
+    kept byte for byte, and several blocks (different O(name)) can coexist. A file the module creates starts with
+    a header line and is removed again when its last block is removed.
+  - Names and values are written as ASCII Python string literals, so no name or value can inject code; the block
+    catches every C(Exception), because a failing C(sitecustomize) breaks every Python process on the host,
+    Ansible included.
+  - Writes are safe. The module renders the whole new file, compiles it, writes it to a temporary file in the same
+    directory, runs that file with each target interpreter in a subprocess and checks the exported values, and
+    only then moves it over the old file atomically, keeping its owner and mode (V(0644) for a new file).
+  - After writing, each interpreter is started with an empty environment and the managed variables it exports are
+    returned as RV(effective_env); the module fails when they differ from what was asked (with O(state=absent),
+    when they are still set).
+author: gpufleet contributors
+extends_documentation_fragment:
+  - gpufleet.serving._attributes
+attributes:
+  check_mode:
+    support: full
+    details: Computes the change and reports the currently exported values; writes nothing.
+  diff_mode:
+    support: full
+    details: Returns the file before and after, one entry per file.
+  idempotent:
+    support: full
+options:
+  interpreters:
+    description:
+      - Absolute paths of the Python interpreters whose start-up must export the variables, for example a venv's
+        C(bin/python). Symlinks are not resolved, so a venv interpreter stays a venv interpreter.
+      - Empty means the system interpreters C(/usr/bin/python3*) and C(/usr/local/bin/python3*) (only C(python3) and
+        C(python3.X)), resolved and de-duplicated.
+    type: list
+    elements: path
+    default: []
+  path:
+    description:
+      - Manage this file instead of the one the interpreters import (for example a C(sitecustomize.py) in a directory
+        that the service puts on C(PYTHONPATH)).
+      - The interpreters are still started to test and to verify the file, with O(probe_env), so O(probe_env) must make
+        them import it.
+    type: path
+  env:
+    description:
+      - Variables to export. Names must match C(^[A-Za-z_][A-Za-z0-9_]*$); values must be strings or numbers
+        (numbers are exported as their decimal text; booleans, lists and dicts are refused).
+    type: dict
+    default: {}
+  state:
+    description: V(present) writes the block, V(absent) removes it.
+    type: str
+    choices: [present, absent]
+    default: present
+  mode:
+    description:
+      - V(setdefault) sets a variable only when the process did not get it already, so an explicitly exported value
+        wins (C(os.environ.setdefault)).
+      - V(override) always sets it (C(os.environ[NAME] = value)).
+    type: str
+    choices: [setdefault, override]
+    default: setdefault
+  name:
+    description: Block name, written into the markers; several blocks with different names can coexist.
+    type: str
+    default: gpufleet
+  backup:
+    description: Keep a timestamped copy of the file before changing it.
+    type: bool
+    default: false
+  probe_env:
+    description:
+      - Environment given to the interpreters when the module locates, tests and verifies the file. Empty by default,
+        so the result holds for a process started with an empty environment.
+    type: dict
+    default: {}
+  nccl_names:
+    description:
+      - How to treat C(NCCL_*) names in O(env). V(warn) warns about unknown names (with the closest known name),
+        about NCCL debugging knobs and deprecated names; V(fail) refuses unknown names before changing anything.
+    type: str
+    choices: [ignore, warn, fail]
+    default: ignore
+notes:
+  - C(/proc/PID/environ) shows the environment at exec. A launcher that ran this block itself does not show the
+    variables there, but its C(spawn)-started workers do; use M(gpufleet.serving.process_env) to check workers.
+  - Editing the system interpreter's C(sitecustomize.py) needs root; use C(become).
+  - When the file does not end with a newline, one is added before a new block and stays after the block is removed.
+seealso:
+  - module: gpufleet.serving.nccl_conf
+  - module: gpufleet.serving.process_env
+"""
+
+EXAMPLES = r"""
+- name: Export the PCIe-only NCCL tuning from every system Python process
+  gpufleet.serving.sitecustomize_env:
+    name: nccl
+    env:
+      NCCL_PROTO: LL
+      NCCL_ALGO: Ring
+      NCCL_P2P_LEVEL: SYS
+      NCCL_BUFFSIZE: 16777216
+    nccl_names: warn
+  become: true
+
+- name: Also reach a venv interpreter (it shares the base interpreter's file, edited once)
+  gpufleet.serving.sitecustomize_env:
+    interpreters: [/usr/bin/python3.12, /opt/sglang/venv/bin/python]
+    env: {NCCL_DEBUG: WARN}
+
+- name: Remove the block again
+  gpufleet.serving.sitecustomize_env:
+    name: nccl
+    state: absent
+  become: true
+"""
+
+RETURN = r"""
+interpreters:
+  description:
+    - One entry per interpreter with C(interpreter), C(executable), C(version), C(prefix), C(base_prefix), C(venv),
+      C(sitecustomize) (the file it imports, or would create), C(exists), C(shadowed) (later copies it never imports)
+      and C(managed_path) (the file this module manages for it).
+  returned: always
+  type: list
+  elements: dict
+files:
+  description:
+    - One entry per managed file with C(path), C(real_path) (after following a safe symlink), C(symlinks),
+      C(changed), C(created), C(removed), C(interpreters) and C(backup_file).
+  returned: always
+  type: list
+  elements: dict
+effective_env:
+  description:
+    - Per interpreter, the managed variables as a process started with an empty environment sees them
+      (null when unset). In check mode, the values before any change.
+  returned: always
+  type: dict
+  sample: {"/usr/bin/python3.12": {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}}
+shadowed:
+  description: Warnings about C(sitecustomize.py) copies that are never imported because an earlier one wins.
+  returned: always
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _sitecustomize
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            interpreters=dict(type="list", elements="path", default=[]),
+            path=dict(type="path"),
+            env=dict(type="dict", default={}),
+            state=dict(type="str", choices=["present", "absent"], default="present"),
+            mode=dict(type="str", choices=["setdefault", "override"], default="setdefault"),
+            name=dict(type="str", default="gpufleet"),
+            backup=dict(type="bool", default=False),
+            probe_env=dict(type="dict", default={}),
+            nccl_names=dict(type="str", choices=["ignore", "warn", "fail"], default="ignore"),
+        ),
+        supports_check_mode=True,
+    )
+    module.exit_json(**_sitecustomize.run(module))
+
+
+if __name__ == "__main__":
+    main()

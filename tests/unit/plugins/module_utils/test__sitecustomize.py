@@ -1,0 +1,133 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""_sitecustomize rendering: no name or value can inject code, values round-trip exactly through a real
+import in a subprocess, and the block never raises at import (but does not swallow KeyboardInterrupt)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _sitecustomize
+
+PY = sys.executable
+
+
+def _import_in_subprocess(path, keys, prelude="", env=None):
+    """Run the file as site.py would (module name 'sitecustomize') in a fresh interpreter; return the keys."""
+    code = (prelude + "\nimport os, sys, json, runpy\nrunpy.run_path(sys.argv[1], run_name='sitecustomize')\n"
+            "print(json.dumps({k: os.environ.get(k) for k in json.loads(sys.argv[2])}))\n")
+    r = subprocess.run([PY, "-S", "-c", code, str(path), json.dumps(keys)], env=env or {}, cwd="/",
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    return r
+
+
+BAD_NAMES = ["NCCL PROTO", "A=B", "A'B", 'A"B', "ÄNCCL", "NCCL_\u00e9", "1NCCL", "", "A\nB", "NCCL_X\n", "A;B", "A.B",
+             "__import__('os')", "A-B", " A"]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_bad_names_are_refused(name):
+    with pytest.raises(_envblock.BlockError) as e:
+        _envblock.normalize_env({name: "x"})
+    assert "variable name" in str(e.value) and repr(name) in str(e.value)
+
+
+@pytest.mark.parametrize("value,kind", [(True, "bool"), (False, "bool"), ([1], "list"), ({"a": 1}, "dict"),
+                                        (None, "null"), (float("nan"), "finite")])
+def test_bad_values_are_refused_naming_the_key(value, kind):
+    with pytest.raises(_envblock.BlockError) as e:
+        _envblock.normalize_env({"NCCL_BUFFSIZE": value})
+    assert "NCCL_BUFFSIZE" in str(e.value) and kind in str(e.value)
+
+
+def test_nul_in_value_is_refused():
+    with pytest.raises(_envblock.BlockError, match="NUL"):
+        _envblock.normalize_env({"X": "a\0b"})
+
+
+def test_numbers_become_their_text():
+    assert _envblock.normalize_env({"A": 16777216, "B": 1.5, "C": "LL"}) == {"A": "16777216", "B": "1.5", "C": "LL"}
+
+
+NASTY = {
+    "NEWLINE": "a\nb\r\nc",
+    "QUOTES": "it's \"quoted\"",
+    "BACKSLASH": "C:\\path\\n\\x00 \\",
+    "TRIPLE": '"""\'\'\' end',
+    "INJECT": None,  # filled in with the test's own marker path
+    "MARKER": "\n# END gpufleet nccl\nimport os; os.system('true')\n",
+    "UNICODE": "h\u00e9llo \u2028 \U0001F600",
+    "EMPTY": "",
+    "NUMBER": "16777216",
+}
+
+
+@pytest.mark.parametrize("mode", ["setdefault", "override"])
+def test_hostile_values_are_data_and_round_trip(tmp_path, mode):
+    pwned = tmp_path / "pwned"
+    env = dict(NASTY, INJECT="__import__('os').system('touch %s')" % pwned)
+    text = _sitecustomize.new_text("# existing content\nX = 1\n", "nccl", env, mode, "t")
+    assert text.startswith("# existing content\nX = 1\n# BEGIN gpufleet nccl\n")
+    assert text.count("# END gpufleet nccl\n") == 1  # a value cannot forge a marker line
+    text.encode("ascii")  # ascii() literals: the block is pure ASCII whatever the values
+    f = tmp_path / "sitecustomize.py"
+    f.write_text(text)
+    r = _import_in_subprocess(f, sorted(env))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == env
+    assert not pwned.exists()
+
+
+def test_setdefault_keeps_an_exported_value_and_override_replaces_it(tmp_path):
+    for mode, want in (("setdefault", "Simple"), ("override", "LL")):
+        f = tmp_path / ("%s.py" % mode)
+        f.write_text(_sitecustomize.new_text(None, "nccl", {"NCCL_PROTO": "LL"}, mode, "t"))
+        r = _import_in_subprocess(f, ["NCCL_PROTO"], env={"NCCL_PROTO": "Simple"})
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == {"NCCL_PROTO": want}
+
+
+def test_block_never_raises_at_import(tmp_path):
+    f = tmp_path / "sitecustomize.py"
+    f.write_text(_sitecustomize.new_text(None, "nccl", {"NCCL_PROTO": "LL"}, "setdefault", "t"))
+    # Make the environment itself fail: the rest of start-up must go on.
+    prelude = ("import os\nclass Broken(dict):\n    def setdefault(self, *a):\n        raise RuntimeError('boom')\n"
+               "os.environ = Broken()\n")
+    r = _import_in_subprocess(f, ["NCCL_PROTO"], prelude=prelude)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"NCCL_PROTO": None}
+
+
+def test_block_does_not_swallow_keyboard_interrupt(tmp_path):
+    # Ctrl-C during start-up must still stop the process: only Exception is caught.
+    f = tmp_path / "sitecustomize.py"
+    f.write_text(_sitecustomize.new_text(None, "nccl", {"NCCL_PROTO": "LL"}, "setdefault", "t"))
+    prelude = ("import os\nclass Stop(dict):\n    def setdefault(self, *a):\n        raise KeyboardInterrupt\n"
+               "os.environ = Stop()\n")
+    r = _import_in_subprocess(f, ["NCCL_PROTO"], prelude=prelude)
+    assert r.returncode != 0 and "KeyboardInterrupt" in r.stderr
+
+
+def test_render_compiles_and_parses_back():
+    env = {"NCCL_PROTO": "LL", "ODD": "a'b\n\"c"}
+    body = _sitecustomize.render_body(env, "setdefault")
+    compile(body, "t", "exec")
+    assert _sitecustomize.parse_body(body.splitlines(keepends=True)) == env
+
+
+def test_mode_is_validated():
+    with pytest.raises(_envblock.BlockError):
+        _sitecustomize.render_body({"A": "b"}, "append")
+
+
+def test_discover_interpreters_only_takes_python3_names(tmp_path):
+    for n in ("python3", "python3.11", "python3-config", "python3.11-config", "python3m"):
+        p = tmp_path / n
+        p.write_text("#!/bin/sh\n")
+        p.chmod(0o755)
+    (tmp_path / "python3.99").symlink_to(tmp_path / "python3.11")
+    got = _sitecustomize.discover_interpreters([str(tmp_path / "python3*")])
+    # python3.99 resolves to python3.11: de-duplicated.
+    assert got == [str(tmp_path / "python3"), str(tmp_path / "python3.11")]
