@@ -17,7 +17,8 @@ Needs root, iproute2, util-linux unshare, openssh-server and netcat-openbsd. Eac
   by the host interpreter through a .pth file in its site-packages dir; the demo server in
   /opt/gpufleet-fake/demo_server.py.
 
-The controller reaches hosts through `ip netns exec <hub> nc %h %p` (see DIR/inventory.yml). Names
+The controller reaches hosts through `ip netns exec <hub> nc %h %p` (see DIR/inventory.yml; `DIR/proxy %h %p`
+does the same for callers that know only the state dir, e.g. molecule.yml). Names
 (namespaces) carry a short hash of the state dir, so fleets of different state dirs never collide.
 `down` removes namespaces, processes, mounts (they die with the hosts' mount namespaces), ssh control
 sockets and the hosts' upper dirs, also after a crashed `up`; logs stay in DIR/logs.
@@ -173,6 +174,7 @@ class Fleet:
             if old and {k: old.get(k) for k in wanted} == wanted and all(self.host_alive(h) for h in old["host_info"]):
                 log("fleet in %s is already up with this config; reusing it" % self.dir)
                 self.write_inventory(old)
+                self._write_proxy()
                 return old
             if old and all(self.host_alive(h) for h in old["host_info"]):
                 raise FleetError("a fleet with another config is already up in %s; run `down --state-dir %s` first"
@@ -216,6 +218,7 @@ class Fleet:
             self.down()
             raise
         self.write_inventory(state)
+        self._write_proxy()
         log("up: %d hosts in %.2fs; inventory %s" % (hosts, time.monotonic() - t0, self.inventory))
         return state
 
@@ -381,6 +384,13 @@ class Fleet:
         tmp.write_text("\n".join(lines) + "\n")
         tmp.rename(self.inventory)
 
+    def _write_proxy(self) -> None:
+        """DIR/proxy HOST PORT: the ProxyCommand for callers that know the state dir but not the hub's name."""
+        p = self.dir / "proxy"
+        p.write_text("#!/bin/sh\n# ssh ProxyCommand into the sandbox fleet of %s\nexec ip netns exec %s nc \"$@\"\n"
+                     % (self.dir, self.hub))
+        p.chmod(0o755)
+
     def ssh_argv(self, host: str, command: str) -> t.List[str]:
         """argv of a plain ssh call to `host` running `command` (same options as the inventory)."""
         state = self.load()
@@ -449,7 +459,7 @@ class Fleet:
                 if p.exists():
                     shutil.rmtree(p)
             for p in list(self.dir.glob("hostkey-*")) + [self.key, Path(str(self.key) + ".pub"), self.inventory,
-                                                         self.state_path]:
+                                                         self.state_path, self.dir / "proxy"]:
                 if p.exists():
                     p.unlink()
 
