@@ -95,6 +95,7 @@ def play(tmp_path: Path, tasks: t.List[t.Dict[str, t.Any]], registers: t.Sequenc
                                  "dest": str(out), "mode": "0600"},
         "check_mode": False,
         "diff": False,
+        "changed_when": False,
     }
     pb = tmp_path / ("%s.yml" % name)
     pb.write_text(yaml.safe_dump([{"name": name, "hosts": "localhost", "gather_facts": False,
