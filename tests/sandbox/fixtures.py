@@ -205,3 +205,11 @@ def sandbox_fleet_module(tmp_path_factory):
     make, made = _factory(tmp_path_factory)
     yield make
     _teardown(made)
+
+
+@pytest.fixture(scope="session")
+def sandbox_fleet_session(tmp_path_factory):
+    """Like `sandbox_fleet`, torn down at the end of the pytest session."""
+    make, made = _factory(tmp_path_factory)
+    yield make
+    _teardown(made)
