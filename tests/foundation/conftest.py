@@ -19,10 +19,11 @@ import pytest
 from helpers import PY, ROOT, wait_for
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "tests" / "unit"))  # smi_stub
-_COLL = ROOT / "collections"
-if str(_COLL) not in sys.path:
-    sys.path.insert(0, str(_COLL))
+sys.path.insert(0, str(ROOT / "tests" / "unit"))  # smi_stub, collection_copy
+from collection_copy import use_private_collections  # noqa: E402
+
+# Imports and ansible-playbook runs (ANSIBLE_COLLECTIONS_PATH) use a copy no concurrent run rewrites.
+use_private_collections()
 
 
 def _proc():

@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Unit-test harness.
 
-- Imports go through the installed copy (collections/ansible_collections/gpufleet/serving), refreshed
-  from the checkout before any test module is imported, so `ansible_collections.gpufleet.serving...`
-  resolves exactly as it does on a target.
+- Imports go through a private copy of the checkout laid out as ansible_collections/gpufleet/serving
+  (collection_copy.py), made before any test module is imported, so `ansible_collections.gpufleet.serving...`
+  resolves exactly as it does on a target, and a concurrent pytest run re-copying collections/ cannot race us.
 - The test-only fake pynvml (tests/fakes/nvml) is put first on sys.path BEFORE _nvml is imported, so the
   product's `import pynvml` binds to the fake: the only double, at the NVML boundary.
 - `run_module` runs a module's real main() in-process with `patch_module_args` (core 2.19+), lets the real
@@ -21,11 +21,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-from helpers import FAKE_NVML_DIR, FakeGpus, install_collection  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from collection_copy import use_private_collections  # noqa: E402
+from helpers import FAKE_NVML_DIR, FakeGpus  # noqa: E402
 
-_COLL_BASE = install_collection().parents[2]
-if str(_COLL_BASE) not in sys.path:
-    sys.path.insert(0, str(_COLL_BASE))
+use_private_collections()
 if str(FAKE_NVML_DIR) not in sys.path:
     sys.path.insert(0, str(FAKE_NVML_DIR))
 
