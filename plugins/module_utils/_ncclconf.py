@@ -114,7 +114,8 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
                     if os.path.exists(tmp):
                         os.unlink(tmp)
         except OSError as e:
-            module.fail_json(msg="cannot write %s: %s" % (real, e), path=real)
+            hint = "; run as root (become: true)" if isinstance(e, PermissionError) else ""
+            module.fail_json(msg="cannot write %s: %s%s" % (real, e.strerror or e, hint), path=real)
     if not module.check_mode:
         written = parse_conf(_envblock.read_text(real) or "")
         got = {k: written[k][0] if k in written else None for k in keys}

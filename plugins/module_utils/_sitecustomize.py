@@ -65,10 +65,17 @@ print(json.dumps({
 _READ_ENV = "import os, json, sys; print(json.dumps({k: os.environ.get(k) for k in json.loads(sys.argv[1])}))"
 
 # Executes the candidate file the way site.py does (as module 'sitecustomize'), then reports the
-# managed keys. Started with -S so the currently installed sitecustomize does not run first.
+# managed keys. Started with -S so the currently installed sitecustomize does not run first; the
+# site-packages directories are added as site.main() would (venv included), so existing content that
+# imports from them still works.
 _IMPORT_TEST = (
-    "import os, sys, json, runpy; runpy.run_path(sys.argv[1], run_name='sitecustomize'); "
-    "print(json.dumps({k: os.environ.get(k) for k in json.loads(sys.argv[2])}))"
+    "import os, sys, json, runpy, site\n"
+    "known = site.removeduppaths()\n"
+    "if hasattr(site, 'venv'):\n"
+    "    known = site.venv(known)\n"
+    "site.addsitepackages(known)\n"
+    "runpy.run_path(sys.argv[1], run_name='sitecustomize')\n"
+    "print(json.dumps({k: os.environ.get(k) for k in json.loads(sys.argv[2])}))\n"
 )
 
 
@@ -307,7 +314,8 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
             except SiteError as e:
                 module.fail_json(msg=str(e), **e.extra)
             except OSError as e:
-                module.fail_json(msg="cannot write %s: %s" % (real, e), path=real)
+                hint = "; run as root (become: true)" if isinstance(e, PermissionError) else ""
+                module.fail_json(msg="cannot write %s: %s%s" % (real, e.strerror or e, hint), path=real)
         result["changed"] = result["changed"] or changed
         result["files"].append(fentry)
         # Prove it: start each interpreter like any process (probe_env only, normally empty) and read the keys back.

@@ -22,7 +22,7 @@ description:
     when a descendant it started with exec carries every expected value (a launcher), or when it is a fork-started
     copy of its parent (same executable, command line and environ block) whose runtime environment is vouched for.
   - With O(nccl_log), NCCL's own log lines (C(NCCL INFO NCCL_PROTO set by environment to LL)) of the selected pids are
-    a second proof, and the only one for values NCCL read from C(/etc/nccl.conf): a value the log confirms for a pid
+    a second proof, and the only one for values NCCL read from C(/etc/nccl.conf). A value the log confirms for a pid
     counts as carried, a value it contradicts fails the pid. NCCL logs a variable only when it reads it (a size-1
     communicator never reads C(NCCL_PROTO) or C(NCCL_ALGO)), so not-logged variables fail only with
     O(require_confirmed=true).

@@ -165,3 +165,19 @@ def test_default_interpreters_are_the_system_ones_check_mode_only(tmp_path):
         assert i["sitecustomize"].endswith("sitecustomize.py") and not i["venv"]
     assert r["effective_env"] == {i: {"GPUFLEET_T": None} for i in interps}
     assert before == {p: open(p, "rb").read() for p in before}
+
+
+def test_existing_content_that_imports_from_dist_packages_keeps_working(tmp_path, syspy):
+    # The candidate is tried with site-packages on sys.path (as at start-up), so a distro or admin
+    # sitecustomize importing from dist-packages does not make the module refuse, and keeps working.
+    dist = syspy.prefix / "lib" / "python3" / "dist-packages"
+    dist.mkdir(parents=True)
+    (dist / "gpufleet_site_helper.py").write_text("import os\nos.environ['FROM_HELPER'] = '1'\n")
+    existing = "import gpufleet_site_helper\n"
+    syspy.etc_file.write_text(existing)
+    py = str(syspy.python)
+    proc, res = play(tmp_path, [task("Add", "r", interpreters=[py], env={"NCCL_ALGO": "Ring"})], ["r"])
+    assert proc.returncode == 0, proc.stdout
+    assert res["r"]["effective_env"] == {py: {"NCCL_ALGO": "Ring"}}
+    assert syspy.etc_file.read_text().startswith(existing)
+    assert syspy.env_of(py, ["FROM_HELPER", "NCCL_ALGO"]) == {"FROM_HELPER": "1", "NCCL_ALGO": "Ring"}
