@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import typing as t
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _nccllog, _nvml, _proc, _select
+from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _killmod, _nccllog, _nvml, _proc
 
 
 class EnvCheckError(Exception):
@@ -198,8 +198,6 @@ def _is_fork_copy(pid: int, procs: t.Mapping[int, _proc.Proc]) -> bool:
 
 
 def run(module: t.Any) -> t.Dict[str, t.Any]:
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _killmod
-
     p = module.params
     try:
         expected = _envblock.normalize_env(p["expected"], "expected")

@@ -122,7 +122,18 @@ def test_untuned_server_fails_listing_the_missing_variables(tmp_path, syspy, ser
     ]
     # The last selection is pids only (tag given too, so the union is the whole tree): use a dedicated one.
     tasks[-1]["gpufleet.serving.process_env"].pop("tag")
-    proc, res = play(tmp_path, tasks, ["workers", "all", "empty", "allowed", "nogpu"], name="verify", env=fake_gpus.env)
+    # The nccl.conf layer: NCCL read the values from the file, so they are not in environ; only its log shows them.
+    conf_log = tmp_path / "nccl-conf.log"
+    conf_log.write_text("".join("gpu-pcie-07:%d:%d [0] NCCL INFO %s set by environment to %s\n" % (w, w, k, v)
+                                for w in srv["workers"] for k, v in sorted({"NCCL_P2P_LEVEL": "SYS", "NCCL_BUFFSIZE": "16777216."}.items())))
+    conf_vars = {"NCCL_P2P_LEVEL": "SYS", "NCCL_BUFFSIZE": "16777216"}
+    tasks += [
+        check("nccl.conf layer proven by NCCL's log", "conf", tag, conf_vars, nccl_log=[str(conf_log)]),
+        check("Confirmation required but NCCL_PROTO never logged", "req", tag, dict(conf_vars, NCCL_PROTO="LL"),
+              nccl_log=[str(conf_log)], require_confirmed=True),
+    ]
+    proc, res = play(tmp_path, tasks, ["workers", "all", "empty", "allowed", "nogpu", "conf", "req"], name="verify",
+                     env=fake_gpus.env)
     assert proc.returncode == 0, proc.stdout
 
     r = res["workers"]
@@ -138,3 +149,10 @@ def test_untuned_server_fails_listing_the_missing_variables(tmp_path, syspy, ser
     assert res["empty"]["failed"] and "No process matched" in res["empty"]["msg"]
     assert not res["allowed"].get("failed") and res["allowed"]["checked"] == 0
     assert res["nogpu"]["failed"] and "none holds a GPU" in res["nogpu"]["msg"]
+
+    r = res["conf"]
+    assert not r.get("failed"), r.get("msg")
+    assert all(p["status"] == "ok" and p["env"] == {k: None for k in conf_vars} for p in r["processes"])
+    assert r["nccl_log"]["confirmed"] == sorted(conf_vars)
+    r = res["req"]
+    assert r["failed"] and "does not confirm NCCL_PROTO" in r["msg"]
