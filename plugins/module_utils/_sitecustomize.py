@@ -157,6 +157,12 @@ def _run(argv: t.Sequence[str], env: t.Mapping[str, str], timeout: float = _PROB
                           stderr=subprocess.PIPE, timeout=timeout, check=False)
 
 
+def _last_error(err: bytes) -> str:
+    """The exception line only: a full traceback could quote a line of the file holding a secret."""
+    lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
+    return lines[-1][:500] if lines else ""
+
+
 def _last_json(out: bytes) -> t.Any:
     # Anything a sitecustomize prints itself comes before our line.
     lines = out.decode("utf-8", "replace").strip().splitlines()
@@ -175,7 +181,7 @@ def probe(interp: str, probe_env: t.Mapping[str, str]) -> t.Dict[str, t.Any]:
         raise SiteError("interpreter %s could not be started to locate its sitecustomize: %s" % (interp, e), interpreter=interp)
     if r.returncode != 0 or not isinstance(info, dict):
         raise SiteError("interpreter %s failed to report its sitecustomize (rc %d)" % (interp, r.returncode),
-                        interpreter=interp, rc=r.returncode, stderr=r.stderr.decode("utf-8", "replace")[-2000:])
+                        interpreter=interp, rc=r.returncode, stderr=_last_error(r.stderr))
     if info["no_site"]:
         raise SiteError("interpreter %s runs without the site module, so it never imports sitecustomize" % interp, interpreter=interp)
     stderr = r.stderr.decode("utf-8", "replace")
@@ -204,7 +210,7 @@ def read_effective(interp: str, keys: t.Sequence[str], probe_env: t.Mapping[str,
         raise SiteError("interpreter %s could not be started to verify its environment: %s" % (interp, e), interpreter=interp)
     if r.returncode != 0 or not isinstance(vals, dict):
         raise SiteError("interpreter %s failed to start after the change (rc %d)" % (interp, r.returncode),
-                        interpreter=interp, rc=r.returncode, stderr=r.stderr.decode("utf-8", "replace")[-2000:])
+                        interpreter=interp, rc=r.returncode, stderr=_last_error(r.stderr))
     return vals
 
 
@@ -217,7 +223,7 @@ def import_test(interp: str, tmp: str, keys: t.Sequence[str], probe_env: t.Mappi
         raise SiteError("interpreter %s could not run the candidate file: %s" % (interp, e), interpreter=interp)
     if r.returncode != 0 or not isinstance(vals, dict):
         raise SiteError("the new sitecustomize fails when %s imports it (rc %d); nothing was changed" % (interp, r.returncode),
-                        interpreter=interp, rc=r.returncode, stderr=r.stderr.decode("utf-8", "replace")[-2000:])
+                        interpreter=interp, rc=r.returncode, stderr=_last_error(r.stderr))
     return vals
 
 
@@ -247,9 +253,12 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
         module.fail_json(msg=str(e), **e.extra)
 
     # Group interpreters by the file they import (or the explicit path), so a shared file is edited once.
+    # Keyed by real path: two spellings of one file (a link and its target) are still one file.
     groups: t.Dict[str, t.List[t.Dict[str, t.Any]]] = {}
+    firsts: t.Dict[str, str] = {}
     for info in infos:
         target = p["path"] or info["sitecustomize"]
+        target = firsts.setdefault(os.path.realpath(target), target)
         groups.setdefault(target, []).append(info)
         entry = {k: info[k] for k in ("interpreter", "executable", "version", "prefix", "base_prefix", "sitecustomize", "exists", "shadowed")}
         entry["venv"] = info["prefix"] != info["base_prefix"]
