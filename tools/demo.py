@@ -60,23 +60,26 @@ def main() -> int:
         for h in hosts:
             subprocess.run(fl.ssh_argv(h, sandbox.stale_server_cmd(python)), check=True)
         time.sleep(1.5)
-        subprocess.run([str(os.path.join(os.path.dirname(PY), "ansible")), "all", "-i", fleet_inv, "-m",
-                        "gpufleet.serving.gpu_info", "-o"], cwd=ROOT, check=False)
         inv_dir = os.path.join(state, "rollout-inventory")
         os.makedirs(inv_dir, exist_ok=True)
         subprocess.run(["cp", fleet_inv, os.path.join(inv_dir, "fleet.yml")], check=True)
         with open(os.path.join(inv_dir, "servers.yml"), "w") as f:
             f.write(sandbox.servers_inventory(hosts, sandbox.server_vars(python)))
         ci = [PY, "-m", "gpufleet_ci", "rollout", "--inventory", inv_dir, "-e", json.dumps({"gpufleet_rollout_serial": [1, "100%"]})]
+        audit = [PY, "-m", "gpufleet_ci", "audit", "--inventory", inv_dir]
+        step("Audit (read-only): the stale servers hold the GPUs untuned and untagged, so every host drifts")
+        a1 = subprocess.run(audit, cwd=ROOT)
         step("Rollout: canary host1, then the rest (kill -> verify clean -> tune -> launch -> verify)")
         r1 = subprocess.run(ci + ["--json", os.path.join(state, "rollout-1.json")], cwd=ROOT)
         step("Rollout again: everything is already right, nothing restarts")
         r2 = subprocess.run(ci + ["--json", os.path.join(state, "rollout-2.json")], cwd=ROOT)
+        step("Audit again: every host is as desired")
+        a2 = subprocess.run(audit, cwd=ROOT)
         with open(os.path.join(state, "rollout-2.json")) as f:
             again = json.load(f)
         restarted = [h["host"] for h in again["hosts"] if h.get("restarted")]
         print("\nsecond rollout restarted: %s" % (", ".join(restarted) or "nothing"))
-        rc = 0 if r1.returncode == 0 and r2.returncode == 0 and not restarted else 1
+        rc = 0 if a1.returncode != 0 and r1.returncode == 0 and r2.returncode == 0 and a2.returncode == 0 and not restarted else 1
     finally:
         if args.keep:
             print("fleet left up: %s %s down --state-dir %s" % (PY, FLEET, state))

@@ -98,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
     import ansible_runner
 
     pdd = prepare(args)
+    # ansible-runner execs ansible-playbook from PATH: use the one beside this interpreter.
+    bindir = os.path.dirname(os.path.abspath(sys.executable))
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
     ident = args.ident or time.strftime("%Y%m%dT%H%M%S")
     r = ansible_runner.run(private_data_dir=pdd, playbook="site.yml", ident=ident, quiet=True,
                            event_handler=Progress(sys.stdout))

@@ -45,6 +45,6 @@ def servers_inventory(hosts: t.Sequence[str], group_vars: t.Mapping[str, t.Any],
 
 def stale_server_cmd(python: str, gpus: int = 2, mib: int = 20000) -> str:
     """Shell command that starts an untagged, untuned demo server the way people do by hand."""
-    return ("mkdir -p /var/log && cd / && nohup setsid %s %s --port %d --tp %d --gpus %s --mib %d "
+    return ("mkdir -p /var/log; cd /; nohup setsid %s %s --port %d --tp %d --gpus %s --mib %d "
             "--state-dir /var/lib/demo-stale > /var/log/demo-stale.log 2>&1 < /dev/null &"
             % (python, DEMO_SERVER, PORT, gpus, ",".join(str(i) for i in range(gpus)), mib))
