@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Real-GPU end-to-end run of gpufleet.serving through its own playbooks (one command, on a GPU host, as root).
+
+    python3 tests/gpu/e2e.py --out DIR [--workers 2] [--gib 20]
+
+Needs: an NVIDIA GPU, torch with NCCL, nvidia-ml-py, ansible-core importable by this python3.
+Steps (each recorded in DIR/e2e.json, the playbook outputs in DIR/*.log):
+ 1. note the system sitecustomize.py (bytes + sha256);
+ 2. start tests/gpu/real_server.py by hand, untuned and untagged (as the seed did), wait for /health;
+ 3. rollout (gpufleet.serving.rollout, profile pcie_only, sitecustomize layer): adopt + kill the stale server,
+    wait clean on real NVML, write the NCCL block, relaunch, /health + a real /generate, process_env on the
+    GPU-holding spawn workers and the NCCL log check;
+ 4. read every worker's /proc/PID/environ (NCCL keys only) and NCCL's `set by environment` lines per pid;
+ 5. audit passes; 6. a second rollout is a no-op (changed=0); 7. three forced restarts, timed, for the
+    orchestration overhead; 8. profile none + clean: sitecustomize.py restored byte for byte, GPU clean.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PY = sys.executable
+PORT = 30000
+TUNED = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
+         "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
+
+
+def sh(argv, **kw):
+    return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def system_sitecustomize() -> str:
+    # The file the system python3 imports (Ubuntu: /usr/lib/python3.X/sitecustomize.py -> /etc/python3.X/...).
+    out = sh(["/usr/bin/python3", "-c", "import sitecustomize, os; print(os.path.realpath(sitecustomize.__file__))"],
+             env={"PATH": "/usr/bin:/bin"})
+    return out.stdout.strip().splitlines()[-1]
+
+
+def health(timeout=0.5) -> bool:
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/health" % PORT, timeout=timeout) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+def playbook(out, name, pb, inv, *extra, check_rc=True):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               GPUFLEET_SUMMARY_DIR=os.path.join(out, "summary-" + name))
+    t0 = time.monotonic()
+    r = sh([PY, "-m", "ansible.cli.playbook", pb, "-i", inv] + list(extra), cwd=ROOT, env=env)
+    wall = time.monotonic() - t0
+    with open(os.path.join(out, name + ".log"), "w") as f:
+        f.write(r.stdout)
+    recap = {}
+    for m in re.finditer(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", r.stdout, re.M):
+        recap[m.group(1)] = {"ok": int(m.group(2)), "changed": int(m.group(3)), "failed": int(m.group(5))}
+    res = {"rc": r.returncode, "wall_s": round(wall, 3), "recap": recap}
+    print("%-12s rc=%d wall=%.1fs recap=%s" % (name, r.returncode, wall, recap), flush=True)
+    if check_rc and r.returncode != 0:
+        print(r.stdout[-6000:])
+        raise SystemExit("%s failed (rc %d)" % (name, r.returncode))
+    return res
+
+
+def workers_env(tag="GPUFLEET_SERVICE=gpu-e2e"):
+    """NCCL_* keys of every process carrying the launch tag (tag None: every spawn worker), never other values."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            raw = open("/proc/%s/environ" % pid, "rb").read().split(b"\0")
+            cmd = open("/proc/%s/cmdline" % pid, "rb").read().replace(b"\0", b" ").decode()[:160]
+        except OSError:
+            continue
+        env = dict(x.decode(errors="replace").split("=", 1) for x in raw if b"=" in x)
+        tagged = "GPUFLEET_SERVICE" in env and "GPUFLEET_SERVICE=" + env["GPUFLEET_SERVICE"] == tag
+        if tagged or (tag is None and "spawn_main" in cmd):
+            out[pid] = {"cmdline": cmd, "nccl": {k: v for k, v in env.items() if k in TUNED}}
+    return out
+
+
+def nccl_lines(log_path, pids):
+    rx = re.compile(r"^\S+:(\d+):\d+ \[\d+\] NCCL INFO (NCCL_\w+) set by environment to (.*?)\.?$")
+    got = {}
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            m = rx.match(line.strip())
+            if m and m.group(1) in pids:
+                got.setdefault(m.group(1), {})[m.group(2)] = m.group(3)
+    return got
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--gib", type=float, default=20)
+    ap.add_argument("--restarts", type=int, default=3)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    ev = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    ev["nvidia_smi"] = sh(["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total,memory.used",
+                           "--format=csv,noheader"]).stdout.strip()
+    ev["torch"] = sh([PY, "-c", "import torch; print(torch.__version__, torch.cuda.nccl.version())"]).stdout.strip()
+    site = system_sitecustomize()
+    original = open(site, "rb").read()
+    ev["sitecustomize"] = {"path": site, "link": "/usr/lib/python%d.%d/sitecustomize.py" % sys.version_info[:2],
+                           "sha256_before": hashlib.sha256(original).hexdigest(), "bytes_before": len(original)}
+    shutil.copy(site, os.path.join(a.out, "sitecustomize.before.py"))
+
+    srv_dir = "/opt/gpufleet-gpu"
+    os.makedirs(srv_dir, exist_ok=True)
+    shutil.copy(os.path.join(ROOT, "tests", "gpu", "real_server.py"), srv_dir)
+    inv_dir = os.path.join(a.out, "inventory")
+    os.makedirs(os.path.join(inv_dir, "group_vars"), exist_ok=True)
+    with open(os.path.join(inv_dir, "hosts.yml"), "w") as f:
+        json.dump({"gpufleet_servers": {"hosts": {"localhost": {
+            "ansible_connection": "local", "ansible_python_interpreter": PY}}}}, f)
+    gv = {
+        "gpufleet_nccl_profile": "pcie_only",
+        "gpufleet_nccl_layers": ["sitecustomize"],
+        "gpufleet_server_name": "gpu-e2e",
+        "gpufleet_server_command": [PY, srv_dir + "/real_server.py", "--port", str(PORT), "--workers", str(a.workers),
+                                    "--gib", str(a.gib)],
+        "gpufleet_server_env": {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV"},
+        "gpufleet_server_health_url": "http://127.0.0.1:%d/health" % PORT,
+        "gpufleet_server_health_request": {"url": "http://127.0.0.1:%d/generate" % PORT, "method": "POST",
+                                           "body": "{}", "timeout": 60, "expect_regex": "pong"},
+        "gpufleet_server_adopt_cmdline_regex": r"real_server\.py",
+        "gpufleet_server_start_timeout": 300,
+        "gpufleet_server_kill_grace": 10,
+        "gpufleet_server_clean_timeout": 30,
+        "gpufleet_server_nccl_log": "/var/log/gpufleet/gpu-e2e.log",
+    }
+    with open(os.path.join(inv_dir, "group_vars", "gpufleet_servers.json"), "w") as f:
+        json.dump(gv, f, indent=1)
+
+    # 2. the seed's situation: a server started by hand, untuned, untagged.
+    t0 = time.monotonic()
+    stale = subprocess.Popen([PY, srv_dir + "/real_server.py", "--port", str(PORT), "--workers", str(a.workers),
+                              "--gib", str(a.gib)], stdout=open(os.path.join(a.out, "stale-server.log"), "w"),
+                             stderr=subprocess.STDOUT, start_new_session=True, cwd="/")
+    while not health() and time.monotonic() - t0 < 240:
+        time.sleep(0.5)
+    ev["stale_server"] = {"pid": stale.pid, "ready_s": round(time.monotonic() - t0, 2), "healthy": health(),
+                          "workers_env_untuned": {p: v["nccl"] for p, v in workers_env(None).items()}}
+    ev["gpu_before"] = sh(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader"]).stdout.strip()
+
+    pb = "gpufleet.serving.rollout"
+    ev["rollout_1"] = playbook(a.out, "rollout-1", pb, inv_dir)
+    ev["stale_server"]["alive_after"] = stale.poll() is None
+    wenv = workers_env()
+    ev["workers"] = wenv
+    logged = nccl_lines("/var/log/gpufleet/gpu-e2e.log", set(wenv))
+    ev["nccl_logged"] = logged
+    verdict = {}
+    for pid, vals in logged.items():
+        for k, v in vals.items():
+            if k in TUNED:
+                verdict.setdefault(k, set()).add("confirmed" if v == TUNED[k] else "CONTRADICTED " + v)
+    ev["nccl_verdict"] = {k: sorted(v) for k, v in verdict.items()}
+    gpu_workers = [p for p, v in wenv.items() if "spawn_main" in v["cmdline"]]
+    ev["checks"] = {
+        "stale_server_killed": not ev["stale_server"]["alive_after"],
+        "spawn_workers": len(gpu_workers),
+        "every_spawn_worker_tuned": bool(gpu_workers) and all(wenv[p]["nccl"] == TUNED for p in gpu_workers),
+        "nccl_logged_something_in_every_worker": bool(gpu_workers) and all(p in logged for p in gpu_workers),
+        "nccl_nothing_contradicted": not any("CONTRADICTED" in s for v in verdict.values() for s in v),
+    }
+    ev["audit"] = playbook(a.out, "audit", "gpufleet.serving.audit", inv_dir, check_rc=False)
+    ev["rollout_2"] = playbook(a.out, "rollout-2", pb, inv_dir)
+    ev["checks"]["audit_passed"] = ev["audit"]["rc"] == 0
+    ev["checks"]["second_rollout_noop"] = all(h["changed"] == 0 for h in ev["rollout_2"]["recap"].values())
+
+    restarts = []
+    for i in range(a.restarts):
+        r = playbook(a.out, "restart-%d" % i, "gpufleet.serving.restart", inv_dir)
+        with open("/var/lib/gpufleet/gpu-e2e.json") as f:
+            st = json.load(f)
+        startup = None
+        with open("/var/log/gpufleet/gpu-e2e.log") as f:
+            for line in f:
+                m = re.search(r"startup_s=([\d.]+)", line)
+                if m:
+                    startup = float(m.group(1))  # the last one is this restart's
+        restarts.append({"playbook_wall_s": r["wall_s"], "timings": st["timings"], "server_startup_s": startup})
+    ev["restarts"] = restarts
+
+    # 8. roll the tuning back and stop: the file must be byte-for-byte the original.
+    ev["rollback"] = playbook(a.out, "rollback", pb, inv_dir, "-e", json.dumps({"gpufleet_nccl_profile": "none"}),
+                              "--tags", "nccl_tuning")
+    ev["clean"] = playbook(a.out, "clean", "gpufleet.serving.clean", inv_dir)
+    after = open(site, "rb").read()
+    ev["sitecustomize"]["sha256_after"] = hashlib.sha256(after).hexdigest()
+    ev["checks"]["sitecustomize_restored_byte_for_byte"] = after == original
+    ev["gpu_after"] = sh(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader"]).stdout.strip()
+    ev["ok"] = all(v for k, v in ev["checks"].items() if k != "spawn_workers") and ev["checks"]["spawn_workers"] >= 1
+    with open(os.path.join(a.out, "e2e.json"), "w") as f:
+        json.dump(ev, f, indent=1, default=sorted)
+    print(json.dumps(ev["checks"], indent=1))
+    print("E2E", "PASSED" if ev["ok"] else "FAILED")
+    return 0 if ev["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
