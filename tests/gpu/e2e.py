@@ -92,7 +92,7 @@ def workers_env(tag="GPUFLEET_SERVICE=gpu-e2e"):
 
 
 def nccl_lines(log_path, pids):
-    rx = re.compile(r"^\S+:(\d+):\d+ \[\d+\] NCCL INFO (NCCL_\w+) set by environment to (.*?)\.?$")
+    rx = re.compile(r"^[^:\s]+:(\d+):\d+ .*NCCL INFO (NCCL_\w+) set by environment to (\S+?)\.?$")
     got = {}
     with open(log_path, errors="replace") as f:
         for line in f:
@@ -179,6 +179,15 @@ def main() -> int:
         "nccl_logged_something_in_every_worker": bool(gpu_workers) and all(p in logged for p in gpu_workers),
         "nccl_nothing_contradicted": not any("CONTRADICTED" in s for v in verdict.values() for s in v),
     }
+    shutil.copy("/var/log/gpufleet/gpu-e2e.log", os.path.join(a.out, "server-after-rollout-1.log"))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    pe = sh([PY, "-m", "ansible.cli.adhoc", "localhost", "-c", "local", "-i", "localhost,", "-e",
+             "ansible_python_interpreter=" + PY, "-m", "gpufleet.serving.process_env", "-a",
+             json.dumps({"tag": "GPUFLEET_SERVICE=gpu-e2e", "expected": TUNED,
+                         "nccl_log": ["/var/log/gpufleet/gpu-e2e.log"]})], cwd=ROOT, env=env)
+    with open(os.path.join(a.out, "process_env.log"), "w") as f:
+        f.write(pe.stdout)
+    ev["checks"]["process_env_module_passed"] = pe.returncode == 0
     ev["audit"] = playbook(a.out, "audit", "gpufleet.serving.audit", inv_dir, check_rc=False)
     ev["rollout_2"] = playbook(a.out, "rollout-2", pb, inv_dir)
     ev["checks"]["audit_passed"] = ev["audit"]["rc"] == 0
@@ -195,7 +204,8 @@ def main() -> int:
                 m = re.search(r"startup_s=([\d.]+)", line)
                 if m:
                     startup = float(m.group(1))  # the last one is this restart's
-        restarts.append({"playbook_wall_s": r["wall_s"], "timings": st["timings"], "server_startup_s": startup})
+        restarts.append({"playbook_wall_s": r["wall_s"], "timings": st["timings"], "server_startup_s": startup,
+                         "overhead_s": round(float(st["timings"].get("cycle_s", 0)) - (startup or 0), 3)})
     ev["restarts"] = restarts
 
     # 8. roll the tuning back and stop: the file must be byte-for-byte the original.
