@@ -17,7 +17,7 @@ description:
     apart from C(used) (an idle H200 reads v1 used 615 MiB but v2 used 0).
   - Each NVML query is handled on its own; one that fails (NVLink on a PCIe-only board reads
     C(Not Supported)) is listed under RV(gpus[].errors) and the rest is still returned.
-author: gpufleet contributors
+author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
   - gpufleet.serving._attributes.INFO_MODULE
@@ -83,7 +83,7 @@ gpus:
     used_mib: {description: Used memory in MiB (v2 excludes driver-reserved memory)., type: int, returned: always}
     free_mib: {description: Free memory in MiB., type: int, returned: always}
     reserved_mib: {description: Driver-reserved memory in MiB; null with NVML v1., type: int, returned: always}
-    memory_api: {description: V(v2), V(v1) or V(nvidia-smi)., type: str, returned: always}
+    memory_api: {description: "V(v2), V(v1) or V(nvidia-smi).", type: str, returned: always}
     nvlink:
       description: C(supported) (false when the board has no NVLink) and C(active_links).
       type: dict

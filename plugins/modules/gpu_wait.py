@@ -18,7 +18,7 @@ description:
   - On timeout it fails and lists every holder (GPU, pid, user, command line, MiB) and each GPU's used memory.
   - With O(state=busy), waits until every selected GPU has at least O(min_processes) processes and
     O(min_used_mib) MiB used, a readiness signal for servers that load weights.
-author: gpufleet contributors
+author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
   - gpufleet.serving._attributes.INFO_MODULE

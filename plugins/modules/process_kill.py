@@ -23,7 +23,7 @@ description:
     O(exclude_regex) removes host agents (nvidia-persistenced, DCGM, exporters) by default.
   - A process that is already gone counts as success. The module fails, listing them, when processes
     survive the last signal (for example in uninterruptible sleep, state C(D)).
-author: gpufleet contributors
+author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
   - gpufleet.serving._attributes.NVML
@@ -35,7 +35,7 @@ attributes:
     support: none
   idempotent:
     support: full
-    details: A second run finds nothing to kill and reports RV(changed=false).
+    details: A second run finds nothing to kill and reports C(changed=false).
 options:
   tag:
     description: Select processes whose C(/proc/PID/environ) holds this C(NAME=VALUE) pair.

@@ -72,7 +72,7 @@ def test_process_kill_bad_input(sleeper, fake_gpus, tmp_path):
         ({"pids": [bystander.pid], "grace": -2}, "grace must be >= 0 seconds"),
         ({"gpu_holders": [9]}, "GPU index 9 does not exist on this host (it has 2 GPUs: 0..1)"),
     ]
-    res = play(tmp_path, [{"module": "process_kill", "args": a} for a, _ in cases], fake_gpus.env)
+    res = play(tmp_path, [{"module": "process_kill", "args": a} for a, _msg in cases], fake_gpus.env)
     for (args, msg), r in zip(cases, res):
         assert r.get("failed") is True, (args, r)
         assert msg in r["msg"], (args, r["msg"])

@@ -65,10 +65,10 @@ def test_spawn_workers_killed_by_tag_and_gpus_freed(launch):
 
 def test_launcher_pid_with_descendants_and_session(launch):
     tree = launch(workers=2, tag=None)
-    res, _ = select(pids=[tree.launcher])
+    res = select(pids=[tree.launcher])[0]
     assert set(res["selected"]) == set(tree.members)
     assert {res["selected"][w][0] for w in tree.workers} <= {"group_member", "descendant"}
-    res, _ = select(pids=[tree.launcher], include_descendants=False, include_groups=False)
+    res = select(pids=[tree.launcher], include_descendants=False, include_groups=False)[0]
     assert set(res["selected"]) == {tree.launcher}
 
 
@@ -94,7 +94,7 @@ def test_orphaned_workers_found_by_tag(launch):
         assert pid_alive(w)
         assert _proc.read_proc(w).ppid != tree.launcher
     # Not a descendant of anything we know any more: only the tag finds them.
-    res, _ = select(pids=[tree.launcher])
+    res = select(pids=[tree.launcher])[0]
     assert res["selected"] == {}
     res, rep = select_and_kill(tag="GPUFLEET_SERVICE=orphan-test")
     assert set(tree.workers) <= set(res["selected"])
@@ -106,7 +106,7 @@ def test_orphaned_workers_found_by_tag(launch):
 def test_other_tag_value_untouched(launch):
     mine = launch(workers=1, tag="GPUFLEET_SERVICE=a")
     other = launch(workers=1, tag="GPUFLEET_SERVICE=ab")
-    res, _ = select_and_kill(tag="GPUFLEET_SERVICE=a")
+    res = select_and_kill(tag="GPUFLEET_SERVICE=a")[0]
     assert mine.alive() == []
     assert other.alive() == sorted(other.members)
     assert not set(res["selected"]) & set(other.members)
@@ -146,7 +146,7 @@ def test_foreign_pidfile_older_than_its_pid_kills_nothing(sleeper, tmp_path):
     assert innocent.poll() is None
     # The same foreign pidfile written after the process started is trusted.
     os.utime(pf, None)
-    res, _ = select(pidfile=str(pf))
+    res = select(pidfile=str(pf))[0]
     assert list(res["selected"]) == [innocent.pid]
 
 
@@ -165,7 +165,7 @@ def test_worker_in_our_session_does_not_pull_us_in(sleeper):
 def test_group_leader_in_our_session_expands_to_its_group_only(sleeper):
     leader = sleeper(start_new_session=False, process_group=0)
     follower = sleeper(start_new_session=False)  # same session, pytest's group
-    res, _ = select(pids=[leader.pid])
+    res = select(pids=[leader.pid])[0]
     assert set(res["selected"]) == {leader.pid}
     assert follower.pid not in res["selected"] and os.getpid() not in res["selected"]
 
@@ -177,7 +177,7 @@ def test_protected_pids_never_signalled(sleeper):
     assert res["selected"] == {} and rep == {}
     assert set(res["excluded"]) == {1} | set(chain) | set(kthreads)
     # A regex that matches our own command line selects nothing of our chain either.
-    res, _ = select(cmdline_regex="pytest")
+    res = select(cmdline_regex="pytest")[0]
     assert not set(res["selected"]) & ({1} | set(chain))
 
 
@@ -194,6 +194,6 @@ def test_pid_reuse_identity_never_signalled(sleeper):
 def test_exclude_regex_spares_matching_member(launch, sleeper):
     tree = launch(workers=1, marker="server-marker-1")
     agent = sleeper("nvidia-persistenced-lookalike", env=dict(os.environ, GPUFLEET_SERVICE="x"))
-    res, _ = select(tag="GPUFLEET_SERVICE=x", exclude_regex=[r"persistenced"])
+    res = select(tag="GPUFLEET_SERVICE=x", exclude_regex=[r"persistenced"])[0]
     assert agent.pid in res["excluded"] and agent.pid not in res["selected"]
     assert tree.launcher in res["selected"]

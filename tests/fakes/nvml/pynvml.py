@@ -95,8 +95,7 @@ def _holds(gpu):
         if not n.startswith("hold-") or n.endswith(".dead"):
             continue
         try:
-            _, g, pid, start = n.split("-")
-            g, pid, start = int(g), int(pid), int(start)
+            g, pid, start = (int(x) for x in n.split("-")[1:])
         except ValueError:
             continue
         if g != gpu:
@@ -139,7 +138,8 @@ def nvmlInit():
     _state["init"] += 1
 
 
-nvmlInitWithFlags = lambda flags: nvmlInit()  # noqa: E731
+def nvmlInitWithFlags(flags):
+    nvmlInit()
 
 
 def nvmlShutdown():
@@ -194,7 +194,7 @@ def nvmlDeviceGetMemoryInfo(handle, version=None):
     cfg = _config()
     total = g.get("memory_mib", 143771) * MIB
     reserved = g.get("reserved_mib", 615) * MIB
-    used = sum(m for _, m in _holds(handle.index)) * MIB
+    used = sum(m for _pid, m in _holds(handle.index)) * MIB
     if version:
         if not cfg.get("memory_v2", True):
             raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)

@@ -87,7 +87,7 @@ def test_term_ignored_escalates_to_kill(spawn):
 
 def test_zero_grace_exit_is_not_a_survivor(spawn):
     """Regression: a process that died between steps must be reported exited, not survived."""
-    for _ in range(5):
+    for _attempt in range(5):
         p = spawn()
         [r] = _kill.kill([p], grace=0, final_wait=1)
         assert not r["survived"], r
@@ -177,7 +177,7 @@ def test_permission_denied_is_reported_not_raised(spawn):
             os.setgid(65534)
             os.setuid(65534)
 
-        out = subprocess.run(["/usr/bin/python3", "-c", code], preexec_fn=drop, stdout=subprocess.PIPE,
+        out = subprocess.run(["/usr/bin/python3", "-c", code], preexec_fn=drop, stdout=subprocess.PIPE, check=False,
                              stderr=subprocess.PIPE, text=True, cwd=d)
     finally:
         shutil.rmtree(d)
