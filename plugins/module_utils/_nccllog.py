@@ -20,6 +20,7 @@ A variable is only logged when NCCL reads it: a size-1 communicator never reads 
 
 from __future__ import annotations
 
+import glob
 import re
 import typing as t
 
@@ -66,7 +67,17 @@ def parse_files(paths: t.Sequence[str]) -> t.Tuple[t.List[Entry], t.List[str]]:
     """Entries of all readable files, and notes about the files that could not be read."""
     entries: t.List[Entry] = []
     notes: t.List[str] = []
+    expanded: t.List[str] = []
     for p in paths:
+        # NCCL_DEBUG_FILE=/var/log/nccl.%h.%p writes a file per process: accept shell globs.
+        if glob.has_magic(p):
+            hits = sorted(glob.glob(p))
+            if not hits:
+                notes.append("no NCCL log matches %s" % p)
+            expanded.extend(hits)
+        else:
+            expanded.append(p)
+    for p in expanded:
         try:
             with open(p, "rb") as f:
                 text = f.read().decode("utf-8", "replace")

@@ -54,6 +54,7 @@ options:
       - NCCL log files (written with C(NCCL_DEBUG=INFO), for example through C(NCCL_DEBUG_FILE) or the server's log) to
         read as a second proof. Only lines of selected pids count (logs are appended across restarts); lines without
         the C(host:pid:tid) prefix always count.
+      - Shell globs are expanded, for the per-process files of C(NCCL_DEBUG_FILE=/var/log/nccl.%h.%p).
     type: list
     elements: path
     default: []

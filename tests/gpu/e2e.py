@@ -94,11 +94,13 @@ def workers_env(tag="GPUFLEET_SERVICE=gpu-e2e"):
 def nccl_lines(log_path, pids):
     rx = re.compile(r"^[^:\s]+:(\d+):\d+ .*NCCL INFO (NCCL_\w+) set by environment to (\S+?)\.?$")
     got = {}
-    with open(log_path, errors="replace") as f:
-        for line in f:
-            m = rx.match(line.strip())
-            if m and m.group(1) in pids:
-                got.setdefault(m.group(1), {})[m.group(2)] = m.group(3)
+    import glob
+    for path in glob.glob(log_path):
+        with open(path, errors="replace") as f:
+            for line in f:
+                m = rx.match(line.strip())
+                if m and m.group(1) in pids:
+                    got.setdefault(m.group(1), {})[m.group(2)] = m.group(3)
     return got
 
 
@@ -120,6 +122,8 @@ def main() -> int:
                            "sha256_before": hashlib.sha256(original).hexdigest(), "bytes_before": len(original)}
     shutil.copy(site, os.path.join(a.out, "sitecustomize.before.py"))
 
+    for old in __import__("glob").glob("/var/log/gpufleet/nccl.*.log"):
+        os.unlink(old)
     srv_dir = "/opt/gpufleet-gpu"
     os.makedirs(srv_dir, exist_ok=True)
     shutil.copy(os.path.join(ROOT, "tests", "gpu", "real_server.py"), srv_dir)
@@ -134,7 +138,9 @@ def main() -> int:
         "gpufleet_server_name": "gpu-e2e",
         "gpufleet_server_command": [PY, srv_dir + "/real_server.py", "--port", str(PORT), "--workers", str(a.workers),
                                     "--gib", str(a.gib)],
-        "gpufleet_server_env": {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV"},
+        # NCCL's own file per process: stdout to a file is block-buffered, so lines there show up late.
+        "gpufleet_server_env": {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV",
+                                "NCCL_DEBUG_FILE": "/var/log/gpufleet/nccl.%h.%p.log"},
         "gpufleet_server_health_url": "http://127.0.0.1:%d/health" % PORT,
         "gpufleet_server_health_request": {"url": "http://127.0.0.1:%d/generate" % PORT, "method": "POST",
                                            "body": "{}", "timeout": 60, "expect_regex": "pong"},
@@ -142,7 +148,7 @@ def main() -> int:
         "gpufleet_server_start_timeout": 300,
         "gpufleet_server_kill_grace": 10,
         "gpufleet_server_clean_timeout": 30,
-        "gpufleet_server_nccl_log": "/var/log/gpufleet/gpu-e2e.log",
+        "gpufleet_server_nccl_log": "/var/log/gpufleet/nccl.*.log",
     }
     with open(os.path.join(inv_dir, "group_vars", "gpufleet_servers.json"), "w") as f:
         json.dump(gv, f, indent=1)
@@ -163,7 +169,7 @@ def main() -> int:
     ev["stale_server"]["alive_after"] = stale.poll() is None
     wenv = workers_env()
     ev["workers"] = wenv
-    logged = nccl_lines("/var/log/gpufleet/gpu-e2e.log", set(wenv))
+    logged = nccl_lines("/var/log/gpufleet/nccl.*.log", set(wenv))
     ev["nccl_logged"] = logged
     verdict = {}
     for pid, vals in logged.items():
@@ -184,7 +190,7 @@ def main() -> int:
     pe = sh([PY, "-m", "ansible.cli.adhoc", "localhost", "-c", "local", "-i", "localhost,", "-e",
              "ansible_python_interpreter=" + PY, "-m", "gpufleet.serving.process_env", "-a",
              json.dumps({"tag": "GPUFLEET_SERVICE=gpu-e2e", "expected": TUNED,
-                         "nccl_log": ["/var/log/gpufleet/gpu-e2e.log"]})], cwd=ROOT, env=env)
+                         "nccl_log": ["/var/log/gpufleet/nccl.*.log"]})], cwd=ROOT, env=env)
     with open(os.path.join(a.out, "process_env.log"), "w") as f:
         f.write(pe.stdout)
     ev["checks"]["process_env_module_passed"] = pe.returncode == 0

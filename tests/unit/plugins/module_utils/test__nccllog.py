@@ -92,3 +92,12 @@ def test_old_numeric_p2p_level_line():
 def test_unreadable_files_are_noted(tmp_path):
     es, notes = _nccllog.parse_files([str(tmp_path / "missing.log"), str(DATA / "unprefixed.log")])
     assert len(es) == 2 and len(notes) == 1 and "missing.log" in notes[0]
+
+
+def test_parse_files_expands_globs_of_per_process_logs(tmp_path):
+    # NCCL_DEBUG_FILE=/dir/nccl.%h.%p.log writes one file per process.
+    (tmp_path / "nccl.vm.11.log").write_text("vm:11:11 [0] NCCL INFO NCCL_BUFFSIZE set by environment to 16777216.\n")
+    (tmp_path / "nccl.vm.12.log").write_text("vm:12:12 [0] NCCL INFO NCCL_P2P_LEVEL set by environment to SYS\n")
+    entries, notes = _nccllog.parse_files([str(tmp_path / "nccl.*.log"), str(tmp_path / "none-*.log")])
+    assert sorted((e.pid, e.name) for e in entries) == [(11, "NCCL_BUFFSIZE"), (12, "NCCL_P2P_LEVEL")]
+    assert notes == ["no NCCL log matches %s" % (tmp_path / "none-*.log")]
