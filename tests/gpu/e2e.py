@@ -87,7 +87,8 @@ def workers_env(tag="GPUFLEET_SERVICE=gpu-e2e"):
         env = dict(x.decode(errors="replace").split("=", 1) for x in raw if b"=" in x)
         tagged = "GPUFLEET_SERVICE" in env and "GPUFLEET_SERVICE=" + env["GPUFLEET_SERVICE"] == tag
         if tagged or (tag is None and "spawn_main" in cmd):
-            out[pid] = {"cmdline": cmd, "nccl": {k: v for k, v in env.items() if k in TUNED}}
+            out[pid] = {"cmdline": cmd, "nccl": {k: v for k, v in env.items() if k in TUNED},
+                        "nccl_debug": {k: v for k, v in env.items() if k.startswith("NCCL_DEBUG")}}
     return out
 
 
@@ -182,6 +183,7 @@ def main() -> int:
         "stale_server_killed": not ev["stale_server"]["alive_after"],
         "spawn_workers": len(gpu_workers),
         "every_spawn_worker_tuned": bool(gpu_workers) and all(wenv[p]["nccl"] == TUNED for p in gpu_workers),
+        "nccl_log_files": sorted(__import__("glob").glob("/var/log/gpufleet/nccl.*.log")),
         "nccl_logged_something_in_every_worker": bool(gpu_workers) and all(p in logged for p in gpu_workers),
         "nccl_nothing_contradicted": not any("CONTRADICTED" in s for v in verdict.values() for s in v),
     }
@@ -222,7 +224,7 @@ def main() -> int:
     ev["sitecustomize"]["sha256_after"] = hashlib.sha256(after).hexdigest()
     ev["checks"]["sitecustomize_restored_byte_for_byte"] = after == original
     ev["gpu_after"] = sh(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader"]).stdout.strip()
-    ev["ok"] = all(v for k, v in ev["checks"].items() if k != "spawn_workers") and ev["checks"]["spawn_workers"] >= 1
+    ev["ok"] = all(v for k, v in ev["checks"].items() if k not in ("spawn_workers", "nccl_log_files")) and ev["checks"]["spawn_workers"] >= 1
     with open(os.path.join(a.out, "e2e.json"), "w") as f:
         json.dump(ev, f, indent=1, default=sorted)
     print(json.dumps(ev["checks"], indent=1))
