@@ -111,11 +111,15 @@ class CallbackModule(CallbackBase):
 
     def markdown(self, rows: t.List[t.Dict[str, t.Any]]) -> str:
         cols = ["host", "status", "restarted", "kill_s", "clean_s", "launch_s", "ready_s", "workers_verified", "failure"]
-        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        table = [cols]
         for r in rows:
             vals = [_fmt(r[c]) if c != "restarted" else ("yes" if r["restarted"] else ("would" if r["would_restart"] else "no"))
                     for c in cols]
-            lines.append("| " + " | ".join(v.replace("|", "/").replace("\n", " ") for v in vals) + " |")
+            table.append([v.replace("|", "/").replace("\n", " ") for v in vals])
+        # Padded columns, so the table reads in a terminal and stays valid Markdown; the last (failure) is not padded.
+        widths = [max(len(row[i]) for row in table) for i in range(len(cols) - 1)] + [0]
+        lines = ["| " + " | ".join(v.ljust(w) for v, w in zip(row, widths)) + " |" for row in table]
+        lines.insert(1, "|" + "|".join("-" * (w + 2) if w else "---" for w in widths) + "|")
         return "\n".join(lines) + "\n"
 
     def v2_playbook_on_stats(self, stats: t.Any) -> None:
