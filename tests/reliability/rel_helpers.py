@@ -1,0 +1,199 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Helpers of the reliability suite: ansible-runner runs with their job events, sandbox host probes."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import typing as t
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+VENV_BIN = Path(sys.executable).parent
+DEMO = "/opt/gpufleet-fake/demo_server.py"
+FAKE_GPU = "/opt/gpufleet-fake/fake_gpu.py"
+
+ROLLOUT_SITE = "- name: gpufleet rollout\n  ansible.builtin.import_playbook: gpufleet.serving.rollout\n"
+
+
+class RunResult:
+    """An ansible-runner run: rc, status, wall time, stdout and every job event."""
+
+    def __init__(self, rc: int, status: str, events: t.List[t.Dict[str, t.Any]], stdout: str, wall_s: float,
+                 artifacts: Path) -> None:
+        self.rc = rc
+        self.status = status
+        self.events = events
+        self.stdout = stdout
+        self.wall_s = wall_s
+        self.artifacts = artifacts
+
+    def host_events(self, host: str) -> t.List[t.Dict[str, t.Any]]:
+        return [e for e in self.events if (e.get("event_data") or {}).get("host") == host
+                and e["event"].startswith("runner_on_")]
+
+    def task(self, host: str, name: str) -> t.Optional[t.Dict[str, t.Any]]:
+        """event_data of the last ok/failed/unreachable event of `host` for the task named `name` (exact)."""
+        found = None
+        for e in self.host_events(host):
+            d = e["event_data"]
+            if d.get("task") == name and e["event"] in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable"):
+                found = dict(d, event=e["event"])
+        return found
+
+    def res(self, host: str, name: str) -> t.Dict[str, t.Any]:
+        d = self.task(host, name)
+        assert d is not None, "no result of task %r on %s; tasks seen: %s" % (name, host, self.tasks_seen(host))
+        return d["res"]
+
+    def tasks_seen(self, host: str) -> t.List[str]:
+        return [e["event_data"].get("task") for e in self.host_events(host) if e["event"] != "runner_on_start"]
+
+    def failed(self, host: str) -> t.List[t.Dict[str, t.Any]]:
+        return [e["event_data"] for e in self.host_events(host)
+                if e["event"] == "runner_on_failed" and not e["event_data"].get("ignore_errors")]
+
+    def unreachable(self, host: str) -> bool:
+        return any(e["event"] == "runner_on_unreachable" for e in self.host_events(host))
+
+
+def runner_play(workdir: Path, playbook: str, inventories: t.Sequence[Path], extravars: t.Optional[t.Dict[str, t.Any]] = None,
+                envvars: t.Optional[t.Dict[str, str]] = None, cmdline: str = "", ident: str = "run",
+                timeout: int = 300) -> RunResult:
+    """Run `playbook` (YAML text) through ansible-runner the way gpufleet_ci does; keep artifacts in workdir."""
+    import ansible_runner
+
+    pdd = Path(workdir) / ("runner-" + ident)
+    for d in ("project", "inventory", "env"):
+        (pdd / d).mkdir(parents=True, exist_ok=True)
+    (pdd / "project" / "site.yml").write_text(playbook)
+    for i, inv in enumerate(inventories):
+        (pdd / "inventory" / ("%02d-%s" % (i, Path(inv).name))).write_text(Path(inv).read_text())
+    env = {
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_COLLECTIONS_PATH": os.environ["ANSIBLE_COLLECTIONS_PATH"],
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FORCE_COLOR": "0",
+        "PATH": str(VENV_BIN) + os.pathsep + os.environ.get("PATH", ""),
+        "GPUFLEET_SUMMARY_DIR": str(pdd / "summary"),
+    }
+    env.update(envvars or {})
+    (pdd / "env" / "envvars").write_text(yaml.safe_dump(env))
+    (pdd / "env" / "extravars").write_text(yaml.safe_dump(extravars or {}))
+    (pdd / "env" / "cmdline").write_text(cmdline)
+    (pdd / "env" / "settings").write_text(yaml.safe_dump({"job_timeout": timeout}))
+    t0 = time.monotonic()
+    r = ansible_runner.run(private_data_dir=str(pdd), playbook="site.yml", ident=ident, quiet=True)
+    wall = time.monotonic() - t0
+    events = list(r.events)
+    stdout = r.stdout.read() if hasattr(r.stdout, "read") else ""
+    return RunResult(r.rc, r.status, events, stdout, wall, pdd / "artifacts" / ident)
+
+
+def summary(run: RunResult) -> t.Dict[str, t.Dict[str, t.Any]]:
+    """rollout-summary.json of the rollout_summary callback, by host."""
+    p = run.artifacts.parent.parent / "summary" / "rollout-summary.json"
+    return {h["host"]: h for h in json.loads(p.read_text())["hosts"]}
+
+
+# ------------------------------------------------------------------ sandbox hosts
+
+def sh(fleet: t.Any, host: str, script: str, check: bool = True, timeout: float = 60) -> str:
+    """Run a shell script inside `host` (nsenter, no ssh: never disturbs ansible's ssh control masters)."""
+    p = fleet.host_run(host, ["/bin/sh", "-c", script], timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError("%s: %r failed (rc=%d): %s%s" % (host, script, p.returncode, p.stdout, p.stderr))
+    return p.stdout
+
+
+def host_py(fleet: t.Any, host: str, code: str, *args: str, timeout: float = 60) -> t.Any:
+    """Run Python code on `host` with the host interpreter; return the JSON it prints last."""
+    p = fleet.host_run(host, [fleet.python, "-c", code] + list(args), timeout=timeout)
+    if p.returncode != 0:
+        raise AssertionError("%s: python failed (rc=%d): %s" % (host, p.returncode, p.stderr))
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+PS_CODE = r"""
+import json, os
+out = {}
+for n in os.listdir("/proc"):
+    if not n.isdigit():
+        continue
+    try:
+        with open("/proc/%s/stat" % n) as f:
+            st = f.read()
+        with open("/proc/%s/cmdline" % n, "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        env = open("/proc/%s/environ" % n, "rb").read().split(b"\0")
+    except OSError:
+        continue
+    rest = st[st.rindex(")") + 2:].split()
+    if rest[0] in ("Z", "X"):
+        continue
+    tag = [e.decode("utf-8", "replace").split("=", 1)[1] for e in env if e.startswith(b"GPUFLEET_SERVICE=")]
+    out[n] = {"pid": int(n), "ppid": int(rest[1]), "start": int(rest[19]), "uid": os.stat("/proc/" + n).st_uid,
+              "cmd": cmd, "tag": tag[0] if tag else None}
+print(json.dumps(out))
+"""
+
+
+def ps(fleet: t.Any, host: str) -> t.Dict[int, t.Dict[str, t.Any]]:
+    """Live processes of `host`: pid -> {pid, ppid, start, uid, cmd, tag (GPUFLEET_SERVICE value)}."""
+    return {int(k): v for k, v in host_py(fleet, host, PS_CODE).items()}
+
+
+HOLDERS_CODE = r"""
+import json, pynvml
+pynvml.nvmlInit()
+out = {}
+for i in range(pynvml.nvmlDeviceGetCount()):
+    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+    out[str(i)] = sorted(p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h))
+print(json.dumps(out))
+"""
+
+
+def gpu_holders(fleet: t.Any, host: str) -> t.Dict[int, t.List[int]]:
+    """GPU index -> pids holding it, through the host's (fake) NVML."""
+    return {int(k): v for k, v in host_py(fleet, host, HOLDERS_CODE).items()}
+
+
+def start_bg(fleet: t.Any, host: str, argv: t.Sequence[str], env: t.Optional[t.Dict[str, str]] = None,
+             log: str = "/dev/null", user: t.Optional[str] = None) -> None:
+    """Start argv on `host` in its own session, detached (like a process someone started by hand)."""
+    cmd = " ".join(shlex.quote(a) for a in argv)
+    envs = " ".join("%s=%s" % (k, shlex.quote(v)) for k, v in (env or {}).items())
+    inner = "cd / && exec env %s %s" % (envs, cmd)
+    if user:
+        inner = "cd / && exec setpriv --reuid=%s --regid=%s --init-groups env HOME=/ %s %s" % (user, user, envs, cmd)
+    sh(fleet, host, "setsid sh -c %s </dev/null >>%s 2>&1 &" % (shlex.quote(inner), shlex.quote(log)))
+
+
+def wait_for(cond: t.Callable[[], t.Any], timeout: float, what: str, interval: float = 0.1) -> t.Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out after %.1fs waiting for %s" % (timeout, what))
+        time.sleep(interval)
+
+
+def read_host_file(fleet: t.Any, host: str, path: str) -> t.Optional[str]:
+    p = fleet.host_run(host, ["cat", path])
+    return p.stdout if p.returncode == 0 else None
+
+
+def close_ssh_master(fleet: t.Any, host: str) -> None:
+    """Close the shared ssh control master to `host` (ansible and fleet.ssh share DIR/cp-%C)."""
+    argv = fleet._fleet.ssh_argv(host, "true")
+    argv = argv[:-2] + ["-O", "exit"] + argv[-2:-1]
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=15)
