@@ -101,3 +101,13 @@ def test_parse_files_expands_globs_of_per_process_logs(tmp_path):
     entries, notes = _nccllog.parse_files([str(tmp_path / "nccl.*.log"), str(tmp_path / "none-*.log")])
     assert sorted((e.pid, e.name) for e in entries) == [(11, "NCCL_BUFFSIZE"), (12, "NCCL_P2P_LEVEL")]
     assert notes == ["no NCCL log matches %s" % (tmp_path / "none-*.log")]
+
+
+def test_real_h200_worker_log_confirms_what_nccl_read():
+    """Verbatim NCCL 2.28.9 log of a size-1 communicator on an H200 (docs/gpu-run.md)."""
+    path = Path(__file__).resolve().parents[4] / "tests" / "nccl" / "data" / "h200-nccl-2.28.9-size1-worker.log"
+    entries, notes = _nccllog.parse_files([str(path)])
+    got = {e.name: e.value for e in entries}
+    assert notes == []
+    assert {e.pid for e in entries} == {731}
+    assert got == {"NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16", "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
