@@ -58,7 +58,9 @@ class CallbackModule(CallbackBase):
         try:
             vm = play.get_variable_manager()
             inv = vm._inventory
-            for h in inv.get_hosts(play.hosts):
+            # With serial the inventory is restricted to the current batch; the summary must also list the
+            # hosts of later batches (left untouched when a batch fails). --limit still applies.
+            for h in inv.get_hosts(play.hosts, ignore_restrictions=True):
                 if h.name not in self.inventory_hosts:
                     self.inventory_hosts.append(h.name)
         except Exception:  # the summary must never break a run

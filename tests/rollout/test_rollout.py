@@ -1,0 +1,170 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""gpufleet.serving.rollout on 3 sandbox hosts with the demo server (spawn workers on fake GPUs): issue 4's "Done when".
+
+Real sshd hosts, real ansible-playbook runs by FQCN, real processes; what the tests assert is read back from
+the hosts (/proc, the fake NVML's holders, gpufleet's files) and from the PLAY RECAP / rollout summary.
+"""
+from __future__ import annotations
+
+import pytest
+
+from rollout_helpers import PCIE_ONLY, TAG, nccl, workers
+
+pytestmark = pytest.mark.sandbox
+
+ALL = ["host1", "host2", "host3"]
+
+
+def assert_tuned_server(snap, host, nccl_env=PCIE_ONLY):
+    """The launcher of the pidfile and its spawn workers carry the tag; the workers alone hold the GPUs, tuned."""
+    launcher = snap.launcher(host)
+    assert launcher is not None, "%s has no pidfile" % host
+    tagged = {p["pid"]: p for p in snap.tagged(host)}
+    assert launcher in tagged, "launcher %s on %s lacks %s=%s" % (launcher, host, *TAG)
+    ws = workers(snap, host)
+    assert len(ws) == 2, "%s: expected 2 spawn workers, got %s" % (host, snap.procs(host))
+    for w in ws:
+        assert nccl(w["env"]) == dict(nccl_env, NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,ENV"), (host, w)
+    per_gpu = snap.holders_per_gpu(host)
+    assert sorted(per_gpu) == ["0", "1"]
+    assert all(len(v) == 1 for v in per_gpu.values()), per_gpu
+    assert snap.holders(host) == {w["pid"] for w in ws}, "GPU holders on %s are not exactly the new workers" % host
+
+
+def test_first_rollout_replaces_the_stale_server_on_every_host(stale):
+    rf = stale
+    before = rf.snapshot()
+    stale_ids = {h: before.identities(h) for h in ALL}
+    assert all(before.holders(h) and not before.tagged(h) for h in ALL)
+
+    run = rf.playbook("rollout")
+
+    assert run.rc == 0, run.tail()
+    assert set(run.recap) == set(ALL)
+    after = rf.snapshot()
+    for h in ALL:
+        assert run.recap[h]["failed"] == 0 and run.recap[h]["changed"] > 0, run.recap
+        assert not stale_ids[h] & after.identities(h), "stale processes survive on %s" % h
+        assert_tuned_server(after, h)
+        assert after.state(h)["pid"] == after.launcher(h)
+        s = run.summary[h]
+        assert s["status"] == "ok" and s["restarted"] is True and s["workers_verified"] == 2, s
+        assert s["clean_s"] is not None and s["clean_s"] >= 0, s
+        assert any("launch tag" in r for r in s["reasons"]), s
+    rf.clean_rollout = True
+
+
+def test_second_rollout_reports_changed_0_and_restarts_nothing(rolled_out):
+    rf = rolled_out
+    before = rf.snapshot()
+
+    run = rf.playbook("rollout")
+
+    assert run.rc == 0, run.tail()
+    after = rf.snapshot()
+    for h in ALL:
+        assert run.recap[h]["changed"] == 0, "%s: %s\n%s" % (h, run.recap, run.tail())
+        assert run.recap[h]["failed"] == 0
+        assert after.identities(h) == before.identities(h), "processes changed on %s" % h
+        assert after[h]["files"]["state"] == before[h]["files"]["state"]
+        assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"]
+        assert run.summary[h]["restarted"] is False and run.summary[h]["reasons"] == []
+    rf.clean_rollout = True
+
+
+def test_changing_one_nccl_value_for_one_host_restarts_exactly_that_host(rolled_out):
+    rf = rolled_out
+    before = rf.snapshot()
+
+    run = rf.playbook("rollout", host_vars={"host2": {"gpufleet_nccl_env": {"NCCL_MAX_NCHANNELS": "8"}}})
+
+    assert run.rc == 0, run.tail()
+    after = rf.snapshot()
+    for h in ("host1", "host3"):
+        assert run.recap[h]["changed"] == 0, run.recap
+        assert after.identities(h) == before.identities(h)
+        assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"]
+        assert run.summary[h]["restarted"] is False
+    assert run.recap["host2"]["changed"] > 0
+    assert run.summary["host2"]["restarted"] is True
+    assert not before.identities("host2") & after.identities("host2")
+    assert after["host2"]["sitecustomize_sha"] != before["host2"]["sitecustomize_sha"]
+    assert_tuned_server(after, "host2", dict(PCIE_ONLY, NCCL_MAX_NCHANNELS="8"))
+
+
+def test_a_gpu_that_stays_dirty_fails_the_host_at_the_clean_gate_and_nothing_is_launched(rolled_out):
+    rf = rolled_out
+    before = rf.snapshot()
+    holder = rf.start_holder("host2", gpu=0, mib=1000)
+
+    run = rf.playbook("rollout", host_vars={"host2": {"gpufleet_server_force_restart": True}},
+                      extra_vars={"gpufleet_rollout_serial": ["100%"]})
+
+    assert run.rc == 2, run.tail()
+    assert run.recap["host2"]["failed"] == 1, run.recap
+    after = rf.snapshot()
+    assert after.tagged("host2") == [], "a server was launched onto a dirty GPU: %s" % after.tagged("host2")
+    assert after.holders("host2") == {holder}, "the untagged holder is not the service's to kill"
+    failure = run.summary["host2"]["failure"]
+    assert run.summary["host2"]["status"] == "failed" and run.summary["host2"]["restarted"] is False
+    assert "not clean" in failure and "pid %d" % holder in failure, failure
+    assert "pid %d" % holder in run.out
+    assert after.state("host2") == before.state("host2"), "a failed host must not record a launch"
+    assert after["host2"]["files"]["lock"] is None, "the host lock must be released after a failure"
+    for h in ("host1", "host3"):
+        assert run.recap[h]["failed"] == 0 and run.recap[h]["changed"] == 0, run.recap
+        assert after.identities(h) == before.identities(h)
+
+
+def test_a_failed_canary_stops_the_rollout_and_leaves_the_other_hosts_untouched(rolled_out):
+    rf = rolled_out
+    before = rf.snapshot()
+    canary_cmd = rf.server_vars()["gpufleet_server_command"] + ["--fail-at-startup"]
+
+    # A fleet-wide NCCL change: every host would restart; the canary's new server dies at start-up.
+    run = rf.playbook("rollout", vars_override={"gpufleet_nccl_env": {"NCCL_NTHREADS": "256"}},
+                      host_vars={"host1": {"gpufleet_server_command": canary_cmd}},
+                      extra_vars={"gpufleet_rollout_serial": [1, 1, 1]})
+
+    assert run.rc == 2, run.tail()
+    assert run.recap["host1"]["failed"] == 1
+    assert "host2" not in run.recap and "host3" not in run.recap, run.recap
+    assert run.summary["host1"]["status"] == "failed"
+    failure = run.summary["host1"]["failure"]
+    assert "exited during start-up" in failure, failure
+    assert "--fail-at-startup" in run.out  # the log tail is in the failure
+    assert [run.summary[h]["status"] for h in ("host2", "host3")] == ["not run", "not run"]
+    after = rf.snapshot()
+    for h in ("host2", "host3"):
+        assert after.identities(h) == before.identities(h), "%s was touched" % h
+        assert after[h]["files"]["state"] == before[h]["files"]["state"]
+        assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"]
+        assert_tuned_server(after, h)
+    assert after.tagged("host1") == [] and after.holders("host1") == set()
+
+
+@pytest.mark.parametrize("max_fail, others_continue", [(34, True), (33, False)])
+def test_max_fail_percentage_must_be_exceeded_in_a_batch(stale, max_fail, others_continue):
+    rf = stale
+    before = rf.snapshot()
+
+    # One host of a batch of 3 fails (a typo in its NCCL variables): 1/3 = 33.3 % fails.
+    run = rf.playbook("rollout",
+                      host_vars={"host2": {"gpufleet_nccl_env": {"NCCL_PROTOCOL": "LL"},
+                                           "gpufleet_nccl_unknown_vars": "fail"}},
+                      extra_vars={"gpufleet_rollout_serial": [3], "gpufleet_rollout_max_fail_percentage": max_fail})
+
+    assert run.rc == 2, run.tail()
+    assert run.recap["host2"]["failed"] == 1, run.recap
+    assert "NCCL_PROTOCOL" in run.summary["host2"]["failure"], run.summary["host2"]
+    after = rf.snapshot()
+    assert after.identities("host2") == before.identities("host2")
+    for h in ("host1", "host3"):
+        if others_continue:
+            assert run.summary[h]["restarted"] is True, run.summary
+            assert_tuned_server(after, h)
+        else:
+            assert "NO MORE HOSTS LEFT" in run.out
+            assert run.summary[h]["restarted"] is False, run.summary
+            assert after.identities(h) == before.identities(h), "%s was restarted after the batch failed" % h
+            assert after.tagged(h) == []
