@@ -153,8 +153,14 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
     attempts = 0
     while True:
         if identity is not None and not _proc.is_alive(identity):
-            raise ServerError("server process %d exited during start-up after %.1f s" % (identity[0], time.monotonic() - t0),
-                              log_tail=log_tail(log_path, tail_lines), phase="startup")
+            tail = log_tail(log_path, tail_lines)
+            # The last lines hold the cause (a traceback ends with it); keep them short enough for one-line summaries.
+            last = " | ".join(ln.strip() for ln in tail.splitlines()[-3:] if ln.strip())
+            if len(last) > 300:
+                last = "..." + last[-297:]
+            raise ServerError("server process %d exited during start-up after %.1f s; log tail: %s"
+                              % (identity[0], time.monotonic() - t0, last or "(empty)"),
+                              log_tail=tail, phase="startup")
         attempts += 1
         try:
             if health_url and health_ok_at is None:

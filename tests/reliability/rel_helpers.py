@@ -197,3 +197,27 @@ def close_ssh_master(fleet: t.Any, host: str) -> None:
     argv = fleet._fleet.ssh_argv(host, "true")
     argv = argv[:-2] + ["-O", "exit"] + argv[-2:-1]
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=15)
+
+
+def reset_host(fleet: t.Any, host: str) -> None:
+    """SIGKILL, by pid, the demo servers, fake GPU holders and tagged processes this suite started on `host`,
+    then remove gpufleet's files there, so the next test starts from a bare host."""
+    holding = {pid for pids in gpu_holders(fleet, host).values() for pid in pids}
+    victims = [p["pid"] for p in ps(fleet, host).values()
+               if p["tag"] or p["pid"] in holding or "demo_server.py" in p["cmd"] or "fake_gpu.py" in p["cmd"]]
+    if victims:
+        sh(fleet, host, "kill -KILL %s 2>/dev/null; true" % " ".join(str(v) for v in victims))
+        wait_for(lambda: not set(victims) & set(ps(fleet, host)), 10, "processes gone on %s" % host)
+    sh(fleet, host, "rm -rf /run/gpufleet /var/lib/gpufleet /var/log/gpufleet /var/lib/demo* /var/log/demo*")
+    wait_for(lambda: not any(gpu_holders(fleet, host).values()), 10, "GPUs released on %s" % host)
+
+
+def host_state(fleet: t.Any, host: str) -> t.Dict[str, t.Any]:
+    """What a rollout could change on `host`: processes (pid, start, cmd) and gpufleet's files."""
+    procs = {pid: (p["start"], p["cmd"]) for pid, p in ps(fleet, host).items()
+             if not p["cmd"].startswith(("sshd", "/usr/bin/python3 -c", fleet.python + " -c"))}
+    files = {}
+    for f in ("/run/gpufleet/demo.pid", "/run/gpufleet/demo.lock", "/var/lib/gpufleet/demo.json",
+              "/var/log/gpufleet/demo.log"):
+        files[f] = read_host_file(fleet, host, f)
+    return {"procs": procs, "files": files}
