@@ -221,3 +221,38 @@ def host_state(fleet: t.Any, host: str) -> t.Dict[str, t.Any]:
               "/var/log/gpufleet/demo.log"):
         files[f] = read_host_file(fleet, host, f)
     return {"procs": procs, "files": files}
+
+
+class CliRun:
+    """ansible-playbook (the real CLI) started in its own session, output to a file; for signals and concurrency."""
+
+    def __init__(self, workdir: Path, name: str, playbook: str, inventories: t.Sequence[Path],
+                 extravars: t.Optional[t.Dict[str, t.Any]] = None, args: t.Sequence[str] = ()) -> None:
+        self.out = Path(workdir) / ("%s.out" % name)
+        ev = Path(workdir) / ("%s-extravars.json" % name)
+        ev.write_text(json.dumps(extravars or {}))
+        argv = [str(VENV_BIN / "ansible-playbook"), playbook, "-e", "@%s" % ev] + list(args)
+        for inv in inventories:
+            argv += ["-i", str(inv)]
+        env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
+                   PATH=str(VENV_BIN) + os.pathsep + os.environ.get("PATH", ""))
+        self.t0 = time.monotonic()
+        with open(self.out, "wb") as f:
+            self.proc = subprocess.Popen(argv, cwd=str(ROOT), env=env, stdin=subprocess.DEVNULL, stdout=f,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.pid = self.proc.pid
+
+    def wait(self, timeout: float = 300) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.pid, 9)
+            self.proc.wait()
+            raise AssertionError("ansible-playbook ran over %ss:\n%s" % (timeout, self.text()[-3000:]))
+
+    @property
+    def wall_s(self) -> float:
+        return time.monotonic() - self.t0
+
+    def text(self) -> str:
+        return self.out.read_text(errors="replace")

@@ -1,0 +1,148 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The controller side of a rollout going wrong, on a sandbox host: ansible-playbook interrupted between the kill
+and the launch (Ctrl-C to its process group, SIGTERM to its pid), and two rollouts started against one host at once.
+Runs use the real ansible-playbook CLI (signals and concurrency need the process itself)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+
+import pytest
+
+from gpufleet_ci import sandbox
+from rel_helpers import (CliRun, gpu_holders, ps, read_host_file, reset_host, sh, start_bg, wait_for)
+
+pytestmark = pytest.mark.sandbox
+
+H = "host1"
+LOCK = "/run/gpufleet/demo.lock"
+LOG = "/var/log/gpufleet/demo.log"
+# A GPU holder outside the selector that notes each SIGTERM and ignores it: its kill step (kill_gpu_strays) then
+# waits out the grace, and the flag file tells the test exactly when the rollout is between kill and launch.
+STRAY = r"""
+import signal, sys, time
+import fake_gpu
+flag = sys.argv[1]
+signal.signal(signal.SIGTERM, lambda *a: open(flag, "w").close())
+fake_gpu.hold(1, 500)
+while True:
+    time.sleep(3600)
+"""
+
+
+@pytest.fixture(scope="module")
+def fleet(sandbox_fleet_module):
+    return sandbox_fleet_module(hosts=1, gpus=2)
+
+
+@pytest.fixture
+def bare(fleet):
+    reset_host(fleet, H)
+    yield fleet
+    reset_host(fleet, H)
+
+
+def _inventory(fleet, tmp_path, **over):
+    gv = sandbox.server_vars(fleet.python, mib=1000)
+    gv.pop("gpufleet_nccl_profile")
+    gv.update(gpufleet_server_verify_env=False, gpufleet_server_expect_gpu_processes=0, gpufleet_server_clean_timeout=15)
+    gv.update(over)
+    inv = tmp_path / "servers.yml"
+    inv.write_text(sandbox.servers_inventory([H], gv))
+    return [fleet.inventory, inv], gv
+
+
+def _launches(fleet):
+    return (read_host_file(fleet, H, LOG) or "").count("==== gpufleet launch")
+
+
+def _interrupt_between_kill_and_launch(fleet, tmp_path, invs, name, flag, send):
+    start_bg(fleet, H, [fleet.python, "-c", STRAY, flag])
+    wait_for(lambda: gpu_holders(fleet, H)[1], 10, "stray holding GPU 1")
+    run = CliRun(tmp_path, name, "gpufleet.serving.rollout", invs)
+    wait_for(lambda: fleet.host_run(H, ["test", "-e", flag]).returncode == 0 or run.proc.poll() is not None, 240,
+             "the stray kill step to send SIGTERM")
+    assert run.proc.poll() is None, "the rollout ended before its kill step:\n" + run.text()[-3000:]
+    send(run.pid)
+    rc = run.wait(60)
+    return run, rc
+
+
+@pytest.mark.reliability(
+    section="fault", case="Controller interrupted between kill and launch",
+    provoked="a rollout kills the tagged server, then waits out the kill grace of a TERM-ignoring stray GPU holder "
+             "(kill_gpu_strays, grace 5 s); at that moment Ctrl-C (SIGINT to ansible-playbook's process group); "
+             "the next rollout is interrupted the same way with SIGTERM to ansible-playbook's pid; then a third rollout",
+    outcome="each interrupted run leaves the host without a server and its lock (owner = controller host, "
+            "ansible-playbook pid) behind; the next run from this controller sees that pid dead, breaks the lock "
+            "('broke the lock of dead run'), kills what is left and launches exactly once; no manual step")
+def test_interrupted_rollout_is_recovered_by_the_next_run(bare, tmp_path):
+    fleet = bare
+    invs, gv = _inventory(fleet, tmp_path, gpufleet_server_kill_gpu_strays=True, gpufleet_server_kill_grace=5,
+                          gpufleet_server_kill_final_wait=2)
+    start_bg(fleet, H, gv["gpufleet_server_command"], env={"GPUFLEET_SERVICE": "demo"})
+    wait_for(lambda: gpu_holders(fleet, H)[0], 30, "the old server holding GPU 0")
+    old = {p["pid"] for p in ps(fleet, H).values() if p["tag"] == "demo"}
+    me = socket.gethostname()
+
+    r1, rc1 = _interrupt_between_kill_and_launch(fleet, tmp_path, invs, "ctrl-c", "/tmp/stray-term-1",
+                                                 lambda pid: os.killpg(pid, signal.SIGINT))
+    assert rc1 != 0
+    assert not old & set(ps(fleet, H)), "the kill step did not run before the interrupt"
+    assert _launches(fleet) == 0, "launched although interrupted before the launch"
+    lock = read_host_file(fleet, H, LOCK)
+    assert lock and '"%s:%d:' % (me, r1.pid) in lock, lock
+
+    r2, rc2 = _interrupt_between_kill_and_launch(fleet, tmp_path, invs, "sigterm", "/tmp/stray-term-2",
+                                                 lambda pid: os.kill(pid, signal.SIGTERM))
+    assert rc2 == -signal.SIGTERM, r2.text()[-2000:]
+    assert "broke the lock of dead run %s:%d:" % (me, r1.pid) in r2.text(), r2.text()[-3000:]
+    assert _launches(fleet) == 0
+    lock = read_host_file(fleet, H, LOCK)
+    assert lock and '"%s:%d:' % (me, r2.pid) in lock, lock
+
+    r3 = CliRun(tmp_path, "recover", "gpufleet.serving.rollout", invs)
+    assert r3.wait() == 0, r3.text()[-4000:]
+    out = r3.text()
+    assert "broke the lock of dead run %s:%d:" % (me, r2.pid) in out, out[-3000:]
+    assert _launches(fleet) == 1
+    assert read_host_file(fleet, H, LOCK) is None, "the lock was not released"
+    procs = ps(fleet, H)
+    for gpu, pids in gpu_holders(fleet, H).items():
+        assert pids and all(procs[p]["tag"] == "demo" for p in pids), (gpu, pids)
+    assert not any("fake_gpu" in p["cmd"] or "stray" in p["cmd"] for p in procs.values())
+
+
+@pytest.mark.reliability(
+    section="fault", case="Two rollouts against the same host at once",
+    provoked="rollout A restarts host1 (server start-up takes 6 s); while A holds the host lock, rollout B "
+             "(gpufleet_server_lock_wait 0) and rollout C (gpufleet_server_lock_wait 120) start against host1",
+    outcome="B fails at once with 'host is locked by another gpufleet run (<A's controller:pid:uuid>)' and touches "
+            "nothing; C waits for A's lock, then finds the server up to date and changes nothing; the server log "
+            "shows exactly one launch and the running server is A's")
+def test_concurrent_rollouts_never_interleave(bare, tmp_path):
+    fleet = bare
+    invs, gv = _inventory(fleet, tmp_path)
+    gv_cmd = gv["gpufleet_server_command"] + ["--startup-delay", "6"]
+    invs, gv = _inventory(fleet, tmp_path, gpufleet_server_command=gv_cmd)
+    me = socket.gethostname()
+
+    a = CliRun(tmp_path, "a", "gpufleet.serving.rollout", invs)
+    lock = wait_for(lambda: read_host_file(fleet, H, LOCK) or a.proc.poll() is not None, 240, "A to take the lock")
+    assert a.proc.poll() is None, a.text()[-3000:]
+    assert '"%s:%d:' % (me, a.pid) in lock, lock
+    b = CliRun(tmp_path, "b", "gpufleet.serving.rollout", invs, {"gpufleet_server_lock_wait": 0})
+    c = CliRun(tmp_path, "c", "gpufleet.serving.rollout", invs, {"gpufleet_server_lock_wait": 120})
+    assert a.wait() == 0, a.text()[-4000:]
+    rc_b, rc_c = b.wait(), c.wait()
+
+    assert rc_b != 0
+    assert "host is locked by another gpufleet run (%s:%d:" % (me, a.pid) in b.text(), b.text()[-3000:]
+    assert "Kill every process of the service" not in b.text()
+    assert rc_c == 0, c.text()[-4000:]
+    assert "Kill every process of the service" not in c.text(), "C restarted the server after waiting"
+    assert _launches(fleet) == 1
+    pid = int(read_host_file(fleet, H, "/run/gpufleet/demo.pid").split()[0])
+    assert pid in ps(fleet, H) and "host1" in a.text()
+    assert read_host_file(fleet, H, LOCK) is None
