@@ -87,6 +87,7 @@ def copy_collection(base: Path) -> Path:
                          stdout=subprocess.PIPE, text=True).stdout.strip()
     assert Path(out) == dest, out
     if kept.is_dir():
+        shutil.rmtree(dest / "tests" / "output", ignore_errors=True)  # a stray one copied from the checkout
         kept.rename(dest / "tests" / "output")
     # ansible-test lists git's tracked AND untracked files: keep its own output out of the listing.
     (dest / ".gitignore").write_text("/tests/output/\n")
