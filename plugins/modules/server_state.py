@@ -18,6 +18,9 @@ description:
   - O(action=record) writes the state file (fingerprint, pid, timings) after a launch.
   - O(action=lock) and O(action=unlock) take and release a host-side lock so two rollouts never interleave
     kill and launch on one host. A lock past its TTL is stale and is broken.
+  - O(action=check) with O(lock_file) and O(owner) takes the lock first and releases it again when no restart is
+    needed (unless O(keep_lock=true)), so an up-to-date host costs one round trip. RV(locked) says whether the
+    lock is still held. In check mode no lock is taken.
 author: gpufleet contributors
 extends_documentation_fragment:
   - gpufleet.serving._attributes
@@ -86,8 +89,12 @@ options:
     type: float
     default: 0
   break_owner:
-    description: With V(lock), break a lock held by this owner (a run known to be dead).
+    description: With V(lock) or V(check), break a lock held by this owner (a run known to be dead).
     type: str
+  keep_lock:
+    description: With V(check) and a lock, keep the lock even when no restart is needed.
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
@@ -134,6 +141,14 @@ env_problems:
   description: Per worker pid, the expected keys that are missing or different (only expected keys are read).
   returned: when action is check
   type: dict
+locked:
+  description: With V(check) or V(lock), whether this run holds the host lock after the call.
+  returned: when a lock was asked for
+  type: bool
+holder:
+  description: On failure to lock, the owner id of the run that holds the lock.
+  returned: when the lock is held by another run
+  type: str
 state:
   description: With V(record), the state written.
   returned: when action is record
@@ -148,7 +163,44 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod, _nvml, _proc, _server
 
 
+def take_lock(module: AnsibleModule) -> dict:
+    p = module.params
+    if p["break_owner"]:
+        cur = _server.read_state(p["lock_file"])
+        if cur.get("owner") == p["break_owner"] and cur.get("owner") != p["owner"]:
+            try:
+                os.unlink(p["lock_file"])
+            except FileNotFoundError:
+                pass
+            module.warn("broke the lock of dead run %s" % p["break_owner"])
+    try:
+        res = _server.acquire_lock(p["lock_file"], p["owner"], p["lock_ttl"], p["lock_wait"])
+    except _server.ServerError as e:
+        module.fail_json(msg=str(e), **e.details)
+    if res.get("broke_stale"):
+        module.warn("broke a stale lock: %s" % res["broke_stale"])
+    return res
+
+
 def check(module: AnsibleModule) -> dict:
+    p = module.params
+    locking = bool(p["lock_file"] and p["owner"]) and not module.check_mode
+    if locking:
+        take_lock(module)
+    try:
+        res = check_state(module)
+    except BaseException:
+        if locking:
+            _server.release_lock(p["lock_file"], p["owner"])
+        raise
+    if locking:
+        res["locked"] = True
+        if not res["needs_restart"] and not p["keep_lock"]:
+            res["locked"] = not _server.release_lock(p["lock_file"], p["owner"])
+    return res
+
+
+def check_state(module: AnsibleModule) -> dict:
     p = module.params
     state = _server.read_state(p["state_file"])
     reasons = []
@@ -217,6 +269,7 @@ def main() -> None:
             lock_ttl=dict(type="float", default=1800.0),
             lock_wait=dict(type="float", default=0.0),
             break_owner=dict(type="str"),
+            keep_lock=dict(type="bool", default=False),
             backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),
         ),
         required_if=[("action", "record", ("fingerprint", "pidfile")),
@@ -241,19 +294,9 @@ def main() -> None:
         if module.check_mode:
             cur = _server.read_state(p["lock_file"])
             module.exit_json(changed=cur.get("owner") != p["owner"], lock=cur)
-        if p["break_owner"]:
-            cur = _server.read_state(p["lock_file"])
-            if cur.get("owner") == p["break_owner"] and cur.get("owner") != p["owner"]:
-                os.unlink(p["lock_file"])
-                module.warn("broke the lock of dead run %s" % p["break_owner"])
-        try:
-            res = _server.acquire_lock(p["lock_file"], p["owner"], p["lock_ttl"], p["lock_wait"])
-        except _server.ServerError as e:
-            module.fail_json(msg=str(e), **e.details)
-        if res.get("broke_stale"):
-            module.warn("broke a stale lock: %s" % res["broke_stale"])
+        res = take_lock(module)
         # A lock is bookkeeping, not a change to the host's configuration.
-        module.exit_json(changed=False, **res)
+        module.exit_json(changed=False, locked=True, **res)
     released = False
     if not module.check_mode:
         released = _server.release_lock(p["lock_file"], p["owner"])
