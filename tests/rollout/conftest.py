@@ -22,22 +22,26 @@ def rf(sandbox_fleet_module, tmp_path_factory) -> RolloutFleet:
 
 
 @pytest.fixture
-def rolled_out(rf: RolloutFleet) -> RolloutFleet:
-    """Every host runs the tagged, tuned demo server of the default definition (rolled out once).
+def rolled_out(rf: RolloutFleet):
+    """`rolled_out(*accepted)`: make sure the fleet is in one of the accepted states, else roll out afresh.
 
-    Reuses the previous test's fleet when that test left it so (rf.clean_rollout); a test that changes
-    hosts leaves the flag False, so the next one starts from a fresh rollout.
+    States (rf.state) a test leaves behind, so the next test can often start without a new rollout:
+    "clean" = every host runs the tagged, tuned server of the default definition; tests set others
+    ("host2-override", "host2-down", ...) or leave "unknown" when they fail half-way.
     """
-    if not rf.clean_rollout:
-        rf.rolled_out()
-    rf.clean_rollout = False
-    return rf
+    def need(*accepted: str) -> RolloutFleet:
+        if rf.state not in (accepted or ("clean",)):
+            rf.rolled_out()
+        rf.state = "unknown"  # until the test says what it left
+        return rf
+
+    return need
 
 
 @pytest.fixture
 def stale(rf: RolloutFleet) -> RolloutFleet:
     """Every host runs an untagged, untuned demo server started by hand; no gpufleet state."""
-    rf.clean_rollout = False
+    rf.state = "unknown"
     rf.reset()
     rf.start_stale()
     return rf

@@ -194,8 +194,8 @@ class RolloutFleet:
         self.hosts = list(fleet.hosts)
         self.python = fleet.python
         self.runs = 0
-        # True while every host runs the server rolled out with the default definition (see conftest).
-        self.clean_rollout = False
+        # What the last test left on the hosts (see conftest's rolled_out).
+        self.state = "unknown"
         self._orig_site: t.Dict[str, t.Tuple[str, t.Optional[str]]] = {}
         for h in self.hosts:
             s = self.probe(h)
@@ -284,6 +284,8 @@ class RolloutFleet:
                  timeout: float = 240) -> Run:
         inv = self.inventory(vars_override, host_vars)
         summary = self.workdir / ("summary-%d" % self.runs)
+        # One batch unless a test asks for more: every batch costs a full pass of the play.
+        extra_vars = dict({"gpufleet_rollout_serial": ["100%"]}, **dict(extra_vars or {}))
         # A private copy of the collection: other pytest sessions re-copy collections/ under our feet.
         env = dict(os.environ, GPUFLEET_SUMMARY_DIR=str(summary), ANSIBLE_COLLECTIONS_PATH=str(private_collections()))
         t0 = time.monotonic()
@@ -298,9 +300,9 @@ class RolloutFleet:
         """Reset, start stale servers, roll out once: every host runs a tagged, tuned server."""
         self.reset()
         self.start_stale()
-        r = self.playbook("rollout", extra_vars={"gpufleet_rollout_serial": ["100%"]})
+        r = self.playbook("rollout")
         assert r.rc == 0, r.tail()
-        self.clean_rollout = True
+        self.state = "clean"
         return self.snapshot()
 
 

@@ -51,11 +51,11 @@ def test_first_rollout_replaces_the_stale_server_on_every_host(stale):
         assert s["status"] == "ok" and s["restarted"] is True and s["workers_verified"] == 2, s
         assert s["clean_s"] is not None and s["clean_s"] >= 0, s
         assert any("launch tag" in r for r in s["reasons"]), s
-    rf.clean_rollout = True
+    rf.state = "clean"
 
 
 def test_second_rollout_reports_changed_0_and_restarts_nothing(rolled_out):
-    rf = rolled_out
+    rf = rolled_out("clean")
     before = rf.snapshot()
 
     run = rf.playbook("rollout")
@@ -69,11 +69,11 @@ def test_second_rollout_reports_changed_0_and_restarts_nothing(rolled_out):
         assert after[h]["files"]["state"] == before[h]["files"]["state"]
         assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"]
         assert run.summary[h]["restarted"] is False and run.summary[h]["reasons"] == []
-    rf.clean_rollout = True
+    rf.state = "clean"
 
 
 def test_changing_one_nccl_value_for_one_host_restarts_exactly_that_host(rolled_out):
-    rf = rolled_out
+    rf = rolled_out("clean")
     before = rf.snapshot()
 
     run = rf.playbook("rollout", host_vars={"host2": {"gpufleet_nccl_env": {"NCCL_MAX_NCHANNELS": "8"}}})
@@ -90,10 +90,13 @@ def test_changing_one_nccl_value_for_one_host_restarts_exactly_that_host(rolled_
     assert not before.identities("host2") & after.identities("host2")
     assert after["host2"]["sitecustomize_sha"] != before["host2"]["sitecustomize_sha"]
     assert_tuned_server(after, "host2", dict(PCIE_ONLY, NCCL_MAX_NCHANNELS="8"))
+    rf.state = "host2-override"
 
 
 def test_a_gpu_that_stays_dirty_fails_the_host_at_the_clean_gate_and_nothing_is_launched(rolled_out):
-    rf = rolled_out
+    # host1 and host3 run the default definition; host2 runs a tagged server (any definition: it is forced).
+    rf = rolled_out("clean", "host2-override")
+    assert rf.snapshot().tagged("host2")
     before = rf.snapshot()
     holder = rf.start_holder("host2", gpu=0, mib=1000)
 
@@ -114,11 +117,16 @@ def test_a_gpu_that_stays_dirty_fails_the_host_at_the_clean_gate_and_nothing_is_
     for h in ("host1", "host3"):
         assert run.recap[h]["failed"] == 0 and run.recap[h]["changed"] == 0, run.recap
         assert after.identities(h) == before.identities(h)
+    rf.kill("host2", [holder])
+    rf.wait(lambda s: not s.holders("host2"), 10, "host2's GPUs released")
+    rf.state = "host2-down"
 
 
 def test_a_failed_canary_stops_the_rollout_and_leaves_the_other_hosts_untouched(rolled_out):
-    rf = rolled_out
+    # Every host ran a rollout (host2 may have been left down by the previous test): all would restart below.
+    rf = rolled_out("clean", "host2-override", "host2-down")
     before = rf.snapshot()
+    assert before.tagged("host3") and before.state("host2") and before.state("host3")
     canary_cmd = rf.server_vars()["gpufleet_server_command"] + ["--fail-at-startup"]
 
     # A fleet-wide NCCL change: every host would restart; the canary's new server dies at start-up.
@@ -139,8 +147,9 @@ def test_a_failed_canary_stops_the_rollout_and_leaves_the_other_hosts_untouched(
         assert after.identities(h) == before.identities(h), "%s was touched" % h
         assert after[h]["files"]["state"] == before[h]["files"]["state"]
         assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"]
-        assert_tuned_server(after, h)
+        assert after.holders(h) == before.holders(h)
     assert after.tagged("host1") == [] and after.holders("host1") == set()
+    rf.state = "host1-down"
 
 
 @pytest.mark.parametrize("max_fail, others_continue", [(34, True), (33, False)])

@@ -1,0 +1,303 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""_server helpers: env validation, log tail, pidfile/state files, host lock, readiness gate (real processes, real HTTP)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _server
+
+
+# ---------------------------------------------------------------- validate_env
+
+def test_validate_env_stringifies_numbers():
+    assert _server.validate_env({"A": "x", "B_2": 3, "_C": 1.5, "D": ""}) == {"A": "x", "B_2": "3", "_C": "1.5", "D": ""}
+
+
+@pytest.mark.parametrize("env, needle", [
+    ({"1A": "x"}, "invalid variable name '1A'"),
+    ({"A-B": "x"}, "invalid variable name 'A-B'"),
+    ({"": "x"}, "invalid variable name ''"),
+    ({"A B": "x"}, "invalid variable name 'A B'"),
+    ({5: "x"}, "invalid variable name 5"),
+    ({"A": True}, "value of A must be a string or a number, got bool"),
+    ({"A": None}, "value of A must be a string or a number, got NoneType"),
+    ({"A": ["x"]}, "value of A must be a string or a number, got list"),
+    ({"A": {"k": 1}}, "value of A must be a string or a number, got dict"),
+    ({"A": "x\0y"}, "value of A contains a NUL byte"),
+])
+def test_validate_env_errors_name_the_field_and_the_variable(env, needle):
+    with pytest.raises(_server.ServerError) as e:
+        _server.validate_env(env, field="gpufleet_server_env")
+    assert str(e.value).startswith("gpufleet_server_env: "), str(e.value)
+    assert needle in str(e.value)
+
+
+def test_validate_env_never_echoes_other_values():
+    with pytest.raises(_server.ServerError) as e:
+        _server.validate_env({"HF_TOKEN": "hf_secret", "BAD": None})
+    assert "hf_secret" not in str(e.value)
+
+
+# ---------------------------------------------------------------- log_tail
+
+def test_log_tail_returns_the_last_lines(tmp_path):
+    p = tmp_path / "server.log"
+    p.write_text("".join("line %d\n" % i for i in range(100)))
+    assert _server.log_tail(str(p), lines=3) == "line 97\nline 98\nline 99"
+
+
+def test_log_tail_reads_only_the_end_of_a_big_log_and_survives_bad_bytes(tmp_path):
+    p = tmp_path / "server.log"
+    with open(p, "wb") as f:
+        f.write(b"x" * 200000 + b"\nbad \xff byte\nTraceback: boom\n")
+    out = _server.log_tail(str(p), lines=40, max_bytes=1000)
+    assert out.endswith("bad \ufffd byte\nTraceback: boom")
+    assert len(out) <= 1000
+
+
+def test_log_tail_of_a_missing_log_is_empty(tmp_path):
+    assert _server.log_tail(str(tmp_path / "nope.log")) == ""
+
+
+# ---------------------------------------------------------------- pidfile and state files
+
+def test_pidfile_round_trip_and_garbage(tmp_path):
+    me = _proc.read_proc(os.getpid())
+    pf = tmp_path / "run" / "x.pid"
+    _server.write_pidfile(str(pf), me)
+    assert _server.pidfile_identity(str(pf)) == (me.pid, me.start_time)
+    assert oct(pf.stat().st_mode & 0o777) == "0o644"
+    pf.write_text("garbage\n")
+    assert _server.pidfile_identity(str(pf)) is None
+    pf.write_text("123\n")
+    assert _server.pidfile_identity(str(pf)) is None
+    assert _server.pidfile_identity(str(tmp_path / "missing.pid")) is None
+
+
+def test_state_file_round_trip_missing_and_corrupt(tmp_path):
+    sf = tmp_path / "lib" / "demo.json"
+    assert _server.read_state(str(sf)) == {}
+    _server.write_json_atomic(str(sf), {"fingerprint": "abc", "pid": 1})
+    assert _server.read_state(str(sf)) == {"fingerprint": "abc", "pid": 1}
+    assert [p.name for p in sf.parent.iterdir()] == ["demo.json"]  # no temp file left
+    sf.write_text("{not json")
+    assert _server.read_state(str(sf)) == {"corrupt": True}
+
+
+# ---------------------------------------------------------------- host lock
+
+def lock_content(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_acquire_then_reacquire_by_the_same_owner_then_release(tmp_path):
+    lf = str(tmp_path / "run" / "demo.lock")
+    assert _server.acquire_lock(lf, "ctl:1:a", ttl=60, wait=0) == {"acquired": True, "broke_stale": None}
+    c = lock_content(lf)
+    assert c["owner"] == "ctl:1:a" and 59 <= c["expires"] - time.time() <= 60
+    again = _server.acquire_lock(lf, "ctl:1:a", ttl=60, wait=0)
+    assert again["acquired"] is False and again["already_held"] is True
+    assert _server.release_lock(lf, "ctl:1:a") is True
+    assert not os.path.exists(lf)
+    assert _server.release_lock(lf, "ctl:1:a") is False
+
+
+def test_another_live_owner_refuses_after_waiting_and_names_the_holder(tmp_path):
+    lf = str(tmp_path / "demo.lock")
+    _server.acquire_lock(lf, "ctl:1:a", ttl=60, wait=0)
+    t0 = time.monotonic()
+    with pytest.raises(_server.ServerError) as e:
+        _server.acquire_lock(lf, "ctl:2:b", ttl=60, wait=0.4, poll=0.05)
+    took = time.monotonic() - t0
+    assert 0.4 <= took < 2
+    assert "locked by another gpufleet run (ctl:1:a)" in str(e.value)
+    assert e.value.details["holder"] == "ctl:1:a"
+    assert lock_content(lf)["owner"] == "ctl:1:a"  # untouched
+    assert _server.release_lock(lf, "ctl:2:b") is False  # a stranger cannot release it
+    assert lock_content(lf)["owner"] == "ctl:1:a"
+
+
+def test_waiting_owner_gets_the_lock_when_the_holder_releases(tmp_path):
+    lf = str(tmp_path / "demo.lock")
+    _server.acquire_lock(lf, "ctl:1:a", ttl=60, wait=0)
+    th = threading.Timer(0.3, _server.release_lock, (lf, "ctl:1:a"))
+    th.start()
+    try:
+        r = _server.acquire_lock(lf, "ctl:2:b", ttl=60, wait=5, poll=0.05)
+    finally:
+        th.join()
+    assert r["acquired"] is True and lock_content(lf)["owner"] == "ctl:2:b"
+
+
+def test_a_lock_past_its_ttl_is_broken_and_reported(tmp_path):
+    lf = str(tmp_path / "demo.lock")
+    _server.acquire_lock(lf, "ctl:1:old", ttl=0.05, wait=0)
+    time.sleep(0.1)
+    r = _server.acquire_lock(lf, "ctl:2:new", ttl=60, wait=0)
+    assert r["acquired"] is True
+    assert r["broke_stale"]["owner"] == "ctl:1:old"
+    assert lock_content(lf)["owner"] == "ctl:2:new"
+
+
+def test_a_corrupt_lock_file_is_broken(tmp_path):
+    lf = tmp_path / "demo.lock"
+    lf.write_text("{half a json")
+    r = _server.acquire_lock(str(lf), "ctl:2:new", ttl=60, wait=0)
+    assert r["acquired"] is True and r["broke_stale"] == {"corrupt": True}
+
+
+# ---------------------------------------------------------------- readiness gate
+
+class _Handler(BaseHTTPRequestHandler):
+    # Set per test on the server object: health codes to return in order (last repeats), generate code/body.
+    def log_message(self, *a):
+        pass
+
+    def _send(self, code, body):
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        s = self.server
+        if self.path == "/health":
+            code = s.health[min(s.health_calls, len(s.health) - 1)]
+            s.health_calls += 1
+            self._send(code, "ok" if code == 200 else "loading")
+        else:
+            self._send(404, "no")
+
+    def do_POST(self):
+        s = self.server
+        n = int(self.headers.get("Content-Length") or 0)
+        s.bodies.append(self.rfile.read(n).decode())
+        if s.hang:
+            time.sleep(s.hang)
+        self._send(s.gen_code, s.gen_body)
+
+
+@pytest.fixture
+def http_server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv.daemon_threads = True
+    srv.health, srv.health_calls, srv.bodies = [200], 0, []
+    srv.gen_code, srv.gen_body, srv.hang = 200, '{"text": "pong"}', 0
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    srv.url = "http://127.0.0.1:%d" % srv.server_address[1]
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def closed_port_url():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return "http://127.0.0.1:%d/health" % s.getsockname()[1]
+
+
+def gen_request(srv, **kw):
+    r = {"url": srv.url + "/generate", "method": "POST", "body": '{"text": "ping"}',
+         "headers": {"Content-Type": "application/json"}, "timeout": 2}
+    r.update(kw)
+    return r
+
+
+def test_ready_after_health_turns_200_and_the_real_request_succeeds(http_server):
+    http_server.health = [503, 503, 200]
+    r = _server.wait_ready(None, http_server.url + "/health", gen_request(http_server, expect_regex="pong"),
+                           timeout=10, interval=0.05, log_path="")
+    assert r["request_status"] == 200 and "pong" in r["response"]
+    assert r["attempts"] == 3 and r["health_s"] is not None and r["ready_s"] >= r["health_s"]
+    assert http_server.bodies == ['{"text": "ping"}']
+
+
+def test_ready_with_health_only(http_server):
+    r = _server.wait_ready(None, http_server.url + "/health", {}, timeout=5, interval=0.05, log_path="")
+    assert r["attempts"] == 1 and "request_status" not in r
+
+
+def test_health_200_but_real_request_failing_times_out_with_the_hang_hint(http_server, tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("loading weights\nworker 0 ready\n")
+    http_server.gen_code, http_server.gen_body = 503, "scheduler stuck"
+    t0 = time.monotonic()
+    with pytest.raises(_server.ServerError) as e:
+        _server.wait_ready(None, http_server.url + "/health", gen_request(http_server), timeout=0.6, interval=0.05,
+                           log_path=str(log))
+    assert 0.6 <= time.monotonic() - t0 < 3
+    msg = str(e.value)
+    assert msg.startswith("server not ready after 0.6 s: real request returned HTTP 503: scheduler stuck")
+    assert "/health answered 200 but the real request did not succeed: the server may be hung" in msg
+    assert e.value.details["phase"] == "ready" and e.value.details["health_ok"] is True
+    assert e.value.details["log_tail"] == "loading weights\nworker 0 ready"
+
+
+def test_a_real_request_that_hangs_is_reported_as_such(http_server):
+    http_server.hang = 1.0
+    with pytest.raises(_server.ServerError) as e:
+        _server.wait_ready(None, http_server.url + "/health", gen_request(http_server, timeout=0.2), timeout=0.5,
+                           interval=0.05, log_path="")
+    assert "real request failed" in str(e.value) and "may be hung" in str(e.value)
+
+
+def test_response_not_matching_expect_regex_is_not_ready(http_server):
+    http_server.gen_body = '{"error": "model not loaded"}'
+    with pytest.raises(_server.ServerError) as e:
+        _server.wait_ready(None, http_server.url + "/health", gen_request(http_server, expect_regex='"text"'),
+                           timeout=0.3, interval=0.05, log_path="")
+    assert "real request returned HTTP 200: {\"error\": \"model not loaded\"}" in str(e.value)
+
+
+def test_health_never_answering_times_out_without_the_hang_hint():
+    with pytest.raises(_server.ServerError) as e:
+        _server.wait_ready(None, closed_port_url(), {"url": "http://127.0.0.1:1/x"}, timeout=0.3, interval=0.05,
+                           log_path="")
+    msg = str(e.value)
+    assert msg.startswith("server not ready after 0.3 s: health failed: ") and "may be hung" not in msg
+    assert e.value.details["health_ok"] is False
+
+
+def test_a_server_that_dies_fails_at_once_with_its_log_tail(tmp_path):
+    log = tmp_path / "server.log"
+    with open(log, "wb") as f:
+        p = subprocess.Popen([sys.executable, "-c", "import sys, time; print('CUDA out of memory', flush=True); "
+                              "time.sleep(0.3); sys.exit(3)"], stdout=f, stderr=subprocess.STDOUT)
+    ident = (p.pid, _proc.read_proc(p.pid).start_time)
+    reaper = threading.Thread(target=p.wait)  # a real launcher's parent reaps it; a zombie counts as dead too
+    reaper.start()
+    t0 = time.monotonic()
+    with pytest.raises(_server.ServerError) as e:
+        _server.wait_ready(ident, closed_port_url(), {}, timeout=60, interval=0.05, log_path=str(log))
+    took = time.monotonic() - t0
+    reaper.join()
+    assert took < 5, "waited %.1f s for a dead server" % took
+    assert str(e.value).startswith("server process %d exited during start-up after " % p.pid)
+    assert e.value.details["phase"] == "startup"
+    assert "CUDA out of memory" in e.value.details["log_tail"]
+
+
+def test_a_zombie_server_counts_as_dead(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    ident = (p.pid, _proc.read_proc(p.pid).start_time)
+    deadline = time.monotonic() + 5
+    while _proc.read_proc(p.pid).state != "Z" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        with pytest.raises(_server.ServerError) as e:
+            _server.wait_ready(ident, closed_port_url(), {}, timeout=30, interval=0.05, log_path="")
+        assert e.value.details["phase"] == "startup"
+    finally:
+        p.wait()
