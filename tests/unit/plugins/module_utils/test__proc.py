@@ -136,10 +136,21 @@ def test_protected_pids_real_chain():
         assert pid in prot
 
 
+def _after_exec(pid: int) -> _proc.Proc:
+    """Until exec completes a fresh child still shows the parent's cmdline and environ."""
+    deadline = time.monotonic() + 10
+    while True:
+        p = _proc.read_proc(pid)
+        if p is not None and "-c" in p.cmdline:
+            return p
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+
+
 def test_real_process_identity_and_liveness():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        p = _proc.read_proc(child.pid)
+        p = _after_exec(child.pid)
         assert p is not None and p.ppid == os.getpid()
         assert p.cmdline[0] == sys.executable
         assert _proc.is_alive(p.identity)
@@ -189,11 +200,7 @@ def test_read_environ_real_process_and_errors():
     env = dict(os.environ, GPUFLEET_SERVICE="unit-env", HF_TOKEN="hf_do_not_leak")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
     try:
-        # Until exec completes the child still shows the parent's environ.
-        deadline = time.monotonic() + 10
-        while "-c" not in (_proc.read_proc(child.pid) or _proc.Proc(0, 0, 0, 0, 0, "", 0, 0, "", [])).cmdline:
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+        _after_exec(child.pid)
         got = _proc.read_environ(child.pid, ["GPUFLEET_SERVICE"])
         assert got == {"GPUFLEET_SERVICE": "unit-env"}
     finally:
