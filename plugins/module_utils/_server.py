@@ -52,7 +52,10 @@ def validate_env(env: t.Mapping[str, t.Any], field: str = "env") -> t.Dict[str, 
 
 def base_env(user: str, passthrough: t.Sequence[str] = ()) -> t.Dict[str, str]:
     """A clean, systemd-like environment: the server's env is exactly what the inventory says."""
-    pw = pwd.getpwnam(user)
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise ServerError("user %r does not exist on this host" % user)
     env = {"PATH": SAFE_PATH, "HOME": pw.pw_dir, "USER": pw.pw_name, "LOGNAME": pw.pw_name,
            "SHELL": pw.pw_shell or "/bin/sh", "LANG": os.environ.get("LANG", "C.UTF-8")}
     for k in passthrough:
