@@ -1,0 +1,118 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""server_ready main() in-process: a real HTTP server in a thread and real processes named by a pidfile."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _proc
+from ansible_collections.gpufleet.serving.plugins.modules import server_ready
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def _send(self, code, body):
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._send(200 if self.path == "/health" else 404, "ok")
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._send(self.server.gen_code, '{"text": "pong"}')
+
+
+@pytest.fixture
+def srv():
+    s = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    s.daemon_threads = True
+    s.gen_code = 200
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+    s.url = "http://127.0.0.1:%d" % s.server_address[1]
+    yield s
+    s.shutdown()
+    s.server_close()
+
+
+def pidfile_of(tmp_path, p):
+    pf = tmp_path / "demo.pid"
+    pf.write_text("%d %d\n" % (p.pid, _proc.read_proc(p.pid).start_time))
+    return str(pf)
+
+
+def test_ready_with_health_and_a_real_request(srv, tmp_path, run_module):
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        r = run_module(server_ready.main, {"health_url": srv.url + "/health", "pidfile": pidfile_of(tmp_path, p),
+                                           "request": {"url": srv.url + "/generate", "body": "{}", "expect_regex": "pong"},
+                                           "timeout": 5, "interval": 0.05})
+    finally:
+        p.kill()
+        p.wait()
+    assert "failed" not in r and r["changed"] is False
+    assert r["request_status"] == 200 and r["ready_s"] < 5 and r["health_s"] is not None
+
+
+def test_health_200_and_failing_request_times_out_with_the_hang_hint_and_log_tail(srv, tmp_path, run_module):
+    srv.gen_code = 500
+    log = tmp_path / "demo.log"
+    log.write_text("\n".join("line %d" % i for i in range(100)) + "\n")
+    r = run_module(server_ready.main, {"health_url": srv.url + "/health", "request": {"url": srv.url + "/generate"},
+                                       "timeout": 0.5, "interval": 0.05, "log_path": str(log), "log_tail_lines": 3})
+    assert r["failed"] is True and r["phase"] == "ready" and r["health_ok"] is True
+    assert "real request returned HTTP 500" in r["msg"] and "the server may be hung" in r["msg"]
+    assert r["log_tail"] == "line 97\nline 98\nline 99"
+
+
+def test_server_dying_during_start_up_fails_at_once(srv, tmp_path, run_module):
+    log = tmp_path / "demo.log"
+    with open(log, "wb") as f:
+        p = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(0.3); "
+                              "print('RuntimeError: NCCL error', flush=True); sys.exit(1)"], stdout=f, stderr=f)
+    pf = pidfile_of(tmp_path, p)
+    reaper = threading.Thread(target=p.wait)
+    reaper.start()
+    t0 = time.monotonic()
+    r = run_module(server_ready.main, {"health_url": srv.url + "/nothing-here", "pidfile": pf, "timeout": 120,
+                                       "interval": 0.05, "log_path": str(log)})
+    reaper.join()
+    assert time.monotonic() - t0 < 5
+    assert r["failed"] is True and r["phase"] == "startup"
+    assert r["msg"].startswith("server process %d exited during start-up" % p.pid)
+    assert "RuntimeError: NCCL error" in r["log_tail"]
+
+
+def test_check_mode_polls_nothing(tmp_path, run_module):
+    r = run_module(server_ready.main, {"health_url": "http://127.0.0.1:1/health", "pidfile": str(tmp_path / "none.pid"),
+                                       "timeout": 60}, check_mode=True)
+    assert "failed" not in r and r["changed"] is False and r["skipped"] is True
+
+
+@pytest.mark.parametrize("args, msg", [
+    ({"health_url": "http://x/health", "timeout": 0}, "timeout must be greater than 0 seconds, got 0.0"),
+    ({"health_url": "http://x/health", "interval": -1}, "interval must be greater than 0 seconds, got -1.0"),
+    ({}, "set health_url or request (or both)"),
+    ({"request": {"body": "{}"}}, "request.url is required when request is set"),
+])
+def test_bad_input(run_module, args, msg):
+    r = run_module(server_ready.main, args)
+    assert r["failed"] is True and r["msg"] == msg
+
+
+def test_missing_pidfile_says_so(tmp_path, run_module):
+    r = run_module(server_ready.main, {"health_url": "http://127.0.0.1:1/health", "pidfile": str(tmp_path / "none.pid")})
+    assert r["failed"] is True and r["msg"] == "pidfile %s is missing or unreadable; was the server launched?" % (
+        tmp_path / "none.pid")
+    assert os.listdir(tmp_path) == []

@@ -1,0 +1,195 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""server_state main() in-process: check (fingerprint, launcher, GPU holders, worker env), record, lock/unlock.
+
+Real tagged processes hold the fake NVML's GPUs; the fake NVML is the only double.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from helpers import FAKE_NVML_DIR, wait_for
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _proc
+from ansible_collections.gpufleet.serving.plugins.modules import server_state
+
+
+# Unique per test process: other test sessions on this machine run tagged "demo" servers too.
+NAME = "ut-%s" % uuid.uuid4().hex[:10]
+
+
+class Server:
+    """A tagged "server" process holding both fake GPUs, with a pidfile; env holds NCCL_PROTO and a secret."""
+
+    def __init__(self, nvml, tmp_path, env=None, tag=("GPUFLEET_SERVICE", None)):
+        ready = tmp_path / ("ready-%d" % len(os.listdir(tmp_path)))
+        e = dict(nvml.env, NCCL_PROTO="LL", HF_TOKEN="hf_secret", **(env or {}))
+        if tag:
+            e[tag[0]] = tag[1] or NAME
+        self.p = subprocess.Popen([sys.executable, str(FAKE_NVML_DIR / "fake_gpu.py"), "hold", "--gpu", "0", "--gpu", "1",
+                                   "--mib", "100", "--ready-file", str(ready)], env=e)
+        wait_for(ready.exists, 10, "server holding the GPUs")
+        self.pid = self.p.pid
+        self.start = _proc.read_proc(self.pid).start_time
+
+    def write_pidfile(self, path):
+        path.write_text("%d %d\n" % (self.pid, self.start))
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGKILL)
+            self.p.wait()
+
+
+@pytest.fixture
+def servers(nvml, tmp_path):
+    made = []
+
+    def make(**kw):
+        s = Server(nvml, tmp_path, **kw)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.kill()
+
+
+@pytest.fixture
+def paths(tmp_path):
+    return {"state_file": str(tmp_path / "lib" / "demo.json"), "pidfile": str(tmp_path / "run" / "demo.pid"),
+            "lock_file": str(tmp_path / "run" / "demo.lock")}
+
+
+def check_args(paths, **kw):
+    a = {"action": "check", "name": NAME, "state_file": paths["state_file"], "pidfile": paths["pidfile"],
+         "fingerprint": "f" * 64, "expected_env": {"NCCL_PROTO": "LL"}}
+    a.update(kw)
+    return a
+
+
+def running(servers, paths, run_module):
+    """A tagged server holding the GPUs, launched and recorded with fingerprint f*64."""
+    s = servers()
+    os.makedirs(os.path.dirname(paths["pidfile"]))
+    s.write_pidfile(__import__("pathlib").Path(paths["pidfile"]))
+    r = run_module(server_state.main, {"action": "record", "name": NAME, "state_file": paths["state_file"],
+                                       "pidfile": paths["pidfile"], "fingerprint": "f" * 64, "timings": {"kill_s": 0.5}})
+    assert r["changed"] is True
+    return s
+
+
+def test_nothing_running_needs_a_restart(nvml, paths, run_module):
+    r = run_module(server_state.main, check_args(paths))
+    assert r["changed"] is False and r["needs_restart"] is True and r["running"] is False
+    assert r["reasons"] == ["server is not running", "desired state changed (fingerprint none -> ffffffffffff)",
+                            "GPU 0 is not held by a %s worker" % NAME, "GPU 1 is not held by a %s worker" % NAME]
+    assert r["workers"] == [] and r["strays"] == [] and r["fingerprint_recorded"] is None
+
+
+def test_up_to_date_server_needs_nothing_and_record_is_idempotent(servers, paths, run_module):
+    s = running(servers, paths, run_module)
+    r = run_module(server_state.main, check_args(paths))
+    assert r["needs_restart"] is False and r["reasons"] == [], r
+    assert r["running"] is True and r["fingerprint_recorded"] == "f" * 64
+    assert [(w["pid"], w["holds_gpu"]) for w in r["workers"]] == [(s.pid, True)]
+    assert r["gpu_holders"] == {"0": [s.pid], "1": [s.pid]}
+    assert "hf_secret" not in json.dumps(r)
+    again = run_module(server_state.main, {"action": "record", "name": NAME, "state_file": paths["state_file"],
+                                           "pidfile": paths["pidfile"], "fingerprint": "f" * 64})
+    assert again["changed"] is False
+    st = json.loads(open(paths["state_file"]).read())
+    assert st["pid"] == s.pid and st["start_time"] == s.start and st["timings"] == {"kill_s": 0.5}
+
+
+def test_drift_reasons(servers, paths, run_module):
+    s = running(servers, paths, run_module)
+    stray = servers(tag=None)
+    r = run_module(server_state.main, check_args(paths, fingerprint="a" * 64, expected_env={"NCCL_PROTO": "Simple",
+                                                                                         "NCCL_ALGO": "Ring"}))
+    assert r["needs_restart"] is True
+    assert "desired state changed (fingerprint ffffffffffff -> aaaaaaaaaaaa)" in r["reasons"]
+    assert "GPUs held by 2 process(es) without the launch tag" in r["reasons"]
+    assert r["env_problems"] == {str(s.pid): ["NCCL_ALGO", "NCCL_PROTO"]}
+    assert "workers lack the expected environment: pid %d: NCCL_ALGO NCCL_PROTO" % s.pid in r["reasons"]
+    assert sorted((x["gpu"], x["pid"]) for x in r["strays"]) == [(0, stray.pid), (1, stray.pid)]
+    assert "Simple" not in json.dumps(r["workers"]) and "hf_secret" not in json.dumps(r)
+
+
+def test_orphans_without_their_launcher(servers, paths, run_module):
+    s = running(servers, paths, run_module)
+    orphan = servers()  # tagged, holding the GPUs, but the pidfile names the dead launcher
+    s.kill()
+    r = run_module(server_state.main, check_args(paths))
+    assert r["running"] is False and "server is not running" in r["reasons"]
+    assert "1 tagged process(es) alive without their launcher (orphans)" in r["reasons"]
+    assert [w["pid"] for w in r["workers"]] == [orphan.pid]
+
+
+def test_check_with_lock_takes_and_releases_it_when_nothing_is_to_do(servers, paths, run_module):
+    running(servers, paths, run_module)
+    r = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:1:a"))
+    assert r["needs_restart"] is False and r["locked"] is False
+    assert not os.path.exists(paths["lock_file"])
+    kept = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:1:a", keep_lock=True))
+    assert kept["locked"] is True and json.load(open(paths["lock_file"]))["owner"] == "ctl:1:a"
+
+
+def test_check_needing_a_restart_keeps_the_lock_and_another_run_is_refused(nvml, paths, run_module):
+    r = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:1:a"))
+    assert r["needs_restart"] is True and r["locked"] is True
+    other = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:2:b"))
+    assert other["failed"] is True and other["holder"] == "ctl:1:a"
+    assert "locked by another gpufleet run (ctl:1:a)" in other["msg"]
+    broke = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:2:b",
+                                                      break_owner="ctl:1:a"))
+    assert "failed" not in broke and broke["locked"] is True
+    assert json.load(open(paths["lock_file"]))["owner"] == "ctl:2:b"
+
+
+def test_check_mode_check_takes_no_lock(nvml, paths, run_module):
+    r = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:1:a"), check_mode=True)
+    assert r["needs_restart"] is True and "locked" not in r
+    assert not os.path.exists(paths["lock_file"])
+
+
+def test_lock_unlock_actions_and_their_check_mode(paths, run_module):
+    lk = {"name": NAME, "state_file": paths["state_file"], "lock_file": paths["lock_file"]}
+    r = run_module(server_state.main, dict(lk, action="lock", owner="ctl:1:a"), check_mode=True)
+    assert r["changed"] is True and not os.path.exists(paths["lock_file"])
+    r = run_module(server_state.main, dict(lk, action="lock", owner="ctl:1:a"))
+    assert r["changed"] is False and r["locked"] is True and r["acquired"] is True
+    r = run_module(server_state.main, dict(lk, action="lock", owner="ctl:2:b"))
+    assert r["failed"] is True and r["holder"] == "ctl:1:a"
+    r = run_module(server_state.main, dict(lk, action="unlock", owner="ctl:2:b"))
+    assert r["released"] is False and os.path.exists(paths["lock_file"])
+    r = run_module(server_state.main, dict(lk, action="unlock", owner="ctl:1:a"), check_mode=True)
+    assert r["released"] is False and os.path.exists(paths["lock_file"])
+    r = run_module(server_state.main, dict(lk, action="unlock", owner="ctl:1:a"))
+    assert r["released"] is True and not os.path.exists(paths["lock_file"])
+
+
+def test_record_in_check_mode_writes_nothing(servers, paths, run_module, tmp_path):
+    s = servers()
+    os.makedirs(os.path.dirname(paths["pidfile"]))
+    s.write_pidfile(__import__("pathlib").Path(paths["pidfile"]))
+    r = run_module(server_state.main, {"action": "record", "name": NAME, "state_file": paths["state_file"],
+                                       "pidfile": paths["pidfile"], "fingerprint": "f" * 64}, check_mode=True)
+    assert r["changed"] is True and r["state"]["pid"] == s.pid
+    assert not os.path.exists(paths["state_file"])
+
+
+@pytest.mark.parametrize("args, msg", [
+    ({"action": "record", "name": NAME, "state_file": "/tmp/x.json"}, "action is record but all of the following are missing: fingerprint, pidfile"),
+    ({"action": "lock", "name": NAME, "state_file": "/tmp/x.json"}, "action is lock but all of the following are missing: lock_file, owner"),
+    ({"action": "nope", "name": NAME, "state_file": "/tmp/x.json"}, "value of action must be one of: check, record, lock, unlock, got: nope"),
+])
+def test_bad_input(run_module, args, msg):
+    r = run_module(server_state.main, args)
+    assert r["failed"] is True and msg in r["msg"], r["msg"]
