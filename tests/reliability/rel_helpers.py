@@ -256,3 +256,47 @@ class CliRun:
 
     def text(self) -> str:
         return self.out.read_text(errors="replace")
+
+
+def role_cases(workdir: Path, role: str, base: t.Dict[str, t.Any], cases: t.Sequence[t.Tuple[str, t.Dict[str, t.Any]]],
+               env: t.Dict[str, str], registers: t.Sequence[str] = (), name: str = "cases",
+               wrap: t.Sequence[str] = ()) -> t.Dict[str, t.Any]:
+    """Run `role` on localhost once per case (one play each, vars = base | case vars) in ONE ansible-playbook run.
+
+    A failure is caught per play; returns {case id: {failed, msg, task, <registered vars>}} and "_stdout". `wrap`
+    prefixes the ansible-playbook argv (for example unshare).
+    """
+    out = Path(workdir) / ("%s-results.json" % name)
+    plays = []
+    for cid, cvars in cases:
+        dump = {"failed": "{{ _rel_failure is not none }}", "msg": "{{ (_rel_failure or {}).msg | default(none) }}",
+                "task": "{{ (_rel_failure or {}).task | default(none) }}"}
+        for r in registers:
+            dump[r] = "{{ %s | default(none) }}" % r
+        plays.append({
+            "name": "case %s" % cid, "hosts": "localhost", "gather_facts": False, "vars": dict(base, **cvars),
+            "tasks": [
+                {"name": "Reset the failure", "ansible.builtin.set_fact": {"_rel_failure": None}},
+                {"name": "Run the role", "block": [{"name": "Include the role", "ansible.builtin.include_role": {"name": role}}],
+                 "rescue": [{"name": "Record the failure", "ansible.builtin.set_fact": {"_rel_failure": {
+                     "msg": "{{ ansible_failed_result.msg | default('') }}",
+                     "task": "{{ ansible_failed_task.name | default('') }}"}}}]},
+                {"name": "Keep the result", "ansible.builtin.set_fact": {
+                    "_rel_results": "{{ _rel_results | default({}) | combine({%s: _rel_dump}) }}" % json.dumps(cid)},
+                 "vars": {"_rel_dump": dump}},
+            ]})
+    plays.append({"name": "Write the results", "hosts": "localhost", "gather_facts": False, "tasks": [
+        {"name": "Write them", "ansible.builtin.copy": {"content": "{{ _rel_results | to_nice_json }}", "dest": str(out),
+                                                       "mode": "0600"}, "check_mode": False, "diff": False}]})
+    pb = Path(workdir) / ("%s.yml" % name)
+    pb.write_text(yaml.safe_dump(plays, sort_keys=False, width=1000))
+    e = dict(env, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    argv = list(wrap) + [str(VENV_BIN / "ansible-playbook"), str(pb), "-i", "localhost,", "-c", "local",
+                         "-e", "ansible_python_interpreter=%s" % sys.executable]
+    p = subprocess.run(argv, cwd=str(ROOT), env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert out.exists(), "no results (rc %d):\n%s" % (p.returncode, p.stdout[-4000:])
+    res: t.Dict[str, t.Any] = json.loads(out.read_text())
+    missing = [cid for cid, _ in cases if cid not in res]
+    assert not missing, "cases %s left no result:\n%s" % (missing, p.stdout[-4000:])
+    res["_stdout"] = p.stdout
+    return res

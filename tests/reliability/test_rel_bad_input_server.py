@@ -1,0 +1,192 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Bad server definitions given to the gpufleet.serving.gpu_server role on a host whose server is running.
+
+One ansible-playbook run (localhost, fake GPUs) plays the role once per bad definition. Every case must fail with a
+message naming the variable, before the host lock and the kill, and the host must be exactly as before: the running
+(tagged) server process, its pidfile, log and state file, the lock directory.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import typing as t
+from pathlib import Path
+
+import pytest
+
+from helpers import FAKE_NVML_DIR, PY, FakeGpus, pid_alive, wait_for
+from rel_helpers import role_cases
+
+NAME = "relbad"
+ARGSPEC = "Validating arguments against arg spec 'main' - Restart a GPU inference server safely: kill, verify clean, launch, ready, verify env"
+ASSERT_DEF = "Assert the server definition is usable"
+ASSERT_ENV = "Assert the server environment is valid"
+ASSERT_HOST = "Assert the server's executable, user and workdir exist on the host"
+FAIL_HOST = "Fail the host"  # the role's rescue, re-raising a failure of its lock/check/restart block
+
+# id -> (variables, task that must fail, text the message must contain)
+CASES: t.Dict[str, t.Tuple[t.Dict[str, t.Any], str, str]] = {
+    "command-empty-list": ({"gpufleet_server_command": []}, ASSERT_DEF, "command must be a non-empty argv list"),
+    "command-empty-executable": ({"gpufleet_server_command": [""]}, ASSERT_DEF, "command must be a non-empty argv list"),
+    "start-timeout-zero": ({"gpufleet_server_start_timeout": 0}, ASSERT_DEF, "start/clean timeouts must be > 0"),
+    "start-timeout-negative": ({"gpufleet_server_start_timeout": -5}, ASSERT_DEF, "start/clean timeouts must be > 0"),
+    "clean-timeout-zero": ({"gpufleet_server_clean_timeout": 0}, ASSERT_DEF, "start/clean timeouts must be > 0"),
+    "kill-grace-negative": ({"gpufleet_server_kill_grace": -1}, ASSERT_DEF, "kill grace >= 0"),
+    # The argument spec turns a list into its text for a str option; the name rule then refuses it.
+    "name-list-for-string": ({"gpufleet_server_name": ["a", "b"]}, ASSERT_DEF, "name must match ^[A-Za-z0-9_.-]+$ (got ['a', 'b'])"),
+    "timeout-string-for-number": ({"gpufleet_server_start_timeout": "soon"}, ARGSPEC, "gpufleet_server_start_timeout"),
+    "gpus-string-for-list-of-int": ({"gpufleet_server_gpus": "zero"}, ARGSPEC, "gpufleet_server_gpus"),
+    "name-trailing-newline": ({"gpufleet_server_name": NAME + "\n"}, ASSERT_DEF, "name must match"),
+    "env-name-space": ({"gpufleet_server_env": {"BAD NAME": "1"}}, ASSERT_ENV, 'invalid variable name(s) "BAD NAME"'),
+    "env-name-equals": ({"gpufleet_server_env": {"A=B": "1"}}, ASSERT_ENV, 'invalid variable name(s) "A=B"'),
+    "env-name-quote": ({"gpufleet_server_env": {'Q"X': "1"}}, ASSERT_ENV, "invalid variable name(s) "),
+    "env-name-unicode": ({"gpufleet_server_env": {"NCCL_\u00c9": "1"}}, ASSERT_ENV, "invalid variable name(s) "),
+    "env-name-leading-digit": ({"gpufleet_server_env": {"1NCCL": "1"}}, ASSERT_ENV, 'invalid variable name(s) "1NCCL"'),
+    "systemd-env-newline": ({"gpufleet_server_launcher": "systemd",
+                             "gpufleet_server_env": {"X": "a\nExecStartPre=/bin/touch /tmp/pwned"}},
+                            ASSERT_ENV, "X contain a line break"),
+    "gpu-index-missing": ({"gpufleet_server_gpus": [7]}, FAIL_HOST, "GPU index 7 does not exist on this host (it has 2 GPUs: 0..1)"),
+    "executable-missing": ({"gpufleet_server_command": ["/nonexistent/python3", "-V"]}, ASSERT_HOST,
+                           "gpufleet_server_command[0] /nonexistent/python3 is not an executable file"),
+    "executable-directory": ({"gpufleet_server_command": ["/usr/bin", "-V"]}, ASSERT_HOST,
+                             "gpufleet_server_command[0] /usr/bin is not an executable file"),
+    "user-missing": ({"gpufleet_server_user": "no-such-user-rel"}, ASSERT_HOST,
+                     "gpufleet_server_user no-such-user-rel does not exist"),
+    "workdir-missing": ({"gpufleet_server_workdir": "/nonexistent/dir"}, ASSERT_HOST,
+                        "gpufleet_server_workdir /nonexistent/dir is not a directory"),
+}
+
+
+def _tagged() -> t.Set[int]:
+    out = set()
+    for n in os.listdir("/proc"):
+        if n.isdigit():
+            try:
+                env = open("/proc/%s/environ" % n, "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if ("GPUFLEET_SERVICE=%s" % NAME).encode() in env:
+                out.add(int(n))
+    return out
+
+
+def _host_state(dirs: t.Sequence[Path], holder: subprocess.Popen) -> t.Dict[str, t.Any]:
+    files = {}
+    for d in dirs:
+        for p in sorted(d.rglob("*")):
+            files[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+    return {"files": files, "holder_alive": pid_alive(holder.pid), "tagged": _tagged(),
+            "pwned": os.path.exists("/tmp/pwned")}
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory):
+    base = tmp_path_factory.mktemp("rel-badsrv")
+    fg = FakeGpus(base / "nvml")
+    fg.configure(gpus=2)
+    run, log, state = base / "run", base / "log", base / "state"
+    for d in (run, log, state):
+        d.mkdir()
+    ready = base / "ready"
+    holder = subprocess.Popen([PY, str(FAKE_NVML_DIR / "fake_gpu.py"), "hold", "--gpu", "0", "--mib", "100",
+                               "--ready-file", str(ready)], env=dict(fg.env, GPUFLEET_SERVICE=NAME), start_new_session=True)
+    try:
+        wait_for(ready.exists, 20, "the running server")
+        start = int(open("/proc/%d/stat" % holder.pid).read().rsplit(")", 1)[1].split()[19])
+        (run / ("%s.pid" % NAME)).write_text("%d %d\n" % (holder.pid, start))
+        (log / ("%s.log" % NAME)).write_text("==== gpufleet launch earlier\nserving\n")
+        (state / ("%s.json" % NAME)).write_text('{"fingerprint": "recorded-earlier"}\n')
+        good = {
+            "gpufleet_server_name": NAME,
+            "gpufleet_server_command": [PY, str(FAKE_NVML_DIR / "fake_gpu.py"), "hold", "--gpu", "0", "--mib", "100"],
+            "gpufleet_server_health_url": "http://127.0.0.1:9/health",
+            "gpufleet_server_start_timeout": 5, "gpufleet_server_clean_timeout": 2, "gpufleet_server_kill_grace": 0.5,
+            "gpufleet_server_kill_final_wait": 1, "gpufleet_server_verify_env": False,
+            "gpufleet_server_expect_gpu_processes": 0,
+            "gpufleet_server_run_dir": str(run), "gpufleet_server_log_dir": str(log), "gpufleet_server_state_dir": str(state),
+        }
+        before = _host_state([run, log, state], holder)
+        assert before["tagged"] == {holder.pid} and not before["pwned"]
+        res = role_cases(base, "gpufleet.serving.gpu_server", good, [(k, v[0]) for k, v in CASES.items()], fg.env)
+        after = _host_state([run, log, state], holder)
+        yield {"res": res, "before": before, "after": after}
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def _check(outcome, ids):
+    res = outcome["res"]
+    for cid in ids:
+        _vars, task, text = CASES[cid]
+        r = res[cid]
+        assert r["failed"] is True, "%s was accepted:\n%s" % (cid, res["_stdout"][-3000:])
+        assert r["task"] == task, (cid, r)
+        assert text in r["msg"], (cid, r["msg"])
+    assert outcome["after"] == outcome["before"], "the host changed"
+
+
+@pytest.mark.reliability(
+    section="input", case="Environment names with spaces, '=', quotes, unicode, leading digits (server env)",
+    provoked="gpufleet_server_env with the name 'BAD NAME', 'A=B', 'Q\"X', 'NCCL_\u00c9' or '1NCCL', with a tagged server "
+             "running",
+    outcome="the role fails in its preflight ('gpufleet_server_env: invalid variable name(s) ...'), before the lock "
+            "and the kill; server process, pidfile, log and state file unchanged")
+def test_bad_env_names_are_refused_before_the_kill(outcome):
+    _check(outcome, [k for k in CASES if k.startswith("env-name-")])
+
+
+@pytest.mark.reliability(
+    section="input", case="Wrong types (list for a string, string for a number)",
+    provoked="gpufleet_server_name: [a, b]; gpufleet_server_start_timeout: soon; gpufleet_server_gpus: zero",
+    outcome="the role's argument spec validation fails naming the variable (a list given for the name is turned into "
+            "its text by the spec and refused by the name rule); nothing changed on the host")
+def test_wrong_types_fail_argument_validation(outcome):
+    _check(outcome, ["name-list-for-string", "timeout-string-for-number", "gpus-string-for-list-of-int"])
+
+
+@pytest.mark.reliability(
+    section="input", case="Empty command",
+    provoked="gpufleet_server_command: [] and [\"\"]",
+    outcome="preflight fails: 'command must be a non-empty argv list'; nothing changed on the host")
+def test_empty_command_is_refused(outcome):
+    _check(outcome, ["command-empty-list", "command-empty-executable"])
+
+
+@pytest.mark.reliability(
+    section="input", case="Negative or zero timeouts",
+    provoked="gpufleet_server_start_timeout 0 and -5, gpufleet_server_clean_timeout 0, gpufleet_server_kill_grace -1",
+    outcome="preflight fails naming the timeout rule; nothing changed on the host (module-level: gpu_wait/server_ready "
+            "refuse timeout <= 0 too, see test_rel_gpu_hosts.py)")
+def test_negative_or_zero_timeouts_are_refused(outcome):
+    _check(outcome, ["start-timeout-zero", "start-timeout-negative", "clean-timeout-zero", "kill-grace-negative"])
+
+
+@pytest.mark.reliability(
+    section="input", case="Non-existent GPU index",
+    provoked="gpufleet_server_gpus: [7] on a host with 2 GPUs",
+    outcome="the read-only check step fails: 'GPU index 7 does not exist on this host (it has 2 GPUs: 0..1)'; the "
+            "lock is released, nothing is killed")
+def test_nonexistent_gpu_index_fails_before_the_kill(outcome):
+    _check(outcome, ["gpu-index-missing"])
+
+
+@pytest.mark.reliability(
+    section="input", case="Non-existent server executable, user or workdir",
+    provoked="gpufleet_server_command[0] /nonexistent/python3 or /usr/bin (a directory); gpufleet_server_user "
+             "no-such-user-rel; gpufleet_server_workdir /nonexistent/dir",
+    outcome="preflight probes the host and fails naming the variable and value, before the lock and the kill (the "
+            "running server stays up instead of being killed for a launch that cannot work)")
+def test_unlaunchable_definition_fails_before_the_kill(outcome):
+    _check(outcome, ["executable-missing", "executable-directory", "user-missing", "workdir-missing"])
+
+
+@pytest.mark.reliability(
+    section="input", case="Line breaks where a line-based format is written (name, systemd unit)",
+    provoked="gpufleet_server_name 'relbad\\n' (YAML block scalar slip); gpufleet_server_env value "
+             "'a\\nExecStartPre=/bin/touch /tmp/pwned' with gpufleet_server_launcher systemd",
+    outcome="preflight refuses both (no extra unit directive can be injected); /tmp/pwned absent; nothing changed")
+def test_line_breaks_cannot_inject_into_names_or_units(outcome):
+    _check(outcome, ["name-trailing-newline", "systemd-env-newline"])
+    assert not outcome["after"]["pwned"]
