@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Benchmarks 3 and 4 on the sandbox fleet (real sshd hosts, real spawn-worker demo servers, fake NVML).
 

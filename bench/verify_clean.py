@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Benchmark 1: verify-clean latency after the holder of GPU memory dies (real NVML; run on a GPU host).
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,7 @@ class FakeGpus:
                   memory_v2: bool = True, release_delay_s: float = 0.15, init_error: t.Optional[str] = None) -> None:
         cfg = {
             "gpus": [{"name": "NVIDIA H200", "memory_mib": memory_mib, "reserved_mib": reserved_mib,
-                      "nvlink_links": nvlink_links} for _ in range(gpus)],
+                      "nvlink_links": nvlink_links} for _gpu in range(gpus)],
             "memory_v2": memory_v2,
             "release_delay_s": release_delay_s,
             "state_dir": str(self.state),
@@ -60,7 +59,9 @@ class FakeGpus:
 
     def hold(self, gpu: int = 0, mib: int = 20000, ignore_term: bool = False, **popen: t.Any) -> subprocess.Popen:
         """Start a real process that holds `mib` of fake GPU memory until it dies."""
-        ready = tempfile.mktemp(dir=str(self.base), prefix="ready-")
+        fd, ready = tempfile.mkstemp(dir=str(self.base), prefix="ready-")
+        os.close(fd)
+        os.unlink(ready)  # the holder creates it when it holds the memory
         argv = [PY, str(FAKE_NVML_DIR / "fake_gpu.py"), "hold", "--gpu", str(gpu), "--mib", str(mib), "--ready-file", ready]
         if ignore_term:
             argv.append("--ignore-term")
@@ -117,4 +118,4 @@ def run_playbook(playbook: t.Union[str, Path], *args: str, env: t.Optional[t.Dic
         argv.append("--diff")
     argv += list(args)
     return subprocess.run(argv, cwd=str(ROOT), env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, check=False)

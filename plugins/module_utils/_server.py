@@ -106,7 +106,7 @@ def launch(argv: t.Sequence[str], env: t.Mapping[str, str], user: str, workdir: 
     finally:
         os.close(log_fd)
     p = None
-    for _ in range(200):
+    for _attempt in range(200):
         p = _proc.read_proc(child.pid)
         if p is not None:
             break
@@ -167,7 +167,7 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
         attempts += 1
         try:
             if health_url and health_ok_at is None:
-                code, _ = http(health_url, timeout=min(5.0, max(0.1, deadline - time.monotonic())))
+                code, _body = http(health_url, timeout=min(5.0, max(0.1, deadline - time.monotonic())))
                 if code == 200:
                     health_ok_at = time.monotonic() - t0
                 else:

@@ -24,7 +24,7 @@ description:
     values and values over 1023 bytes are refused. The module refuses to write a block whose variable is already set
     earlier in the file outside the block, because NCCL would ignore the block's line.
   - The symlink, atomic write, backup, check and diff behaviour is the one of M(gpufleet.serving.sitecustomize_env).
-author: gpufleet contributors
+author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
 attributes:

@@ -18,7 +18,7 @@ description:
   - C(/proc/PID/environ) shows the environment at exec (proc_pid_environ(5)). A launcher whose C(sitecustomize)
     set the variables does not show them, while the workers it starts with multiprocessing C(spawn) do (measured on
     an H200). So by default (O(target=workers)) only GPU-holding processes and their descendants are checked.
-  - A checked process that lacks the values is reported as RV(processes[].status=explained), not as a failure,
+  - A checked process that lacks the values is reported as C(explained) (the C(status) of an entry of RV(processes)), not as a failure,
     when a descendant it started with exec carries every expected value (a launcher), or when it is a fork-started
     copy of its parent (same executable, command line and environ block) whose runtime environment is vouched for.
   - With O(nccl_log), NCCL's own log lines (C(NCCL INFO NCCL_PROTO set by environment to LL)) of the selected pids are
@@ -27,7 +27,7 @@ description:
     communicator never reads C(NCCL_PROTO) or C(NCCL_ALGO)), so not-logged variables fail only with
     O(require_confirmed=true).
   - The module fails when any checked process is wrong, and when nothing was checked, unless O(allow_empty=true).
-author: gpufleet contributors
+author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
   - gpufleet.serving._attributes.INFO_MODULE

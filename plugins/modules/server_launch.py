@@ -16,9 +16,9 @@ description:
     C(LANG), the names in O(env_passthrough), then O(env), then the launch tag O(tag_name)=O(name).
     Every worker inherits the tag, so C(gpufleet.serving.process_kill tag=...) finds orphans later.
   - Writes O(pidfile) as C(PID START_TIME) so a reused pid is never mistaken for the server.
-  - Does nothing (RV(changed=false)) when the pidfile names a live process;
+  - Does nothing (C(changed=false)) when the pidfile names a live process;
     the gpu_server role kills and verifies the GPUs clean before it calls this module.
-author: gpufleet contributors
+author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
 attributes:
@@ -113,7 +113,7 @@ def main() -> None:
             name=dict(type="str", required=True),
             command=dict(type="list", elements="str", required=True),
             env=dict(type="dict", default={}),
-            env_passthrough=dict(type="list", elements="str", default=[]),
+            env_passthrough=dict(type="list", elements="str", default=[], no_log=False),
             user=dict(type="str", default="root"),
             workdir=dict(type="path", default="/"),
             log_path=dict(type="path", required=True),

@@ -15,7 +15,7 @@ description:
   - C(/health) can answer 200 while the server hangs (sglang#22779), so a real request is the stronger gate.
   - Watches the server process named by O(pidfile). If it exits during start-up the module fails at once with
     the tail of O(log_path), instead of waiting out O(timeout).
-author: gpufleet contributors
+author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
   - gpufleet.serving._attributes.INFO_MODULE

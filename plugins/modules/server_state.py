@@ -21,7 +21,7 @@ description:
   - O(action=check) with O(lock_file) and O(owner) takes the lock first and releases it again when no restart is
     needed (unless O(keep_lock=true)), so an up-to-date host costs one round trip. RV(locked) says whether the
     lock is still held. In check mode no lock is taken.
-author: gpufleet contributors
+author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
   - gpufleet.serving._attributes.NVML

@@ -36,7 +36,7 @@ description:
   - After writing, each interpreter is started with an empty environment and the managed variables it exports are
     returned as RV(effective_env); the module fails when they differ from what was asked (with O(state=absent),
     when they are still set).
-author: gpufleet contributors
+author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
 attributes:

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Real-GPU end-to-end run of gpufleet.serving through its own playbooks (one command, on a GPU host, as root).
 

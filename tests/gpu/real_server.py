@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 # SPDX-License-Identifier: GPL-3.0-or-later
 """A small REAL GPU server of the SGLang shape, for the H200 end-to-end run (tests/gpu/run_e2e.sh).
 

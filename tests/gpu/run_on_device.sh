@@ -2,7 +2,7 @@
 # One command for a GPU host without ansible installed: install carried wheels (.whl/), install the
 # collection, run the end-to-end test and the verify-clean benchmark; results under ${OUT:-/tmp/gpufleet-gpu-out}.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-/tmp/gpufleet-gpu-out}; mkdir -p "$OUT"
 export LANG=C.UTF-8 LC_ALL=C.UTF-8 PYTHONUNBUFFERED=1
 if ! python3 -c 'import ansible' 2>/dev/null; then
@@ -17,5 +17,6 @@ python3 tests/gpu/e2e.py --out /tmp/e2e "$@" 2>&1 | tee "$OUT/e2e.txt" || rc=1
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 tar -C /tmp -czf "$OUT/e2e.tgz" e2e 2>/dev/null
 cp /tmp/e2e/e2e.json /tmp/e2e/process_env.log "$OUT/" 2>/dev/null; cp /var/log/gpufleet/gpu-e2e.log "$OUT/server.log" 2>/dev/null; tar -C /var/log/gpufleet -czf "$OUT/nccl-logs.tgz" . 2>/dev/null
-[ -n "${SKIP_BENCH:-}" ] || python3 bench/verify_clean.py --json "$OUT/verify_clean.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/verify_clean.txt" || rc=1
+read -r -a bench_args <<< "${BENCH_ARGS:-}"
+[ -n "${SKIP_BENCH:-}" ] || python3 bench/verify_clean.py --json "$OUT/verify_clean.json" "${bench_args[@]}" 2>&1 | tee "$OUT/verify_clean.txt" || rc=1
 exit $rc
