@@ -14,7 +14,7 @@ import re
 import pytest
 import yaml
 
-from release_helpers import ROOT
+from release_helpers import ROOT, clean_env, private_collection
 
 ROLES = sorted(p.parent.parent.name for p in ROOT.glob("roles/*/meta/argument_specs.yml"))
 TYPES = {"str": str, "int": int, "float": (int, float), "bool": bool, "list": list, "dict": dict, "path": str}
@@ -89,8 +89,10 @@ def test_audit_entry_point_validates_like_main(tmp_path):
     pb.write_text(
         "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
         "    - ansible.builtin.include_role:\n        name: gpufleet.serving.gpu_server\n        tasks_from: audit\n")
-    r = run_playbook(pb, extra_vars={"gpufleet_server_name": "x", "gpufleet_server_command": ["true"],
-                                     "gpufleet_server_kill_grace": "soon"})
+    base = private_collection(tmp_path / "collections")
+    r = run_playbook(pb, env=clean_env(ANSIBLE_COLLECTIONS_PATH=str(base)),
+                     extra_vars={"gpufleet_server_name": "x", "gpufleet_server_command": ["true"],
+                                 "gpufleet_server_kill_grace": "soon"})
     assert r.returncode != 0, r.stdout
     assert "Validating arguments against arg spec 'audit'" in r.stdout, r.stdout[-3000:]
     assert "gpufleet_server_kill_grace" in r.stdout and "float" in r.stdout, r.stdout[-3000:]
