@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""gpufleet.serving.{restart,clean,audit} and rollout --check on 3 sandbox hosts with the demo server."""
+from __future__ import annotations
+
+import pytest
+
+from rollout_helpers import PCIE_ONLY, nccl, workers
+
+pytestmark = pytest.mark.sandbox
+
+ALL = ["host1", "host2", "host3"]
+
+
+def unchanged(before, after, hosts=ALL):
+    """Nothing on the hosts moved: processes, sitecustomize, gpufleet's state/pid/lock files, GPU holders."""
+    for h in hosts:
+        assert after.identities(h) == before.identities(h), "processes changed on %s" % h
+        assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"], "sitecustomize changed on %s" % h
+        assert after[h]["files"] == before[h]["files"], "gpufleet files changed on %s" % h
+        assert after.holders(h) == before.holders(h)
+
+
+def test_rollout_in_check_mode_reports_would_restart_and_touches_nothing(stale):
+    rf = stale
+    before = rf.snapshot()
+    assert not any(before[h]["sitecustomize_has_nccl"] for h in ALL)
+
+    run = rf.playbook("rollout", check=True)
+
+    assert run.rc == 0, run.tail()
+    for h in ALL:
+        s = run.summary[h]
+        assert s["status"] == "ok" and s["would_restart"] is True and s["restarted"] is False, s
+        assert "server is not running" in s["reasons"]
+    assert "would" in run.out.split("GPUFLEET ROLLOUT SUMMARY")[1]
+    unchanged(before, rf.snapshot())
+    assert not any(rf.snapshot()[h]["sitecustomize_has_nccl"] for h in ALL)
+    rf.state = "stale"
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["real", "check"])
+def test_audit_passes_on_a_rolled_out_fleet_and_changes_nothing(rolled_out, check):
+    rf = rolled_out("clean")
+    before = rf.snapshot()
+
+    run = rf.playbook("audit", check=check)
+
+    assert run.rc == 0, run.tail()
+    assert all(run.recap[h]["failed"] == 0 and run.recap[h]["changed"] == 0 for h in ALL), run.recap
+    unchanged(before, rf.snapshot())
+    rf.state = "clean"
+
+
+def test_audit_fails_with_the_drift_reason_and_changes_nothing(rolled_out):
+    rf = rolled_out("clean")
+    # host3: the server is down (launcher and workers killed by hand).
+    rf.kill("host3", [p["pid"] for p in rf.snapshot().tagged("host3")])
+    rf.wait(lambda s: not s.tagged("host3") and not s.holders("host3"), 10, "host3's server gone")
+    before = rf.snapshot()
+    # host2: the workers lack a variable the operator now expects.
+    hv = {"host2": {"gpufleet_server_expected_env": {"NCCL_SOCKET_IFNAME": "eth0"}}}
+    w2 = sorted(w["pid"] for w in workers(before, "host2"))
+
+    for check in (True, False):
+        run = rf.playbook("audit", host_vars=hv, check=check)
+
+        assert run.rc == 2, run.tail()
+        assert run.recap["host1"]["failed"] == 0
+        assert run.recap["host2"]["failed"] == 1 and run.recap["host3"]["failed"] == 1, run.recap
+        assert all(run.recap[h]["changed"] == 0 for h in ALL), run.recap
+        assert "host2 drifted: workers lack the expected environment: pid %d: NCCL_SOCKET_IFNAME" % w2[0] in run.out
+        assert "host3 drifted: server is not running" in run.out
+        assert "eth0" not in run.out.split("drifted")[1].split("\n")[0]  # names, not values
+        unchanged(before, rf.snapshot())
+    rf.state = "host3-down"
+
+
+def test_restart_cycles_every_host_even_when_up_to_date(rolled_out):
+    rf = rolled_out("clean")
+    before = rf.snapshot()
+
+    run = rf.playbook("restart")
+
+    assert run.rc == 0, run.tail()
+    after = rf.snapshot()
+    for h in ALL:
+        assert run.summary[h]["restarted"] is True and run.summary[h]["reasons"] == ["forced"], run.summary[h]
+        assert run.recap[h]["changed"] > 0
+        assert not before.identities(h) & after.identities(h), "%s kept old processes" % h
+        ws = workers(after, h)
+        assert len(ws) == 2 and after.holders(h) == {w["pid"] for w in ws}
+        assert all(nccl(w["env"]).items() >= PCIE_ONLY.items() for w in ws)
+        assert after.state(h)["fingerprint"] == before.state(h)["fingerprint"]
+        assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"]
+    rf.state = "clean"
+
+
+def test_clean_kills_the_service_and_leaves_the_gpus_clean_without_launching(rolled_out):
+    rf = rolled_out("clean", "host3-down")
+    before = rf.snapshot()
+    assert before.tagged("host1")
+
+    run = rf.playbook("clean")
+
+    assert run.rc == 0, run.tail()
+    after = rf.snapshot()
+    for h in ALL:
+        assert after.procs(h) == [], "%s still runs %s" % (h, after.procs(h))
+        assert after.holders(h) == set()
+        assert all(g["used_mib"] == 0 for g in after[h]["gpus"].values()), after[h]["gpus"]
+        assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"]
+    assert "GPUFLEET ROLLOUT SUMMARY" not in run.out or all(run.summary[h]["restarted"] is False for h in ALL)
+    rf.state = "down"
