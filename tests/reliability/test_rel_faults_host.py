@@ -11,7 +11,6 @@ Each test below checks one of these in the events of that single rollout and on 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -25,7 +24,6 @@ KILL_TASK = "Kill every process of the service (tag, pidfile, adopted command li
 GRACE = 2.0
 EXPORTER = """#!/usr/bin/python3
 # Stand-in for a GPU monitoring agent: keeps the NVML config open and polls, like nvidia_gpu_exporter.
-import time
 f = open("/opt/gpufleet-fake/fake_nvml.json")
 while True:
     time.sleep(3600)

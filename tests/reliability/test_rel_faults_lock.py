@@ -11,7 +11,7 @@ import socket
 import pytest
 
 from gpufleet_ci import sandbox
-from rel_helpers import (CliRun, gpu_holders, ps, read_host_file, reset_host, sh, start_bg, wait_for)
+from rel_helpers import CliRun, gpu_holders, ps, read_host_file, reset_host, start_bg, wait_for
 
 pytestmark = pytest.mark.sandbox
 
