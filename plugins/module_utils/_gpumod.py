@@ -26,7 +26,8 @@ def backend_or_fail(module: t.Any) -> t.Iterator[_nvml.Backend]:
     except _nvml.BackendUnavailable as e:
         msg = str(e)
         if _nvml.pynvml is None:
-            msg = missing_required_lib("nvidia-ml-py", reason="GPU queries (and nvidia-smi was not found either)") + " " + msg
+            # The host's reason first: run summaries truncate long messages, and the library text is boilerplate.
+            msg = msg + ". " + missing_required_lib("nvidia-ml-py", reason="GPU queries (and nvidia-smi was not found either)")
         module.fail_json(msg=msg, exception=e.exception)
     try:
         yield backend

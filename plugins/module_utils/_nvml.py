@@ -326,8 +326,8 @@ def resolve_indices(backend: Backend, wanted: t.Optional[t.Sequence[int]]) -> t.
         return list(range(n))
     bad = [i for i in wanted if not isinstance(i, int) or i < 0 or i >= n]
     if bad:
-        raise GpuError("GPU index %s does not exist on this host (it has %d GPU%s: 0..%d)"
-                       % (", ".join(str(b) for b in bad), n, "" if n == 1 else "s", n - 1))
+        has = "it has %d GPU%s: 0..%d" % (n, "" if n == 1 else "s", n - 1) if n else "it has no GPUs"
+        raise GpuError("GPU index %s does not exist on this host (%s)" % (", ".join(str(b) for b in bad), has))
     return sorted(set(wanted))
 
 

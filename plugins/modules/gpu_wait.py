@@ -18,6 +18,7 @@ description:
   - On timeout it fails and lists every holder (GPU, pid, user, command line, MiB) and each GPU's used memory.
   - With O(state=busy), waits until every selected GPU has at least O(min_processes) processes and
     O(min_used_mib) MiB used, a readiness signal for servers that load weights.
+  - On a host without any GPU it fails at once (a wait on no GPUs would pass without meaning anything).
 author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
@@ -131,6 +132,9 @@ def main() -> None:
         module.fail_json(msg="poll_interval must be greater than 0 seconds, got %s" % p["poll_interval"])
     with _gpumod.backend_or_fail(module) as backend:
         indices = _nvml.resolve_indices(backend, p["gpus"])
+        if not indices:
+            # "All of no GPUs are clean/busy" is vacuous; a GPU gate on a host without GPUs is a mistake.
+            module.fail_json(msg="gpus: this host has no GPUs, so there is nothing to wait for", backend=backend.name)
         res = _gpuwait.wait(backend, indices, state=p["state"], timeout=p["timeout"],
                             poll_interval=p["poll_interval"], max_used_mib=p["max_used_mib"],
                             min_processes=p["min_processes"], min_used_mib=p["min_used_mib"])

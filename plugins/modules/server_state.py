@@ -63,7 +63,9 @@ options:
     elements: int
     default: []
   require_gpu_holders:
-    description: With V(check), require that tagged processes hold every GPU in O(gpus).
+    description:
+      - With V(check), require that tagged processes hold every GPU in O(gpus).
+      - The check then fails on a host without any GPU.
     type: bool
     default: true
   expected_env:
@@ -216,7 +218,10 @@ def check_state(module: AnsibleModule) -> dict:
     holders = {}
     if p["require_gpu_holders"]:
         with _gpumod.backend_or_fail(module) as backend:
-            for i in _nvml.resolve_indices(backend, p["gpus"]):
+            indices = _nvml.resolve_indices(backend, p["gpus"])
+            if not indices:
+                module.fail_json(msg="gpus: this host has no GPUs, so no GPU server can run here", backend=backend.name)
+            for i in indices:
                 holders[i] = [h["pid"] for h in backend.processes(i)]
     tagged_set = set(tagged)
     strays = [dict(gpu=g, pid=pid, cmdline=procs[pid].command[:300] if pid in procs else "?")

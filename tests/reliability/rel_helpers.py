@@ -300,3 +300,32 @@ def role_cases(workdir: Path, role: str, base: t.Dict[str, t.Any], cases: t.Sequ
     assert not missing, "cases %s left no result:\n%s" % (missing, p.stdout[-4000:])
     res["_stdout"] = p.stdout
     return res
+
+
+def local_play(workdir: Path, tasks: t.Sequence[t.Dict[str, t.Any]], registers: t.Sequence[str], env: t.Dict[str, str],
+               name: str = "play", interpreter: str = sys.executable, args: t.Sequence[str] = ()) -> t.Tuple[subprocess.CompletedProcess, t.Dict[str, t.Any]]:
+    """Run tasks on localhost (real ansible-playbook, `interpreter` as the target python); return the process and
+    the registered results (written by a last task, so failures must be ignored or rescued by the tasks)."""
+    out = Path(workdir) / ("%s-results.json" % name)
+    dump = {"name": "Dump the registered results", "ansible.builtin.copy": {
+        "content": "{{ {%s} | to_nice_json }}" % ", ".join("%s: %s | default(none)" % (json.dumps(r), r) for r in registers),
+        "dest": str(out), "mode": "0600"}, "check_mode": False, "diff": False}
+    pb = Path(workdir) / ("%s.yml" % name)
+    pb.write_text(yaml.safe_dump([{"name": name, "hosts": "localhost", "gather_facts": False,
+                                   "tasks": list(tasks) + [dump]}], sort_keys=False, width=1000))
+    e = dict(env, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    argv = [str(VENV_BIN / "ansible-playbook"), str(pb), "-i", "localhost,", "-c", "local",
+            "-e", "ansible_python_interpreter=%s" % interpreter] + list(args)
+    p = subprocess.run(argv, cwd=str(ROOT), env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert out.exists(), "no results (rc %d):\n%s" % (p.returncode, p.stdout[-4000:])
+    return p, json.loads(out.read_text())
+
+
+def rescued_role(name: str, role: str, role_vars: t.Dict[str, t.Any], register: str) -> t.Dict[str, t.Any]:
+    """A task block including `role`; a failure is recorded in the fact `register` ({failed, msg, task})."""
+    return {"name": name, "vars": role_vars, "block": [
+        {"name": "Include %s" % role, "ansible.builtin.include_role": {"name": role}},
+        {"name": "Record success", "ansible.builtin.set_fact": {register: {"failed": False}}}],
+        "rescue": [{"name": "Record the failure", "ansible.builtin.set_fact": {register: {
+            "failed": True, "msg": "{{ ansible_failed_result.msg | default('') }}",
+            "task": "{{ ansible_failed_task.name | default('') }}"}}}]}
