@@ -239,6 +239,7 @@ def acquire_lock(path: str, owner: str, ttl: float, wait: float, poll: float = 0
         now = time.time()
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.fchmod(fd, 0o644)  # whatever the umask of the connection
             with os.fdopen(fd, "w") as f:
                 json.dump({"owner": owner, "acquired": now, "expires": now + ttl}, f)
             return {"acquired": True, "broke_stale": broke}

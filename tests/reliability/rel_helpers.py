@@ -303,7 +303,8 @@ def role_cases(workdir: Path, role: str, base: t.Dict[str, t.Any], cases: t.Sequ
 
 
 def local_play(workdir: Path, tasks: t.Sequence[t.Dict[str, t.Any]], registers: t.Sequence[str], env: t.Dict[str, str],
-               name: str = "play", interpreter: str = sys.executable, args: t.Sequence[str] = ()) -> t.Tuple[subprocess.CompletedProcess, t.Dict[str, t.Any]]:
+               name: str = "play", interpreter: str = sys.executable, args: t.Sequence[str] = (),
+               umask: t.Optional[str] = None) -> t.Tuple[subprocess.CompletedProcess, t.Dict[str, t.Any]]:
     """Run tasks on localhost (real ansible-playbook, `interpreter` as the target python); return the process and
     the registered results (written by a last task, so failures must be ignored or rescued by the tasks)."""
     out = Path(workdir) / ("%s-results.json" % name)
@@ -316,6 +317,8 @@ def local_play(workdir: Path, tasks: t.Sequence[t.Dict[str, t.Any]], registers: 
     e = dict(env, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     argv = [str(VENV_BIN / "ansible-playbook"), str(pb), "-i", "localhost,", "-c", "local",
             "-e", "ansible_python_interpreter=%s" % interpreter] + list(args)
+    if umask:
+        argv = ["/bin/sh", "-c", 'umask %s && exec "$@"' % umask, "sh"] + argv
     p = subprocess.run(argv, cwd=str(ROOT), env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     assert out.exists(), "no results (rc %d):\n%s" % (p.returncode, p.stdout[-4000:])
     return p, json.loads(out.read_text())

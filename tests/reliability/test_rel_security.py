@@ -1,0 +1,282 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Security properties: environ values never leak, files are written safely, the sitecustomize block never raises."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import stat
+import subprocess
+import sys
+import threading
+import typing as t
+from pathlib import Path
+
+import pytest
+
+from helpers import PY, FakeGpus
+from rel_helpers import local_play, runner_play
+
+TAG = "relsec"
+
+# Every module that reads /proc/PID/environ or lists processes, pointed at a process holding the secret; the
+# mismatching expectations make the modules report (and fail on) the environment they compared.
+LEAK_PLAY = """
+- name: Environ leak probe
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: gpu_info lists the holder
+      gpufleet.serving.gpu_info:
+      register: info
+    - name: process_env on the tagged processes (matching)
+      gpufleet.serving.process_env:
+        tag: GPUFLEET_SERVICE={tag}
+        target: all_selected
+        expected: {{NCCL_PROTO: LL}}
+      register: env_ok
+    - name: process_env on the tagged processes (mismatching, fails)
+      gpufleet.serving.process_env:
+        tag: GPUFLEET_SERVICE={tag}
+        target: all_selected
+        expected: {{NCCL_PROTO: Simple, NCCL_ALGO: Tree}}
+      register: env_bad
+      ignore_errors: true
+    - name: server_state check with expected env
+      gpufleet.serving.server_state:
+        name: {tag}
+        state_file: {work}/state.json
+        pidfile: {work}/missing.pid
+        expected_env: {{NCCL_PROTO: LL, NCCL_ALGO: Tree}}
+      register: check
+    - name: process_kill check mode
+      gpufleet.serving.process_kill:
+        tag: GPUFLEET_SERVICE={tag}
+      check_mode: true
+      register: kill_check
+    - name: process_kill
+      gpufleet.serving.process_kill:
+        tag: GPUFLEET_SERVICE={tag}
+        grace: 2
+      register: kill
+    - name: Save the results
+      ansible.builtin.copy:
+        content: "{{{{ dict(info=info, env_ok=env_ok, env_bad=env_bad, check=check, kill_check=kill_check, kill=kill) | to_nice_json }}}}"
+        dest: {work}/results.json
+        mode: "0600"
+"""
+
+
+def _holder(fg: FakeGpus, secret: str) -> subprocess.Popen:
+    """A tagged GPU holder with the secret in its environment, and a spawned child that inherits it."""
+    code = ("import subprocess, sys, time, fake_gpu\n"
+            "fake_gpu.hold(0, 1000)\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(600)\n")
+    env = dict(fg.env, HF_TOKEN=secret, NCCL_PROTO="LL", GPUFLEET_SERVICE=TAG, AWS_SECRET_ACCESS_KEY=secret[::-1])
+    p = subprocess.Popen([PY, "-c", code], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def _grep(root: Path, needle: str) -> t.List[str]:
+    hits = []
+    for p in root.rglob("*"):
+        if p.is_file() and needle.encode() in p.read_bytes():
+            hits.append(str(p))
+    return hits
+
+
+@pytest.fixture
+def secret_holder(tmp_path):
+    assert not any(k == "HF_TOKEN" for k in os.environ), "the test's own environment must not hold the secret"
+    fg = FakeGpus(tmp_path / "nvml")
+    fg.configure(gpus=2)
+    secret = "secret-" + secrets.token_hex(16)
+    p = _holder(fg, secret)
+    yield fg, secret, p
+    if p.poll() is None:
+        os.killpg(p.pid, 9)
+    p.wait()
+
+
+def _check_results(res: t.Dict[str, t.Any]) -> None:
+    assert res["info"]["gpus"][0]["processes"], "gpu_info did not see the holder"
+    ok = res["env_ok"]
+    assert ok["checked"] >= 2 and not ok["wrong"], ok
+    for proc in ok["processes"]:
+        assert set(proc["env"]) == {"NCCL_PROTO"}, proc  # only the requested key is read back
+    assert res["env_bad"]["failed"] is True
+    for proc in res["env_bad"]["processes"]:
+        assert set(proc["env"]) == {"NCCL_PROTO", "NCCL_ALGO"}, proc
+    assert res["check"]["env_problems"], res["check"]
+    assert res["kill_check"]["signalled"] >= 2 and res["kill"]["signalled"] >= 2
+
+
+@pytest.mark.reliability(
+    section="security", case="No environ value other than the requested keys leaves a host (ansible-playbook -vvv)",
+    provoked="a tagged GPU holder (and its child) with HF_TOKEN=secret-<random> and AWS_SECRET_ACCESS_KEY in their "
+             "environ, selected by gpu_info, process_env (matching and failing), server_state check and process_kill "
+             "(check and real); ansible-playbook -vvv with ANSIBLE_LOG_PATH set",
+    outcome="results carry only the expected keys; the secret (and its reverse) appears nowhere in stdout, the "
+            "ansible log or the registered results")
+def test_secret_never_leaks_through_ansible_playbook_vvv(tmp_path, secret_holder):
+    fg, secret, p = secret_holder
+    log = tmp_path / "ansible.log"
+    pb = tmp_path / "leak.yml"
+    pb.write_text(LEAK_PLAY.format(tag=TAG, work=tmp_path))
+    env = dict(fg.env, ANSIBLE_LOG_PATH=str(log))
+    proc = subprocess.run([str(Path(PY).parent / "ansible-playbook"), str(pb), "-vvv", "-i", "localhost,", "-c", "local",
+                           "-e", "ansible_python_interpreter=%s" % PY], cwd=str(tmp_path), env=dict(
+                               env, ANSIBLE_CONFIG=str(Path(__file__).resolve().parents[2] / "ansible.cfg")),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    _check_results(json.loads((tmp_path / "results.json").read_text()))
+    assert "<localhost> EXEC" in proc.stdout  # really -vvv
+    for needle in (secret, secret[::-1]):
+        assert needle not in proc.stdout
+        assert needle not in log.read_text()
+        assert _grep(tmp_path, needle) == []
+
+
+@pytest.mark.reliability(
+    section="security", case="No environ value other than the requested keys leaves a host (ansible-runner)",
+    provoked="the same probe run through ansible-runner (as gpufleet_ci and CI run playbooks), verbosity 3",
+    outcome="the secret appears nowhere in runner's stdout, artifacts/<ident>/job_events, or any other file of the "
+            "private data dir")
+def test_secret_never_leaks_through_ansible_runner(tmp_path, secret_holder):
+    fg, secret, p = secret_holder
+    inv = tmp_path / "hosts"
+    inv.write_text("localhost ansible_connection=local ansible_python_interpreter=%s\n" % PY)
+    run = runner_play(tmp_path, LEAK_PLAY.format(tag=TAG, work=tmp_path), [inv], cmdline="-vvv",
+                      envvars={"PYTHONPATH": fg.env["PYTHONPATH"], "FAKE_NVML_CONFIG": fg.env["FAKE_NVML_CONFIG"]})
+    assert run.rc == 0, run.stdout[-4000:]
+    _check_results(json.loads((tmp_path / "results.json").read_text()))
+    assert list((run.artifacts / "job_events").iterdir())
+    for needle in (secret, secret[::-1]):
+        assert needle not in run.stdout
+        assert _grep(tmp_path, needle) == []
+
+
+FILES_PLAY_TASKS = [
+    {"name": "nccl_conf creates", "gpufleet.serving.nccl_conf": {"path": "{{ work }}/new/nccl.conf", "env": {"NCCL_PROTO": "LL"}},
+     "register": "conf_new"},
+    {"name": "sitecustomize_env creates", "gpufleet.serving.sitecustomize_env": {
+        "interpreters": ["{{ py }}"], "path": "{{ work }}/new/sitecustomize.py", "env": {"NCCL_PROTO": "LL"},
+        "probe_env": {"PYTHONPATH": "{{ work }}/new"}}, "register": "site_new"},
+    {"name": "nccl_conf replaces with backup", "gpufleet.serving.nccl_conf": {
+        "path": "{{ work }}/old/nccl.conf", "env": {"NCCL_PROTO": "LL"}, "backup": True}, "register": "conf_old"},
+    {"name": "sitecustomize_env replaces with backup", "gpufleet.serving.sitecustomize_env": {
+        "interpreters": ["{{ py }}"], "path": "{{ work }}/old/sitecustomize.py", "env": {"NCCL_PROTO": "LL"},
+        "probe_env": {"PYTHONPATH": "{{ work }}/old"}, "backup": True}, "register": "site_old"},
+    {"name": "server_state records", "gpufleet.serving.server_state": {
+        "action": "record", "name": "relsec", "state_file": "{{ work }}/state/relsec.json", "pidfile": "{{ work }}/x.pid",
+        "fingerprint": "f1"}, "register": "rec"},
+    {"name": "server_state locks", "gpufleet.serving.server_state": {
+        "action": "lock", "name": "relsec", "state_file": "{{ work }}/state/relsec.json",
+        "lock_file": "{{ work }}/run/relsec.lock", "owner": "me:1:x"}, "register": "lock"},
+]
+
+
+@pytest.mark.reliability(
+    section="security", case="Files are root-owned, 0644, atomically replaced; backups keep a restrictive mode",
+    provoked="under umask 077: nccl_conf and sitecustomize_env create new files, then replace existing ones "
+             "(root:4 mode 0640 and root mode 0600) with backup: true while another thread re-reads them in a loop; "
+             "server_state writes its state and lock files",
+    outcome="new files are root:root 0644 whatever the umask; a replaced file gets a new inode (rename), keeps its "
+            "owner and mode, every concurrent read saw the whole old or the whole new content, no temp file is left; "
+            "backups have the original's mode (0640, 0600: not world-readable); state and lock files are 0644")
+def test_files_are_written_safely(tmp_path):
+    for d in ("new", "old", "state", "run"):
+        (tmp_path / d).mkdir()
+    old_conf = tmp_path / "old" / "nccl.conf"
+    old_conf.write_text("NCCL_DEBUG=WARN\n" * 200)
+    os.chown(old_conf, 0, 4)
+    os.chmod(old_conf, 0o640)
+    old_site = tmp_path / "old" / "sitecustomize.py"
+    old_site.write_text("# admin's sitecustomize\n" + "x = 1\n" * 200)
+    os.chmod(old_site, 0o600)
+    before = {p: (p.stat().st_ino, p.read_bytes()) for p in (old_conf, old_site)}
+
+    seen: t.Dict[Path, t.Set[bytes]] = {old_conf: set(), old_site: set()}
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            for p in seen:
+                seen[p].add(p.read_bytes())
+
+    th = threading.Thread(target=reader, daemon=True)
+    th.start()
+    try:
+        proc, res = local_play(tmp_path, FILES_PLAY_TASKS, ["conf_new", "site_new", "conf_old", "site_old", "rec", "lock"],
+                               dict(os.environ), args=["-e", "work=%s" % tmp_path, "-e", "py=%s" % sys.executable],
+                               umask="077")
+    finally:
+        stop.set()
+        th.join(10)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+
+    def mode(p: Path) -> int:
+        return stat.S_IMODE(p.stat().st_mode)
+
+    for p in (tmp_path / "new" / "nccl.conf", tmp_path / "new" / "sitecustomize.py", tmp_path / "state" / "relsec.json",
+              tmp_path / "run" / "relsec.lock"):
+        st = p.stat()
+        assert (st.st_uid, st.st_gid, mode(p)) == (0, 0, 0o644), (p, st.st_uid, st.st_gid, oct(mode(p)))
+    for p, (ino, data) in before.items():
+        assert p.stat().st_ino != ino, "%s was rewritten in place, not replaced" % p
+        assert seen[p] <= {data, p.read_bytes()}, "a reader saw a partial %s" % p
+    assert (old_conf.stat().st_uid, old_conf.stat().st_gid, mode(old_conf)) == (0, 4, 0o640)
+    assert mode(old_site) == 0o600
+    b_conf, b_site = Path(res["conf_old"]["backup_file"]), Path(res["site_old"]["files"][0]["backup_file"])
+    assert b_conf.read_bytes() == before[old_conf][1] and mode(b_conf) == 0o640 and b_conf.stat().st_gid == 4
+    assert b_site.read_bytes() == before[old_site][1] and mode(b_site) == 0o600
+    for d in ("new", "old", "state", "run"):
+        left = [n for n in os.listdir(tmp_path / d) if n.endswith(".tmp") or ".gpufleet-" in n]
+        assert left == [], left
+
+
+# Earlier code in the same sitecustomize.py (someone else's block, a distro hook) that breaks os.environ.
+BREAKERS = {
+    "environ-none": "import os\nos.environ = None\n",
+    "environ-int": "import os\nos.environ = 42\n",
+    "environ-bytes-keys": "import os\nos.environ = {b'NCCL_PROTO': b'x'}\n",
+    "environ-raising": ("import os\nclass _E(dict):\n    def setdefault(self, *a):\n        raise TypeError('no')\n"
+                        "    def __setitem__(self, *a):\n        raise TypeError('no')\nos.environ = _E()\n"),
+    "putenv-broken": "import os\nos.putenv = None\n",
+    "value-wrong-type": "import os\nos.environ._data[os.environ.encodekey('NCCL_PROTO')] = 5\n",
+    "os-module-gone": "import sys\nsys.modules['os'] = None\n",
+}
+
+
+@pytest.mark.reliability(
+    section="security", case="The sitecustomize block cannot raise at import, even with a broken os.environ",
+    provoked="sitecustomize_env writes a setdefault block and an override block; then earlier code in the same file "
+             "replaces os.environ with None, 42, a bytes-keyed dict, a dict raising TypeError, breaks os.putenv, stores "
+             "an int as an environ value, or removes the os module",
+    outcome="in every case the interpreter starts, runs the program (rc 0) and prints no 'Error in sitecustomize' "
+            "or traceback; with the file intact the variables are exported")
+def test_sitecustomize_block_never_raises(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    target = site / "sitecustomize.py"
+    tasks = [{"name": "Block %s" % m, "gpufleet.serving.sitecustomize_env": {
+        "interpreters": [sys.executable], "path": str(target), "env": {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"},
+        "name": "rel" + m, "mode": m, "probe_env": {"PYTHONPATH": str(site)}}, "register": m}
+        for m in ("setdefault", "override")]
+    proc, res = local_play(tmp_path, tasks, ["setdefault", "override"], dict(os.environ))
+    assert proc.returncode == 0 and res["override"]["changed"], proc.stdout[-3000:]
+    blocks = target.read_text()
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
+    ok = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('NCCL_PROTO'))"], env=env,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert (ok.returncode, ok.stdout.strip(), ok.stderr) == (0, "LL", "")
+    for name, breaker in BREAKERS.items():
+        target.write_text(breaker + blocks)
+        r = subprocess.run([sys.executable, "-c", "print('alive')"], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+        assert (r.returncode, r.stdout.strip()) == (0, "alive"), (name, r.stdout, r.stderr)
+        assert "Error in sitecustomize" not in r.stderr and "Traceback" not in r.stderr, (name, r.stderr)
+
