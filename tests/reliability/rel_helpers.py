@@ -207,9 +207,9 @@ def reset_host(fleet: t.Any, host: str) -> None:
                if p["tag"] or p["pid"] in holding or "demo_server.py" in p["cmd"] or "fake_gpu.py" in p["cmd"]]
     if victims:
         sh(fleet, host, "kill -KILL %s 2>/dev/null; true" % " ".join(str(v) for v in victims))
-        wait_for(lambda: not set(victims) & set(ps(fleet, host)), 10, "processes gone on %s" % host)
+        wait_for(lambda: not set(victims) & set(ps(fleet, host)), 60, "processes gone on %s" % host)
     sh(fleet, host, "rm -rf /run/gpufleet /var/lib/gpufleet /var/log/gpufleet /var/lib/demo* /var/log/demo*")
-    wait_for(lambda: not any(gpu_holders(fleet, host).values()), 10, "GPUs released on %s" % host)
+    wait_for(lambda: not any(gpu_holders(fleet, host).values()), 60, "GPUs released on %s" % host)
 
 
 def host_state(fleet: t.Any, host: str) -> t.Dict[str, t.Any]:

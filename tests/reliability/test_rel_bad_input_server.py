@@ -92,7 +92,7 @@ def outcome(tmp_path_factory):
     holder = subprocess.Popen([PY, str(FAKE_NVML_DIR / "fake_gpu.py"), "hold", "--gpu", "0", "--mib", "100",
                                "--ready-file", str(ready)], env=dict(fg.env, GPUFLEET_SERVICE=NAME), start_new_session=True)
     try:
-        wait_for(ready.exists, 20, "the running server")
+        wait_for(ready.exists, 60, "the running server")
         start = int(open("/proc/%d/stat" % holder.pid).read().rsplit(")", 1)[1].split()[19])
         (run / ("%s.pid" % NAME)).write_text("%d %d\n" % (holder.pid, start))
         (log / ("%s.log" % NAME)).write_text("==== gpufleet launch earlier\nserving\n")

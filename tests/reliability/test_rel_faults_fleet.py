@@ -71,7 +71,7 @@ def test_unkillable_gpu_holder_fails_the_clean_gate_and_nothing_is_launched(bare
     fleet = bare
     sh(fleet, "host2", "ln -sf %s /usr/local/bin/nvidia_gpu_exporter" % FAKE_GPU)
     start_bg(fleet, "host2", [fleet.python, "/usr/local/bin/nvidia_gpu_exporter", "hold", "--gpu", "0", "--mib", "700"])
-    holder = wait_for(lambda: gpu_holders(fleet, "host2")[0], 10, "exporter holding GPU 0")[0]
+    holder = wait_for(lambda: gpu_holders(fleet, "host2")[0], 60, "exporter holding GPU 0")[0]
 
     run = _rollout(fleet, tmp_path, _vars(fleet, gpufleet_server_kill_gpu_strays=True), serial=[2, 1], max_fail=50)
 
@@ -175,7 +175,7 @@ def test_host_unreachable_between_batches_halts_the_rollout(bare, tmp_path):
     # host3 runs a tagged server started by hand, so a rollout reaching it would kill and replace it.
     gv = _vars(fleet)
     start_bg(fleet, "host3", gv["gpufleet_server_command"], env={"GPUFLEET_SERVICE": "demo"})
-    wait_for(lambda: all(gpu_holders(fleet, "host3").values()), 30, "host3 server holding its GPUs")
+    wait_for(lambda: all(gpu_holders(fleet, "host3").values()), 90, "host3 server holding its GPUs")
     host3_before = host_state(fleet, "host3")
     # No ssh connection to host2 may survive the cut (ansible shares persistent control masters).
     close_ssh_master(fleet, "host2")
@@ -207,4 +207,4 @@ def test_host_unreachable_between_batches_halts_the_rollout(bare, tmp_path):
     assert run.host_events("host3") == [], run.tasks_seen("host3")
     assert s["host3"]["status"] == "not run", s["host3"]
     assert host_state(fleet, "host3") == host3_before
-    wait_for(lambda: fleet.ssh("host2", "true").returncode == 0, 30, "host2 reachable again")
+    wait_for(lambda: fleet.ssh("host2", "true").returncode == 0, 90, "host2 reachable again")

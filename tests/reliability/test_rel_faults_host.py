@@ -59,14 +59,14 @@ def scenario(sandbox_fleet_module, tmp_path_factory):
 
     # 1. Orphans: a tagged server whose launcher dies by SIGKILL; its spawn workers keep their GPU memory.
     start_bg(fleet, h, _demo_argv(py, 30001, "/var/lib/demo-orphan"), env=tag)
-    orphan_st = wait_for(lambda: _launcher(fleet, h, "/var/lib/demo-orphan"), 30, "orphan-to-be server ready")
+    orphan_st = wait_for(lambda: _launcher(fleet, h, "/var/lib/demo-orphan"), 90, "orphan-to-be server ready")
     sh(fleet, h, "kill -KILL %d" % orphan_st["pid"])
-    wait_for(lambda: orphan_st["pid"] not in ps(fleet, h), 10, "launcher gone")
+    wait_for(lambda: orphan_st["pid"] not in ps(fleet, h), 60, "launcher gone")
     orphans = orphan_st["workers"]
 
     # 2. A tagged server that ignores SIGTERM (launcher and workers).
     start_bg(fleet, h, _demo_argv(py, 30002, "/var/lib/demo-stuck", "--ignore-term"), env=tag)
-    stuck_st = wait_for(lambda: _launcher(fleet, h, "/var/lib/demo-stuck"), 30, "TERM-ignoring server ready")
+    stuck_st = wait_for(lambda: _launcher(fleet, h, "/var/lib/demo-stuck"), 90, "TERM-ignoring server ready")
     stuck = [stuck_st["pid"]] + stuck_st["workers"]
 
     # 3. Unrelated processes: another user's python, a monitoring agent, and a process whose pid the role's
@@ -78,7 +78,7 @@ def scenario(sandbox_fleet_module, tmp_path_factory):
     start_bg(fleet, h, ["sleep", "3601"])
 
     def find(pred):
-        return wait_for(lambda: [p for p in ps(fleet, h).values() if pred(p)], 10, "process started")[0]
+        return wait_for(lambda: [p for p in ps(fleet, h).values() if pred(p)], 60, "process started")[0]
 
     other = find(lambda p: "other-user-python" in p["cmd"])
     exporter = find(lambda p: "nvidia_gpu_exporter" in p["cmd"])
@@ -92,7 +92,8 @@ def scenario(sandbox_fleet_module, tmp_path_factory):
     work = tmp_path_factory.mktemp("rel-host")
     gv = sandbox.server_vars(py)
     gv.pop("gpufleet_nccl_profile")  # NCCL tuning is not what these faults are about
-    gv.update(gpufleet_server_kill_grace=GRACE, gpufleet_server_kill_final_wait=5)
+    # Every kill step runs: tag + pidfile + adopt regex, then the stray GPU holders.
+    gv.update(gpufleet_server_kill_grace=GRACE, gpufleet_server_kill_final_wait=5, gpufleet_server_kill_gpu_strays=True)
     inv = work / "servers.yml"
     inv.write_text(sandbox.servers_inventory([h], gv))
     run = runner_play(work, ROLLOUT_SITE, [fleet.inventory, inv])
@@ -164,10 +165,14 @@ def test_stale_pidfile_process_survives(scenario):
 @pytest.mark.reliability(
     section="fault", case="Unrelated processes (another user's python, a GPU monitoring agent)",
     provoked="a python process of user `reltest` (useradd on the host) and a process named nvidia_gpu_exporter "
-             "holding the NVML config open, on the host during a rollout that kills by tag, pidfile and adopt regex",
-    outcome="neither is selected by any kill step; both are alive with the same pid and start time afterwards")
+             "holding the NVML config open, on the host during a rollout that kills by tag, pidfile and adopt regex, "
+             "then the stray GPU holders (gpufleet_server_kill_gpu_strays)",
+    outcome="neither is selected by any kill step; both are alive with the same pid and start time afterwards "
+            "(an agent that does hold GPU memory is covered by the clean-gate case)")
 def test_unrelated_processes_survive_the_rollout(scenario):
     killed = _killed(scenario)
+    strays = scenario["run"].res("host1", "Kill the stray GPU holders, TERM then KILL")
+    killed.update({p["pid"]: p for p in strays["processes"]})
     after = scenario["after"]
     for name in ("other", "exporter"):
         p = scenario["bystanders"][name]

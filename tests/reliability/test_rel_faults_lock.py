@@ -59,7 +59,7 @@ def _launches(fleet):
 
 def _interrupt_between_kill_and_launch(fleet, tmp_path, invs, name, flag, send):
     start_bg(fleet, H, [fleet.python, "-c", STRAY, flag])
-    wait_for(lambda: gpu_holders(fleet, H)[1], 10, "stray holding GPU 1")
+    wait_for(lambda: gpu_holders(fleet, H)[1], 60, "stray holding GPU 1")
     run = CliRun(tmp_path, name, "gpufleet.serving.rollout", invs)
     wait_for(lambda: fleet.host_run(H, ["test", "-e", flag]).returncode == 0 or run.proc.poll() is not None, 240,
              "the stray kill step to send SIGTERM")
@@ -82,7 +82,7 @@ def test_interrupted_rollout_is_recovered_by_the_next_run(bare, tmp_path):
     invs, gv = _inventory(fleet, tmp_path, gpufleet_server_kill_gpu_strays=True, gpufleet_server_kill_grace=5,
                           gpufleet_server_kill_final_wait=2)
     start_bg(fleet, H, gv["gpufleet_server_command"], env={"GPUFLEET_SERVICE": "demo"})
-    wait_for(lambda: gpu_holders(fleet, H)[0], 30, "the old server holding GPU 0")
+    wait_for(lambda: gpu_holders(fleet, H)[0], 90, "the old server holding GPU 0")
     old = {p["pid"] for p in ps(fleet, H).values() if p["tag"] == "demo"}
     me = socket.gethostname()
 

@@ -25,31 +25,32 @@ SYSTEM_PY = "/usr/bin/python3"
 TAG = "relgpu"
 
 
-@pytest.fixture
-def server(tmp_path):
-    """A running 'server' (tagged sleeper) with the role's pidfile, log and state file."""
-    dirs = {k: tmp_path / k for k in ("run", "log", "state")}
-    for d in dirs.values():
-        d.mkdir()
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
-                         env=dict(os.environ, GPUFLEET_SERVICE=TAG))
-    start = int(open("/proc/%d/stat" % p.pid).read().rsplit(")", 1)[1].split()[19])
-    (dirs["run"] / (TAG + ".pid")).write_text("%d %d\n" % (p.pid, start))
-    (dirs["log"] / (TAG + ".log")).write_text("serving\n")
-    (dirs["state"] / (TAG + ".json")).write_text('{"fingerprint": "old"}\n')
-    role_vars = {"gpufleet_server_name": TAG, "gpufleet_server_command": [sys.executable, "-c", "pass"],
-                 "gpufleet_server_health_url": "http://127.0.0.1:9/health", "gpufleet_server_kill_grace": 0.5,
-                 "gpufleet_server_clean_timeout": 2, "gpufleet_server_start_timeout": 3,
-                 "gpufleet_server_run_dir": str(dirs["run"]), "gpufleet_server_log_dir": str(dirs["log"]),
-                 "gpufleet_server_state_dir": str(dirs["state"])}
+class Server:
+    """A running 'server' (tagged sleeper) with the role's pidfile, log and state file, in `base`."""
 
-    def state() -> t.Dict[str, t.Any]:
-        files = {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for d in dirs.values() for f in sorted(d.iterdir())}
-        return {"alive": pid_alive(p.pid), "files": files}
+    def __init__(self, base: Path) -> None:
+        self.dirs = {k: base / k for k in ("run", "log", "state")}
+        for d in self.dirs.values():
+            d.mkdir()
+        self.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                                     env=dict(os.environ, GPUFLEET_SERVICE=TAG))
+        start = int(open("/proc/%d/stat" % self.proc.pid).read().rsplit(")", 1)[1].split()[19])
+        (self.dirs["run"] / (TAG + ".pid")).write_text("%d %d\n" % (self.proc.pid, start))
+        (self.dirs["log"] / (TAG + ".log")).write_text("serving\n")
+        (self.dirs["state"] / (TAG + ".json")).write_text('{"fingerprint": "old"}\n')
+        self.vars = {"gpufleet_server_name": TAG, "gpufleet_server_command": [sys.executable, "-c", "pass"],
+                     "gpufleet_server_health_url": "http://127.0.0.1:9/health", "gpufleet_server_kill_grace": 0.5,
+                     "gpufleet_server_clean_timeout": 2, "gpufleet_server_start_timeout": 3,
+                     "gpufleet_server_run_dir": str(self.dirs["run"]), "gpufleet_server_log_dir": str(self.dirs["log"]),
+                     "gpufleet_server_state_dir": str(self.dirs["state"])}
 
-    yield {"proc": p, "vars": role_vars, "state": state}
-    p.kill()
-    p.wait()
+    def state(self) -> t.Dict[str, t.Any]:
+        files = {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for d in self.dirs.values() for f in sorted(d.iterdir())}
+        return {"alive": pid_alive(self.proc.pid), "files": files}
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
 
 
 GPU_STEPS = [
@@ -73,19 +74,27 @@ GPU_REGS = ["info", "wait_clean", "wait_busy", "kill", "srv", "nccl"]
             "found on PATH. Failed to import the required Python library (nvidia-ml-py) ...' (the host's reason first, "
             "so the role's 400-character failure summary keeps it); the role fails in its read-only check step; the "
             "server process, pidfile, log and state are unchanged")
-def test_host_without_any_gpu_backend(tmp_path, server):
+def test_host_without_any_gpu_backend(tmp_path):
     out = subprocess.run([SYSTEM_PY, "-c", "import pynvml"], stderr=subprocess.DEVNULL)
     if out.returncode == 0:
         pytest.skip("%s can import pynvml" % SYSTEM_PY)
+    server = Server(tmp_path)
+    try:
+        _no_backend(tmp_path, server)
+    finally:
+        server.stop()
+
+
+def _no_backend(tmp_path: Path, server: Server) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FAKE_NVML_CONFIG")}
     env["PATH"] = os.path.dirname(sys.executable) + ":/usr/sbin:/usr/bin:/sbin:/bin"
     assert shutil.which("nvidia-smi", path=env["PATH"]) is None
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text("# untouched\n")
-    before = server["state"]()
+    before = server.state()
     tasks = GPU_STEPS + [
-        rescued_role("gpu_server role", "gpufleet.serving.gpu_server", server["vars"], "srv"),
+        rescued_role("gpu_server role", "gpufleet.serving.gpu_server", server.vars, "srv"),
         rescued_role("nccl_tuning role, profile auto", "gpufleet.serving.nccl_tuning",
                      {"gpufleet_nccl_profile": "auto", "gpufleet_nccl_interpreters": [SYSTEM_PY],
                       "gpufleet_nccl_sitecustomize_path": str(site / "sitecustomize.py"),
@@ -100,8 +109,34 @@ def test_host_without_any_gpu_backend(tmp_path, server):
     assert res["srv"]["task"] == "Fail the host", res["srv"]
     assert res["nccl"]["failed"] is True and want in res["nccl"]["msg"], res["nccl"]
     assert res["nccl"]["task"] == "Read the NVLink state for the auto profile", res["nccl"]
-    assert server["state"]() == before
+    assert server.state() == before
     assert (site / "sitecustomize.py").read_text() == "# untouched\n"
+
+
+TIMEOUT_STEPS = [
+    {"name": "gpu_wait timeout 0", "gpufleet.serving.gpu_wait": {"timeout": 0}, "register": "w0", "ignore_errors": True},
+    {"name": "gpu_wait poll 0", "gpufleet.serving.gpu_wait": {"poll_interval": 0}, "register": "p0", "ignore_errors": True},
+    {"name": "server_ready timeout -1", "gpufleet.serving.server_ready": {"health_url": "http://127.0.0.1:9/", "timeout": -1},
+     "register": "r", "ignore_errors": True},
+    {"name": "process_kill grace -1", "gpufleet.serving.process_kill": {"tag": "GPUFLEET_SERVICE=" + TAG, "grace": -1},
+     "register": "k", "ignore_errors": True},
+]
+
+
+@pytest.fixture(scope="module")
+def zero_gpus(tmp_path_factory):
+    """One run on a host whose fake NVML has no GPU: the GPU steps, the role, then the timeout refusals."""
+    base = tmp_path_factory.mktemp("rel-zero-gpus")
+    fg = FakeGpus(base / "nvml")
+    fg.configure(gpus=0)
+    server = Server(base)
+    try:
+        before = server.state()
+        tasks = GPU_STEPS + [rescued_role("gpu_server role", "gpufleet.serving.gpu_server", server.vars, "srv")] + TIMEOUT_STEPS
+        proc, res = local_play(base, tasks, GPU_REGS + ["w0", "p0", "r", "k"], fg.env)
+        yield {"res": res, "before": before, "after": server.state()}
+    finally:
+        server.stop()
 
 
 @pytest.mark.reliability(
@@ -111,12 +146,8 @@ def test_host_without_any_gpu_backend(tmp_path, server):
     outcome="gpu_info succeeds with gpu_count 0 and gpus []; gpu_wait fails 'gpus: this host has no GPUs, so there "
             "is nothing to wait for' (a vacuous pass would be wrong); process_kill: 'GPU index 0 does not exist on this "
             "host (it has no GPUs)'; the role fails in its check step ('no GPU server can run here') and changes nothing")
-def test_host_with_zero_gpus(tmp_path, server):
-    fg = FakeGpus(tmp_path / "nvml")
-    fg.configure(gpus=0)
-    before = server["state"]()
-    tasks = GPU_STEPS + [rescued_role("gpu_server role", "gpufleet.serving.gpu_server", server["vars"], "srv")]
-    proc, res = local_play(tmp_path, tasks, GPU_REGS, fg.env)
+def test_host_with_zero_gpus(zero_gpus):
+    res = zero_gpus["res"]
     info = res["info"]
     assert not info.get("failed") and info["gpu_count"] == 0 and info["gpus"] == [] and info["nvlink_active"] is None, info
     for k in ("wait_clean", "wait_busy"):
@@ -125,7 +156,7 @@ def test_host_with_zero_gpus(tmp_path, server):
     assert res["kill"]["msg"] == "GPU index 0 does not exist on this host (it has no GPUs)", res["kill"]["msg"]
     assert res["srv"]["failed"] is True and res["srv"]["task"] == "Fail the host", res["srv"]
     assert "gpus: this host has no GPUs, so no GPU server can run here" in res["srv"]["msg"], res["srv"]
-    assert server["state"]() == before
+    assert zero_gpus["after"] == zero_gpus["before"]
 
 
 @pytest.mark.reliability(
@@ -134,21 +165,11 @@ def test_host_with_zero_gpus(tmp_path, server):
              "running server by its tag)",
     outcome="each fails naming the option ('timeout must be greater than 0 seconds, got 0.0', 'grace must be >= 0 "
             "seconds, got -1.0', ...) before selecting or signalling anything; the server process is alive")
-def test_module_timeouts_must_be_positive(tmp_path, server):
-    fg = FakeGpus(tmp_path / "nvml")
-    fg.configure(gpus=2)
-    tasks = [
-        {"name": "gpu_wait timeout 0", "gpufleet.serving.gpu_wait": {"timeout": 0}, "register": "w0", "ignore_errors": True},
-        {"name": "gpu_wait poll 0", "gpufleet.serving.gpu_wait": {"poll_interval": 0}, "register": "p0", "ignore_errors": True},
-        {"name": "server_ready timeout -1", "gpufleet.serving.server_ready": {"health_url": "http://127.0.0.1:9/", "timeout": -1},
-         "register": "r", "ignore_errors": True},
-        {"name": "process_kill grace -1", "gpufleet.serving.process_kill": {"tag": "GPUFLEET_SERVICE=" + TAG, "grace": -1},
-         "register": "k", "ignore_errors": True},
-    ]
-    proc, res = local_play(tmp_path, tasks, ["w0", "p0", "r", "k"], fg.env)
+def test_module_timeouts_must_be_positive(zero_gpus):
+    res = zero_gpus["res"]
     assert res["w0"]["msg"] == "timeout must be greater than 0 seconds, got 0.0"
     assert res["p0"]["msg"] == "poll_interval must be greater than 0 seconds, got 0.0"
     assert res["r"]["msg"] == "timeout must be greater than 0 seconds, got -1.0"
     assert res["k"]["msg"] == "grace must be >= 0 seconds, got -1.0"
     assert all(res[k]["failed"] is True for k in ("w0", "p0", "r", "k"))
-    assert pid_alive(server["proc"].pid)
+    assert zero_gpus["after"]["alive"] is True

@@ -179,25 +179,26 @@ FILES_PLAY_TASKS = [
 ]
 
 
-@pytest.mark.reliability(
-    section="security", case="Files are root-owned, 0644, atomically replaced; backups keep a restrictive mode",
-    provoked="under umask 077: nccl_conf and sitecustomize_env create new files, then replace existing ones "
-             "(root:4 mode 0640 and root mode 0600) with backup: true while another thread re-reads them in a loop; "
-             "server_state writes its state and lock files",
-    outcome="new files are root:root 0644 whatever the umask; a replaced file gets a new inode (rename), keeps its "
-            "owner and mode, every concurrent read saw the whole old or the whole new content, no temp file is left; "
-            "backups have the original's mode (0640, 0600: not world-readable); state and lock files are 0644")
-def test_files_are_written_safely(tmp_path):
-    for d in ("new", "old", "state", "run"):
-        (tmp_path / d).mkdir()
-    old_conf = tmp_path / "old" / "nccl.conf"
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """One run under umask 077: FILES_PLAY_TASKS while a thread re-reads the files being replaced, then the two
+    sitecustomize blocks of the robustness test."""
+    work = tmp_path_factory.mktemp("rel-files")
+    for d in ("new", "old", "state", "run", "site"):
+        (work / d).mkdir()
+    old_conf = work / "old" / "nccl.conf"
     old_conf.write_text("NCCL_DEBUG=WARN\n" * 200)
     os.chown(old_conf, 0, 4)
     os.chmod(old_conf, 0o640)
-    old_site = tmp_path / "old" / "sitecustomize.py"
+    old_site = work / "old" / "sitecustomize.py"
     old_site.write_text("# admin's sitecustomize\n" + "x = 1\n" * 200)
     os.chmod(old_site, 0o600)
     before = {p: (p.stat().st_ino, p.read_bytes()) for p in (old_conf, old_site)}
+    site = work / "site"
+    blocks = [{"name": "Block %s" % m, "gpufleet.serving.sitecustomize_env": {
+        "interpreters": [sys.executable], "path": str(site / "sitecustomize.py"), "env": {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"},
+        "name": "rel" + m, "mode": m, "probe_env": {"PYTHONPATH": str(site)}}, "register": m}
+        for m in ("setdefault", "override")]
 
     seen: t.Dict[Path, t.Set[bytes]] = {old_conf: set(), old_site: set()}
     stop = threading.Event()
@@ -210,19 +211,34 @@ def test_files_are_written_safely(tmp_path):
     th = threading.Thread(target=reader, daemon=True)
     th.start()
     try:
-        proc, res = local_play(tmp_path, FILES_PLAY_TASKS, ["conf_new", "site_new", "conf_old", "site_old", "rec", "lock"],
-                               dict(os.environ), args=["-e", "work=%s" % tmp_path, "-e", "py=%s" % sys.executable],
-                               umask="077")
+        proc, res = local_play(work, FILES_PLAY_TASKS + blocks,
+                               ["conf_new", "site_new", "conf_old", "site_old", "rec", "lock", "setdefault", "override"],
+                               dict(os.environ), args=["-e", "work=%s" % work, "-e", "py=%s" % sys.executable], umask="077")
     finally:
         stop.set()
         th.join(10)
     assert proc.returncode == 0, proc.stdout[-4000:]
+    return {"work": work, "res": res, "before": before, "seen": seen, "old_conf": old_conf, "old_site": old_site,
+            "site": site, "stdout": proc.stdout}
+
+
+@pytest.mark.reliability(
+    section="security", case="Files are root-owned, 0644, atomically replaced; backups keep a restrictive mode",
+    provoked="under umask 077: nccl_conf and sitecustomize_env create new files, then replace existing ones "
+             "(root:4 mode 0640 and root mode 0600) with backup: true while another thread re-reads them in a loop; "
+             "server_state writes its state and lock files",
+    outcome="new files are root:root 0644 whatever the umask; a replaced file gets a new inode (rename), keeps its "
+            "owner and mode, every concurrent read saw the whole old or the whole new content, no temp file is left; "
+            "backups have the original's mode (0640, 0600: not world-readable); state and lock files are 0644")
+def test_files_are_written_safely(written):
+    work, res, before, seen = written["work"], written["res"], written["before"], written["seen"]
+    old_conf, old_site = written["old_conf"], written["old_site"]
 
     def mode(p: Path) -> int:
         return stat.S_IMODE(p.stat().st_mode)
 
-    for p in (tmp_path / "new" / "nccl.conf", tmp_path / "new" / "sitecustomize.py", tmp_path / "state" / "relsec.json",
-              tmp_path / "run" / "relsec.lock"):
+    for p in (work / "new" / "nccl.conf", work / "new" / "sitecustomize.py", work / "state" / "relsec.json",
+              work / "run" / "relsec.lock", work / "site" / "sitecustomize.py"):
         st = p.stat()
         assert (st.st_uid, st.st_gid, mode(p)) == (0, 0, 0o644), (p, st.st_uid, st.st_gid, oct(mode(p)))
     for p, (ino, data) in before.items():
@@ -233,8 +249,8 @@ def test_files_are_written_safely(tmp_path):
     b_conf, b_site = Path(res["conf_old"]["backup_file"]), Path(res["site_old"]["files"][0]["backup_file"])
     assert b_conf.read_bytes() == before[old_conf][1] and mode(b_conf) == 0o640 and b_conf.stat().st_gid == 4
     assert b_site.read_bytes() == before[old_site][1] and mode(b_site) == 0o600
-    for d in ("new", "old", "state", "run"):
-        left = [n for n in os.listdir(tmp_path / d) if n.endswith(".tmp") or ".gpufleet-" in n]
+    for d in ("new", "old", "state", "run", "site"):
+        left = [n for n in os.listdir(work / d) if n.endswith(".tmp") or ".gpufleet-" in n]
         assert left == [], left
 
 
@@ -258,16 +274,10 @@ BREAKERS = {
              "an int as an environ value, or removes the os module",
     outcome="in every case the interpreter starts, runs the program (rc 0) and prints no 'Error in sitecustomize' "
             "or traceback; with the file intact the variables are exported")
-def test_sitecustomize_block_never_raises(tmp_path):
-    site = tmp_path / "site"
-    site.mkdir()
+def test_sitecustomize_block_never_raises(written):
+    res, site = written["res"], written["site"]
+    assert res["override"]["changed"] and res["setdefault"]["changed"], written["stdout"][-3000:]
     target = site / "sitecustomize.py"
-    tasks = [{"name": "Block %s" % m, "gpufleet.serving.sitecustomize_env": {
-        "interpreters": [sys.executable], "path": str(target), "env": {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"},
-        "name": "rel" + m, "mode": m, "probe_env": {"PYTHONPATH": str(site)}}, "register": m}
-        for m in ("setdefault", "override")]
-    proc, res = local_play(tmp_path, tasks, ["setdefault", "override"], dict(os.environ))
-    assert proc.returncode == 0 and res["override"]["changed"], proc.stdout[-3000:]
     blocks = target.read_text()
     env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
     ok = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('NCCL_PROTO'))"], env=env,
@@ -279,4 +289,3 @@ def test_sitecustomize_block_never_raises(tmp_path):
                            stderr=subprocess.PIPE, text=True)
         assert (r.returncode, r.stdout.strip()) == (0, "alive"), (name, r.stdout, r.stderr)
         assert "Error in sitecustomize" not in r.stderr and "Traceback" not in r.stderr, (name, r.stderr)
-
