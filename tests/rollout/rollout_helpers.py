@@ -228,6 +228,10 @@ class RolloutFleet:
             list(ex.map(one, self.hosts))
         self.wait(lambda s: all(not s.procs(h) and not s.holders(h) for h in self.hosts), 15, "hosts reset")
 
+    def original_sitecustomize(self, host: str) -> t.Tuple[str, t.Optional[str]]:
+        """(path, content) of the system sitecustomize.py the host booted with (no NCCL block)."""
+        return self._orig_site[host]
+
     def wait(self, cond: t.Callable[[Snapshot], bool], timeout: float, what: str) -> Snapshot:
         deadline = time.monotonic() + timeout
         while True:

@@ -51,30 +51,6 @@ def test_audit_passes_on_a_rolled_out_fleet_and_changes_nothing(rolled_out, chec
     rf.state = "clean"
 
 
-def test_audit_fails_with_the_drift_reason_and_changes_nothing(rolled_out):
-    rf = rolled_out("clean")
-    # host3: the server is down (launcher and workers killed by hand).
-    rf.kill("host3", [p["pid"] for p in rf.snapshot().tagged("host3")])
-    rf.wait(lambda s: not s.tagged("host3") and not s.holders("host3"), 10, "host3's server gone")
-    before = rf.snapshot()
-    # host2: the workers lack a variable the operator now expects.
-    hv = {"host2": {"gpufleet_server_expected_env": {"NCCL_SOCKET_IFNAME": "eth0"}}}
-    w2 = sorted(w["pid"] for w in workers(before, "host2"))
-
-    for check in (True, False):
-        run = rf.playbook("audit", host_vars=hv, check=check)
-
-        assert run.rc == 2, run.tail()
-        assert run.recap["host1"]["failed"] == 0
-        assert run.recap["host2"]["failed"] == 1 and run.recap["host3"]["failed"] == 1, run.recap
-        assert all(run.recap[h]["changed"] == 0 for h in ALL), run.recap
-        assert "host2 drifted: workers lack the expected environment: pid %d: NCCL_SOCKET_IFNAME" % w2[0] in run.out
-        assert "host3 drifted: server is not running" in run.out
-        assert "eth0" not in run.out.split("drifted")[1].split("\n")[0]  # names, not values
-        unchanged(before, rf.snapshot())
-    rf.state = "host3-down"
-
-
 def test_restart_cycles_every_host_even_when_up_to_date(rolled_out):
     rf = rolled_out("clean")
     before = rf.snapshot()
@@ -95,8 +71,37 @@ def test_restart_cycles_every_host_even_when_up_to_date(rolled_out):
     rf.state = "clean"
 
 
+def test_audit_fails_with_the_drift_reason_and_changes_nothing(rolled_out):
+    rf = rolled_out("clean")
+    # host1: the NCCL block was removed from the system sitecustomize.py by hand.
+    path, content = rf.original_sitecustomize("host1")
+    rf.fleet.ssh("host1", "cat > %s" % path, input=content, check=True)
+    # host3: the server is down (launcher and workers killed by hand).
+    rf.kill("host3", [p["pid"] for p in rf.snapshot().tagged("host3")])
+    rf.wait(lambda s: not s.tagged("host3") and not s.holders("host3"), 10, "host3's server gone")
+    before = rf.snapshot()
+    # host2: the workers lack a variable the operator now expects.
+    hv = {"host2": {"gpufleet_server_expected_env": {"NCCL_SOCKET_IFNAME": "eth0"}}}
+    w2 = sorted(w["pid"] for w in workers(before, "host2"))
+
+    for check in (True, False):
+        run = rf.playbook("audit", host_vars=hv, check=check)
+
+        assert run.rc == 2, run.tail()
+        assert all(run.recap[h]["failed"] == 1 for h in ALL), run.recap
+        assert "host1 drifted: NCCL layers differ from the profile" in run.out
+        # host1's NCCL layer is compared in check mode: "changed" there means "would write", and nothing is
+        # written (compared byte for byte below).
+        assert run.recap["host2"]["changed"] == 0 and run.recap["host3"]["changed"] == 0, run.recap
+        assert "host2 drifted: workers lack the expected environment: pid %d: NCCL_SOCKET_IFNAME" % w2[0] in run.out
+        assert "host3 drifted: server is not running" in run.out
+        assert "eth0" not in run.out.split("drifted")[1].split("\n")[0]  # names, not values
+        unchanged(before, rf.snapshot())
+    rf.state = "drifted"
+
+
 def test_clean_kills_the_service_and_leaves_the_gpus_clean_without_launching(rolled_out):
-    rf = rolled_out("clean", "host3-down")
+    rf = rolled_out("clean", "drifted")
     before = rf.snapshot()
     assert before.tagged("host1")
 

@@ -47,6 +47,7 @@ def test_first_rollout_replaces_the_stale_server_on_every_host(stale):
         assert not stale_ids[h] & after.identities(h), "stale processes survive on %s" % h
         assert_tuned_server(after, h)
         assert after.state(h)["pid"] == after.launcher(h)
+        assert set(after.state(h)["timings"]) >= {"kill_s", "clean_s", "launch_s", "ready_s"}
         s = run.summary[h]
         assert s["status"] == "ok" and s["restarted"] is True and s["workers_verified"] == 2, s
         assert s["clean_s"] is not None and s["clean_s"] >= 0, s
@@ -93,7 +94,7 @@ def test_changing_one_nccl_value_for_one_host_restarts_exactly_that_host(rolled_
     rf.state = "host2-override"
 
 
-def test_a_gpu_that_stays_dirty_fails_the_host_at_the_clean_gate_and_nothing_is_launched(rolled_out):
+def test_a_dirty_gpu_fails_the_host_at_the_clean_gate_unlaunched_until_strays_may_be_killed(rolled_out):
     # host1 and host3 run the default definition; host2 runs a tagged server (any definition: it is forced).
     rf = rolled_out("clean", "host2-override")
     assert rf.snapshot().tagged("host2")
@@ -117,14 +118,22 @@ def test_a_gpu_that_stays_dirty_fails_the_host_at_the_clean_gate_and_nothing_is_
     for h in ("host1", "host3"):
         assert run.recap[h]["failed"] == 0 and run.recap[h]["changed"] == 0, run.recap
         assert after.identities(h) == before.identities(h)
-    rf.kill("host2", [holder])
-    rf.wait(lambda s: not s.holders("host2"), 10, "host2's GPUs released")
-    rf.state = "host2-down"
+
+    # The same rollout with the seed's `fuser -k /dev/nvidia*`, made safe: strays on the server's GPUs are killed.
+    run = rf.playbook("rollout", vars_override={"gpufleet_server_kill_gpu_strays": True})
+
+    assert run.rc == 0, run.tail()
+    after = rf.snapshot()
+    assert holder not in after.pids("host2")
+    assert_tuned_server(after, "host2")
+    assert run.summary["host2"]["restarted"] is True
+    for h in ("host1", "host3"):
+        assert run.recap[h]["changed"] == 0 and after.identities(h) == before.identities(h)
+    rf.state = "clean"
 
 
 def test_a_failed_canary_stops_the_rollout_and_leaves_the_other_hosts_untouched(rolled_out):
-    # Every host ran a rollout (host2 may have been left down by the previous test): all would restart below.
-    rf = rolled_out("clean", "host2-override", "host2-down")
+    rf = rolled_out("clean", "host2-override")
     before = rf.snapshot()
     assert before.tagged("host3") and before.state("host2") and before.state("host3")
     canary_cmd = rf.server_vars()["gpufleet_server_command"] + ["--fail-at-startup"]
