@@ -53,6 +53,7 @@ class CallbackModule(CallbackBase):
         super().__init__()
         self.hosts: t.Dict[str, t.Dict[str, t.Any]] = {}
         self.inventory_hosts: t.List[str] = []
+        self.batch: t.List[str] = []
 
     def v2_playbook_on_play_start(self, play: t.Any) -> None:
         try:
@@ -63,8 +64,18 @@ class CallbackModule(CallbackBase):
             for h in inv.get_hosts(play.hosts, ignore_restrictions=True):
                 if h.name not in self.inventory_hosts:
                     self.inventory_hosts.append(h.name)
+            self.batch = [h.name for h in inv.get_hosts(play.hosts)]
         except Exception:  # the summary must never break a run
             pass
+
+    def v2_playbook_on_no_hosts_remaining(self) -> None:
+        # The play ended for this batch (max_fail_percentage exceeded, or every host failed). A host of the
+        # batch that is still "ok" but never reached the gpu_server decision may still run its old server.
+        for n in self.batch:
+            h = self.hosts.get(n)
+            if h and h.get("status") == "ok" and "restarted" not in h:
+                h["status"] = "stopped"
+                h["failure"] = "stopped before the server step: the rollout ended for this host's batch"
 
     def _host(self, name: str) -> t.Dict[str, t.Any]:
         return self.hosts.setdefault(name, {"host": name, "status": "ok"})
