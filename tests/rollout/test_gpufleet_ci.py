@@ -38,6 +38,20 @@ def test_rollout_through_ansible_runner_exits_0_with_a_per_host_summary(stale):
     rf = stale
     before = rf.snapshot()
 
+    # The CI gate first: --check --diff reports what would restart and changes nothing.
+    p, out, pdd = gpufleet_ci(rf, "check", "--check", "--diff")
+
+    assert p.returncode == 0, p.stdout[-6000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["ok"] is True
+    assert all(h["would_restart"] is True and h["restarted"] is False for h in report["hosts"]), report["hosts"]
+    assert (pdd / "env" / "cmdline").read_text().split() == ["--check", "--diff"]
+    assert all("| %s | ok | would |" % h in (out / "report.md").read_text() for h in ALL)
+    checked = rf.snapshot()
+    for h in ALL:
+        assert checked.identities(h) == before.identities(h)
+        assert checked[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"]
+
     p, out, pdd = gpufleet_ci(rf, "first")
 
     assert p.returncode == 0, p.stdout[-6000:]

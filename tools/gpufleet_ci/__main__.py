@@ -144,7 +144,7 @@ def render_markdown(report: t.Dict[str, t.Any]) -> str:
             return "-" if v is None else ("%.2f" % v if isinstance(v, float) else str(v))
         restarted = h.get("restarted")
         lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            h["host"], h["status"], "-" if restarted is None else ("yes" if restarted else "no"),
+            h["host"], h["status"], "-" if restarted is None else ("yes" if restarted else ("would" if h.get("would_restart") else "no")),
             f("kill_s"), f("clean_s"), f("launch_s"), f("ready_s"), f("workers_verified"),
             (h.get("failure") or "").replace("|", "/").replace("\n", " ")[:200]))
     return "\n".join(lines) + "\n"
