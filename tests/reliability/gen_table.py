@@ -71,8 +71,8 @@ def render(rows: t.Sequence[t.Dict[str, str]]) -> str:
     rows = sorted(rows, key=lambda r: order.index(r["section"]))  # stable: collection order within a section
     out = ["| # | Kind | Case | How it is provoked | Expected outcome (asserted) | Test |", "|---|---|---|---|---|---|"]
     for i, r in enumerate(rows, 1):
-        out.append("| %d | %s | %s | %s | %s | `%s` |" % (i, SECTIONS[r["section"]], _cell(r["case"]), _cell(r["provoked"]),
-                                                        _cell(r["outcome"]), r["test"]))
+        cells = (i, SECTIONS[r["section"]], _cell(r["case"]), _cell(r["provoked"]), _cell(r["outcome"]), r["test"])
+        out.append("| %d | %s | %s | %s | %s | `%s` |" % cells)
     return "\n".join(out) + "\n"
 
 
@@ -80,12 +80,12 @@ def splice(doc: str, table: str) -> str:
     if BEGIN not in doc or END not in doc:
         raise SystemExit("%s lacks the table markers %r ... %r" % (DOC, BEGIN, END))
     head, rest = doc.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
+    tail = rest.split(END, 1)[1]
     return head + BEGIN + "\n" + table + END + tail
 
 
 def main(argv: t.Optional[t.Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--check", action="store_true", help="do not write; exit 1 when docs/reliability.md is out of date")
     a = ap.parse_args(argv)
     # Collection output (the test list) goes to stderr; stdout carries only this script's report.

@@ -196,7 +196,7 @@ def close_ssh_master(fleet: t.Any, host: str) -> None:
     """Close the shared ssh control master to `host` (ansible and fleet.ssh share DIR/cp-%C)."""
     argv = fleet._fleet.ssh_argv(host, "true")
     argv = argv[:-2] + ["-O", "exit"] + argv[-2:-1]
-    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=15)
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=15, check=False)
 
 
 def reset_host(fleet: t.Any, host: str) -> None:
@@ -286,17 +286,18 @@ def role_cases(workdir: Path, role: str, base: t.Dict[str, t.Any], cases: t.Sequ
                  "vars": {"_rel_dump": dump}},
             ]})
     plays.append({"name": "Write the results", "hosts": "localhost", "gather_facts": False, "tasks": [
-        {"name": "Write them", "ansible.builtin.copy": {"content": "{{ _rel_results | to_nice_json }}", "dest": str(out),
-                                                       "mode": "0600"}, "check_mode": False, "diff": False}]})
+        {"name": "Write them", "check_mode": False, "diff": False,
+         "ansible.builtin.copy": {"content": "{{ _rel_results | to_nice_json }}", "dest": str(out), "mode": "0600"}}]})
     pb = Path(workdir) / ("%s.yml" % name)
     pb.write_text(yaml.safe_dump(plays, sort_keys=False, width=1000))
     e = dict(env, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     argv = list(wrap) + [str(VENV_BIN / "ansible-playbook"), str(pb), "-i", "localhost,", "-c", "local",
                          "-e", "ansible_python_interpreter=%s" % sys.executable]
-    p = subprocess.run(argv, cwd=str(ROOT), env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    p = subprocess.run(argv, cwd=str(ROOT), env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+                       check=False)
     assert out.exists(), "no results (rc %d):\n%s" % (p.returncode, p.stdout[-4000:])
     res: t.Dict[str, t.Any] = json.loads(out.read_text())
-    missing = [cid for cid, _ in cases if cid not in res]
+    missing = [c[0] for c in cases if c[0] not in res]
     assert not missing, "cases %s left no result:\n%s" % (missing, p.stdout[-4000:])
     res["_stdout"] = p.stdout
     return res
@@ -319,7 +320,8 @@ def local_play(workdir: Path, tasks: t.Sequence[t.Dict[str, t.Any]], registers: 
             "-e", "ansible_python_interpreter=%s" % interpreter] + list(args)
     if umask:
         argv = ["/bin/sh", "-c", 'umask %s && exec "$@"' % umask, "sh"] + argv
-    p = subprocess.run(argv, cwd=str(ROOT), env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    p = subprocess.run(argv, cwd=str(ROOT), env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+                       check=False)
     assert out.exists(), "no results (rc %d):\n%s" % (p.returncode, p.stdout[-4000:])
     return p, json.loads(out.read_text())
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers import PY, FakeGpus
-from rel_helpers import local_play, runner_play
+from rel_helpers import ROOT, local_play, runner_play
 
 TAG = "relsec"
 
@@ -126,11 +126,11 @@ def test_secret_never_leaks_through_ansible_playbook_vvv(tmp_path, secret_holder
     log = tmp_path / "ansible.log"
     pb = tmp_path / "leak.yml"
     pb.write_text(LEAK_PLAY.format(tag=TAG, work=tmp_path))
-    env = dict(fg.env, ANSIBLE_LOG_PATH=str(log))
-    proc = subprocess.run([str(Path(PY).parent / "ansible-playbook"), str(pb), "-vvv", "-i", "localhost,", "-c", "local",
-                           "-e", "ansible_python_interpreter=%s" % PY], cwd=str(tmp_path), env=dict(
-                               env, ANSIBLE_CONFIG=str(Path(__file__).resolve().parents[2] / "ansible.cfg")),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    env = dict(fg.env, ANSIBLE_LOG_PATH=str(log), ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
+    argv = [str(Path(PY).parent / "ansible-playbook"), str(pb), "-vvv", "-i", "localhost,", "-c", "local",
+            "-e", "ansible_python_interpreter=%s" % PY]
+    proc = subprocess.run(argv, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:]
     _check_results(json.loads((tmp_path / "results.json").read_text()))
     assert "<localhost> EXEC" in proc.stdout  # really -vvv
@@ -281,11 +281,11 @@ def test_sitecustomize_block_never_raises(written):
     blocks = target.read_text()
     env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
     ok = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('NCCL_PROTO'))"], env=env,
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=False)
     assert (ok.returncode, ok.stdout.strip(), ok.stderr) == (0, "LL", "")
     for name, breaker in BREAKERS.items():
         target.write_text(breaker + blocks)
         r = subprocess.run([sys.executable, "-c", "print('alive')"], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+                           stderr=subprocess.PIPE, text=True, check=False)
         assert (r.returncode, r.stdout.strip()) == (0, "alive"), (name, r.stdout, r.stderr)
         assert "Error in sitecustomize" not in r.stderr and "Traceback" not in r.stderr, (name, r.stderr)

@@ -11,5 +11,5 @@ HERE = Path(__file__).resolve().parent
 
 def test_reliability_doc_table_matches_the_tests():
     r = subprocess.run([sys.executable, str(HERE / "gen_table.py"), "--check"], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True, timeout=300)
+                       stderr=subprocess.PIPE, text=True, timeout=300, check=False)
     assert r.returncode == 0, "docs/reliability.md is out of date with tests/reliability:\n%s\n%s" % (r.stdout, r.stderr[-3000:])
