@@ -161,6 +161,30 @@ def test_a_failed_canary_stops_the_rollout_and_leaves_the_other_hosts_untouched(
     rf.state = "host1-down"
 
 
+def test_a_server_env_override_of_one_nccl_variable_wins_on_that_host_and_stays_idempotent(rolled_out):
+    # Any state where host2 and host3 run the default definition (host1 may be down after the canary test).
+    rf = rolled_out("clean", "host1-down")
+    before = rf.snapshot()
+    env = dict(rf.server_vars()["gpufleet_server_env"], NCCL_PROTO="Simple")
+    hv = {"host1": {"gpufleet_server_env": env}}
+
+    first = rf.playbook("rollout", host_vars=hv)
+
+    assert first.rc == 0, first.tail()
+    after = rf.snapshot()
+    assert first.summary["host1"]["restarted"] is True and first.summary["host1"]["workers_verified"] == 2
+    assert_tuned_server(after, "host1", dict(PCIE_ONLY, NCCL_PROTO="Simple"))
+    for h in ("host2", "host3"):
+        assert first.recap[h]["changed"] == 0 and after.identities(h) == before.identities(h)
+
+    again = rf.playbook("rollout", host_vars=hv)
+
+    assert again.rc == 0, again.tail()
+    assert all(again.recap[h]["changed"] == 0 for h in ALL), again.recap
+    assert rf.snapshot().identities("host1") == after.identities("host1")
+    rf.state = "host1-override"
+
+
 @pytest.mark.parametrize("max_fail, others_continue", [(34, True), (33, False)])
 def test_max_fail_percentage_must_be_exceeded_in_a_batch(stale, max_fail, others_continue):
     rf = stale
