@@ -29,7 +29,7 @@ def gpufleet_ci(rf, name, *args, host_vars=None):
             "--collections-path", str(private_collections()),
             "-e", json.dumps({"gpufleet_rollout_serial": ["100%"]})] + list(args)
     t0 = time.monotonic()
-    p = subprocess.run(argv, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    p = subprocess.run(argv, cwd=str(ROOT), check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     print("gpufleet_ci rollout %s: rc=%d in %.1fs" % (name, p.returncode, time.monotonic() - t0))
     return p, out, pdd
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.sandbox
 ALL = ["host1", "host2", "host3"]
 
 
-def assert_tuned_server(snap, host, nccl_env=PCIE_ONLY):
+def assert_tuned_server(snap, host, nccl_env=None):
     """The launcher of the pidfile and its spawn workers carry the tag; the workers alone hold the GPUs, tuned."""
     launcher = snap.launcher(host)
     assert launcher is not None, "%s has no pidfile" % host
@@ -24,7 +24,7 @@ def assert_tuned_server(snap, host, nccl_env=PCIE_ONLY):
     ws = workers(snap, host)
     assert len(ws) == 2, "%s: expected 2 spawn workers, got %s" % (host, snap.procs(host))
     for w in ws:
-        assert nccl(w["env"]) == dict(nccl_env, NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,ENV"), (host, w)
+        assert nccl(w["env"]) == dict(nccl_env or PCIE_ONLY, NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,ENV"), (host, w)
     per_gpu = snap.holders_per_gpu(host)
     assert sorted(per_gpu) == ["0", "1"]
     assert all(len(v) == 1 for v in per_gpu.values()), per_gpu

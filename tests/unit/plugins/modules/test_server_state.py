@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -78,7 +79,7 @@ def running(servers, paths, run_module):
     """A tagged server holding the GPUs, launched and recorded with fingerprint f*64."""
     s = servers()
     os.makedirs(os.path.dirname(paths["pidfile"]))
-    s.write_pidfile(__import__("pathlib").Path(paths["pidfile"]))
+    s.write_pidfile(Path(paths["pidfile"]))
     r = run_module(server_state.main, {"action": "record", "name": NAME, "state_file": paths["state_file"],
                                        "pidfile": paths["pidfile"], "fingerprint": "f" * 64, "timings": {"kill_s": 0.5}})
     assert r["changed"] is True
@@ -111,8 +112,8 @@ def test_up_to_date_server_needs_nothing_and_record_is_idempotent(servers, paths
 def test_drift_reasons(servers, paths, run_module):
     s = running(servers, paths, run_module)
     stray = servers(tag=None)
-    r = run_module(server_state.main, check_args(paths, fingerprint="a" * 64, expected_env={"NCCL_PROTO": "Simple",
-                                                                                         "NCCL_ALGO": "Ring"}))
+    expected = {"NCCL_PROTO": "Simple", "NCCL_ALGO": "Ring"}
+    r = run_module(server_state.main, check_args(paths, fingerprint="a" * 64, expected_env=expected))
     assert r["needs_restart"] is True
     assert "desired state changed (fingerprint ffffffffffff -> aaaaaaaaaaaa)" in r["reasons"]
     assert "GPUs held by 2 process(es) without the launch tag" in r["reasons"]
@@ -147,8 +148,8 @@ def test_check_needing_a_restart_keeps_the_lock_and_another_run_is_refused(nvml,
     other = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:2:b"))
     assert other["failed"] is True and other["holder"] == "ctl:1:a"
     assert "locked by another gpufleet run (ctl:1:a)" in other["msg"]
-    broke = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:2:b",
-                                                      break_owner="ctl:1:a"))
+    broke = run_module(server_state.main,
+                       check_args(paths, lock_file=paths["lock_file"], owner="ctl:2:b", break_owner="ctl:1:a"))
     assert "failed" not in broke and broke["locked"] is True
     assert json.load(open(paths["lock_file"]))["owner"] == "ctl:2:b"
 
@@ -178,7 +179,7 @@ def test_lock_unlock_actions_and_their_check_mode(paths, run_module):
 def test_record_in_check_mode_writes_nothing(servers, paths, run_module, tmp_path):
     s = servers()
     os.makedirs(os.path.dirname(paths["pidfile"]))
-    s.write_pidfile(__import__("pathlib").Path(paths["pidfile"]))
+    s.write_pidfile(Path(paths["pidfile"]))
     r = run_module(server_state.main, {"action": "record", "name": NAME, "state_file": paths["state_file"],
                                        "pidfile": paths["pidfile"], "fingerprint": "f" * 64}, check_mode=True)
     assert r["changed"] is True and r["state"]["pid"] == s.pid
