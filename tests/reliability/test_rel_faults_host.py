@@ -24,6 +24,7 @@ KILL_TASK = "Kill every process of the service (tag, pidfile, adopted command li
 GRACE = 2.0
 EXPORTER = """#!/usr/bin/python3
 # Stand-in for a GPU monitoring agent: keeps the NVML config open and polls, like nvidia_gpu_exporter.
+import time
 f = open("/opt/gpufleet-fake/fake_nvml.json")
 while True:
     time.sleep(3600)
@@ -72,17 +73,21 @@ def scenario(sandbox_fleet_module, tmp_path_factory):
     # 3. Unrelated processes: another user's python, a monitoring agent, and a process whose pid the role's
     #    pidfile names with another start time (the pid was reused after the old server died).
     sh(fleet, h, "id reltest >/dev/null 2>&1 || useradd -M -s /bin/sh reltest")
-    start_bg(fleet, h, [py, "-c", "import time; time.sleep(3600)", "other-user-python"], user="reltest")
+    start_bg(fleet, h, [py, "-c", "import time; time.sleep(3600)", "other-user-python"], user="reltest", log="/tmp/rel-bg.log")
     sh(fleet, h, "cat > /usr/local/bin/nvidia_gpu_exporter <<'EOF'\n%sEOF\nchmod 755 /usr/local/bin/nvidia_gpu_exporter" % EXPORTER)
     start_bg(fleet, h, ["/usr/local/bin/nvidia_gpu_exporter", "--web.listen-address=:9835"])
     start_bg(fleet, h, ["sleep", "3601"])
 
-    def find(pred):
-        return wait_for(lambda: [p for p in ps(fleet, h).values() if pred(p)], 60, "process started")[0]
+    def find(pred, what):
+        try:
+            return wait_for(lambda: [p for p in ps(fleet, h).values() if pred(p)], 60, what)[0]
+        except AssertionError as e:
+            raise AssertionError("%s; processes: %s; log: %s" % (e, sorted(p["cmd"][:80] for p in ps(fleet, h).values()),
+                                                              read_host_file(fleet, h, "/tmp/rel-bg.log")))
 
-    other = find(lambda p: "other-user-python" in p["cmd"])
-    exporter = find(lambda p: "nvidia_gpu_exporter" in p["cmd"])
-    reused = find(lambda p: p["cmd"] == "sleep 3601")
+    other = find(lambda p: "other-user-python" in p["cmd"], "another user's python")
+    exporter = find(lambda p: "nvidia_gpu_exporter" in p["cmd"], "the exporter")
+    reused = find(lambda p: p["cmd"] == "sleep 3601", "the sleep")
     sh(fleet, h, "mkdir -p /run/gpufleet && echo '%d %d' > /run/gpufleet/demo.pid" % (reused["pid"], reused["start"] + 7))
     bystanders = {"other": other, "exporter": exporter, "reused": reused}
     before = ps(fleet, h)
