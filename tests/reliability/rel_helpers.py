@@ -59,6 +59,18 @@ class RunResult:
         return [e["event_data"] for e in self.host_events(host)
                 if e["event"] == "runner_on_failed" and not e["event_data"].get("ignore_errors")]
 
+    def seconds_until(self, host: str, name: str) -> float:
+        """Seconds from the run's first event to the end of task `name` on `host` (job event timestamps)."""
+        import datetime
+
+        def ts(e: t.Dict[str, t.Any]) -> float:
+            return datetime.datetime.fromisoformat(e["created"]).timestamp()
+
+        ends = [e for e in self.host_events(host) if e["event_data"].get("task") == name
+                and e["event"] in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable")]
+        assert ends, "no task %r on %s" % (name, host)
+        return ts(ends[-1]) - ts(self.events[0])
+
     def unreachable(self, host: str) -> bool:
         return any(e["event"] == "runner_on_unreachable" for e in self.host_events(host))
 

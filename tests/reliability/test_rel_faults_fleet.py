@@ -29,11 +29,10 @@ def fleet(sandbox_fleet_module):
 
 @pytest.fixture
 def bare(fleet):
+    """The fleet with every host reset (the fleet itself goes with the module)."""
     for h in HOSTS:
         reset_host(fleet, h)
-    yield fleet
-    for h in HOSTS:
-        reset_host(fleet, h)
+    return fleet
 
 
 def _vars(fleet, **over):
@@ -98,7 +97,7 @@ def test_unkillable_gpu_holder_fails_the_clean_gate_and_nothing_is_launched(bare
 @pytest.mark.reliability(
     section="fault", case="Server exits during start-up",
     provoked="host1's command gets --fail-at-startup (logs a RuntimeError, exits 1) with gpufleet_server_start_timeout 120",
-    outcome="the readiness gate fails within seconds, not after 120 s (task < 20 s, whole rollout < 60 s), "
+    outcome="the readiness gate fails within seconds, not after 120 s (task < 20 s, < 60 s from the rollout's start), "
             "phase startup, and the failure message carries the log tail with the RuntimeError")
 def test_server_dying_at_startup_fails_fast_with_the_log_tail(hang_run):
     run = hang_run
@@ -106,7 +105,8 @@ def test_server_dying_at_startup_fails_fast_with_the_log_tail(hang_run):
     assert ready["event"] == "runner_on_failed"
     assert ready["res"]["phase"] == "startup"
     assert ready["duration"] < 20, ready["duration"]
-    assert run.wall_s < 60, run.wall_s
+    # From the start of the rollout to host1's failure (other hosts of the batch go on meanwhile).
+    assert run.seconds_until("host1", READY_TASK) < 60, run.seconds_until("host1", READY_TASK)
     assert "exited during start-up" in ready["res"]["msg"]
     assert "RuntimeError: demo failure at startup" in ready["res"]["msg"], ready["res"]["msg"]
     assert "RuntimeError: demo failure at startup" in summary(run)["host1"]["failure"]
@@ -115,7 +115,7 @@ def test_server_dying_at_startup_fails_fast_with_the_log_tail(hang_run):
 @pytest.mark.reliability(
     section="fault", case="/health says 200 but a real request never returns",
     provoked="host2 and host3 run the demo server with --hang-after-health; host2 has gpufleet_server_health_request "
-             "(POST /generate), host3 has none; start timeout 6 s",
+             "(POST /generate, 2 s per try), host3 has none; start timeout 15 s",
     outcome="host2 fails the readiness gate with 'health answered 200 but the real request did not succeed'; host3, "
             "checked by /health alone, passes although its /generate hangs (which is why the request matters)")
 def test_health_200_but_hung_server_fails_only_with_the_real_request(fleet, hang_run):
@@ -153,7 +153,7 @@ def hang_run(fleet, tmp_path_factory):
     for h in HOSTS:
         reset_host(fleet, h)
     tmp_path = tmp_path_factory.mktemp("rel-hang")
-    gv = _vars(fleet, gpufleet_server_start_timeout=6)
+    gv = _vars(fleet, gpufleet_server_start_timeout=15)
     cmd = gv["gpufleet_server_command"]
     req = dict(gv["gpufleet_server_health_request"], timeout=2)
     host_vars = {

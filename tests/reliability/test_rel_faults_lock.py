@@ -38,9 +38,9 @@ def fleet(sandbox_fleet_module):
 
 @pytest.fixture
 def bare(fleet):
+    """The fleet with host1 reset (the fleet itself goes with the module)."""
     reset_host(fleet, H)
-    yield fleet
-    reset_host(fleet, H)
+    return fleet
 
 
 def _inventory(fleet, tmp_path, **over):
@@ -116,7 +116,7 @@ def test_interrupted_rollout_is_recovered_by_the_next_run(bare, tmp_path):
 
 @pytest.mark.reliability(
     section="fault", case="Two rollouts against the same host at once",
-    provoked="rollout A restarts host1 (server start-up takes 6 s); while A holds the host lock, rollout B "
+    provoked="rollout A restarts host1 (server start-up takes 12 s); while A holds the host lock, rollout B "
              "(gpufleet_server_lock_wait 0) and rollout C (gpufleet_server_lock_wait 120) start against host1",
     outcome="B fails at once with 'host is locked by another gpufleet run (<A's controller:pid:uuid>)' and touches "
             "nothing; C waits for A's lock, then finds the server up to date and changes nothing; the server log "
@@ -124,7 +124,8 @@ def test_interrupted_rollout_is_recovered_by_the_next_run(bare, tmp_path):
 def test_concurrent_rollouts_never_interleave(bare, tmp_path):
     fleet = bare
     invs, gv = _inventory(fleet, tmp_path)
-    gv_cmd = gv["gpufleet_server_command"] + ["--startup-delay", "6"]
+    # A's server takes 12 s to start: B and C reach their lock task well inside A's hold, even on a loaded machine.
+    gv_cmd = gv["gpufleet_server_command"] + ["--startup-delay", "12"]
     invs, gv = _inventory(fleet, tmp_path, gpufleet_server_command=gv_cmd)
     me = socket.gethostname()
 
