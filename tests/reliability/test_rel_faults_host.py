@@ -82,8 +82,8 @@ def scenario(sandbox_fleet_module, tmp_path_factory):
         try:
             return wait_for(lambda: [p for p in ps(fleet, h).values() if pred(p)], 60, what)[0]
         except AssertionError as e:
-            raise AssertionError("%s; processes: %s; log: %s" % (e, sorted(p["cmd"][:80] for p in ps(fleet, h).values()),
-                                                              read_host_file(fleet, h, "/tmp/rel-bg.log")))
+            procs = sorted(p["cmd"][:80] for p in ps(fleet, h).values())
+            raise AssertionError("%s; processes: %s; log: %s" % (e, procs, read_host_file(fleet, h, "/tmp/rel-bg.log")))
 
     other = find(lambda p: "other-user-python" in p["cmd"], "another user's python")
     exporter = find(lambda p: "nvidia_gpu_exporter" in p["cmd"], "the exporter")
