@@ -67,7 +67,7 @@ def main() -> int:
     t0 = time.monotonic()
     ctx = mp.get_context("spawn")
     ngpu = int(os.environ.get("GPUFLEET_TEST_GPUS", "1"))
-    reqs = [ctx.Queue() for _ in range(a.workers)]
+    reqs = [ctx.Queue() for _rank in range(a.workers)]
     resp = ctx.Queue()
     procs = []
     for r in range(a.workers):
@@ -90,7 +90,7 @@ def main() -> int:
             with lock:
                 for q in reqs:
                     q.put(1.0)
-                out = [resp.get(timeout=60) for _ in reqs]
+                out = [resp.get(timeout=60) for _q in reqs]
             self.send_response(200)
             self.end_headers()
             self.wfile.write(json.dumps({"text": "pong", "sums": [o[2] for o in out]}).encode())

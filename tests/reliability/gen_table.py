@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Generate (or check) the case table of docs/reliability.md from the reliability tests' markers.
 

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 # SPDX-License-Identifier: GPL-3.0-or-later
 """TEST DOUBLE: a small inference server of the SGLang shape, for GPU-less tests and the demo. Stdlib only.
 
@@ -167,9 +167,9 @@ class Server:
                     parts.append(r)
         parts.sort(key=lambda r: r["rank"])
         words = [p["digest"] for p in parts][:max(1, max_new_tokens)]
-        return {"text": " ".join(words), "meta_info": {"id": rid, "prompt_tokens": len(text.split()),
-                                                        "completion_tokens": len(words),
-                                                        "workers": [{k: p[k] for k in ("rank", "pid", "gpu")} for p in parts]}}
+        meta = {"id": rid, "prompt_tokens": len(text.split()), "completion_tokens": len(words),
+                "workers": [{k: p[k] for k in ("rank", "pid", "gpu")} for p in parts]}
+        return {"text": " ".join(words), "meta_info": meta}
 
     def watch_workers(self) -> None:
         while not self.stopping:

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Sandbox fleet: N ssh hosts on this machine, for multi-host tests, molecule and the demo. Test-only.
 
