@@ -81,8 +81,15 @@ def molecule_test(scenario: str, timeout: float) -> t.Dict[str, str]:
                NO_COLOR="1", ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", PY_COLORS="0")
     env.pop("ANSIBLE_CONFIG", None)
     t0 = time.monotonic()
-    p = subprocess.run([str(VENV_BIN / "molecule"), "test", "-s", scenario], cwd=str(ROOT), env=env,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    try:
+        p = subprocess.run([str(VENV_BIN / "molecule"), "test", "-s", scenario], cwd=str(ROOT), env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        # molecule was killed before its destroy step: tear the fleet down here.
+        subprocess.run([str(VENV_BIN / "molecule"), "destroy", "-s", scenario], cwd=str(ROOT), env=env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=180)
+        out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
+        pytest.fail("molecule test -s %s took more than %ss: %s" % (scenario, timeout, out[-6000:]))
     took = time.monotonic() - t0
     # Shown with -s or on failure: where the suite's time goes.
     print("molecule test -s %s: rc=%d in %.1fs" % (scenario, p.returncode, took))

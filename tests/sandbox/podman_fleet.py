@@ -157,6 +157,9 @@ def ensure_image(rebuild: bool = False) -> str:
     if rebuild or not TARBALL.exists():
         build_tarball()
         how = "built with debootstrap"
+    if image_exists():
+        # --rebuild: drop the old image (refused while a container uses it; then the tag just moves).
+        podman("rmi", IMAGE, check=False)
     t0 = time.monotonic()
     with open(TARBALL, "rb") as f:
         p = subprocess.run(PODMAN + ["import", "--change", "CMD [\"/sbin/init\"]", "-", IMAGE], stdin=f,
