@@ -160,7 +160,7 @@ def resolve_target(path: str, max_hops: int = 40) -> t.Tuple[str, t.List[str]]:
     trusted = _trusted_uids()
     links: t.List[str] = []
     cur = os.path.abspath(path)
-    for _ in range(max_hops):
+    for _hop in range(max_hops):
         # Resolve symlinks in the directory part, checking the chain each time.
         parent = os.path.dirname(cur)
         try:

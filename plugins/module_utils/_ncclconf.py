@@ -52,7 +52,7 @@ def parse_conf(text: str) -> t.Dict[str, t.Tuple[str, int]]:
         line = line[:-1] if line.endswith("\r") else line
         if line.startswith("#") or "=" not in line:
             continue
-        k, _, v = line.partition("=")
+        k, _sep, v = line.partition("=")
         out.setdefault(k, (v[:MAX_VALUE_BYTES], n))
     return out
 
