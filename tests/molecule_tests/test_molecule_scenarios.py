@@ -61,7 +61,7 @@ def _leftovers(scenario: str) -> t.List[str]:
         names = []
     if shutil.which("podman"):
         p = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], stdout=subprocess.PIPE,
-                           stderr=subprocess.DEVNULL, text=True, timeout=60)
+                           stderr=subprocess.DEVNULL, text=True, timeout=60, check=False)
         names += ["container " + n for n in p.stdout.split()]
     prefix = _prefix(scenario)
     return sorted(n for n in names if n.startswith(prefix) or n.startswith("container " + prefix))
@@ -83,11 +83,11 @@ def molecule_test(scenario: str, timeout: float) -> t.Dict[str, str]:
     t0 = time.monotonic()
     try:
         p = subprocess.run([str(VENV_BIN / "molecule"), "test", "-s", scenario], cwd=str(ROOT), env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as e:
         # molecule was killed before its destroy step: tear the fleet down here.
         subprocess.run([str(VENV_BIN / "molecule"), "destroy", "-s", scenario], cwd=str(ROOT), env=env,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=180)
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=180, check=False)
         out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
         pytest.fail("molecule test -s %s took more than %ss: %s" % (scenario, timeout, out[-6000:]))
     took = time.monotonic() - t0
@@ -124,7 +124,7 @@ def test_systemd_scenario_runs_the_unit_and_stop_ends_its_cgroup():
                     % ", ".join(missing))
     # The image first (debootstrap once, ~65 s idle, then cached in .cache/podman): its own timeout and error.
     p = subprocess.run([sys.executable, str(ROOT / "tests" / "sandbox" / "podman_fleet.py"), "image"],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, check=False)
     if p.returncode != 0 and UNREACHABLE.search(p.stdout):
         pytest.skip("the Debian mirror for debootstrap is unreachable: %s" % p.stdout.strip()[-600:])
     assert p.returncode == 0, p.stdout[-4000:]

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Sandbox fleet whose hosts are podman containers running systemd as PID 1 (for the systemd launcher). Test-only.
 
@@ -78,6 +78,7 @@ RUN_OPTS = ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768", "
             # The hosts file and the empty resolv.conf come from the fleet (no DNS: lookups fail fast).
             "--no-hosts", "--dns", "none"]
 CONTAINER_SITE = "/usr/lib/python3/dist-packages"
+SSHD_DROPIN = "/etc/ssh/sshd_config.d/gpufleet.conf"
 UNIFIED = "/sys/fs/cgroup/unified"
 
 
@@ -96,14 +97,13 @@ def cgroup_opts() -> t.List[str]:
     except OSError:
         hybrid = False
     return ["--volume", "%s:%s:rw" % (UNIFIED, UNIFIED)] if hybrid else []
-SSHD_DROPIN = "/etc/ssh/sshd_config.d/gpufleet.conf"
 
 
 def podman(*args: str, input: t.Optional[t.Union[str, bytes]] = None, check: bool = True,
            timeout: float = 120) -> subprocess.CompletedProcess:
     text = not isinstance(input, bytes)
     p = subprocess.run(PODMAN + list(args), input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=text,
-                       timeout=timeout)
+                       timeout=timeout, check=False)
     if check and p.returncode != 0:
         err = p.stderr if text else p.stderr.decode(errors="replace")
         raise FleetError("podman %s failed (rc=%d): %s" % (" ".join(args[:3]), p.returncode, err.strip()))
@@ -163,7 +163,7 @@ def ensure_image(rebuild: bool = False) -> str:
     t0 = time.monotonic()
     with open(TARBALL, "rb") as f:
         p = subprocess.run(PODMAN + ["import", "--change", "CMD [\"/sbin/init\"]", "-", IMAGE], stdin=f,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600, check=False)
     if p.returncode != 0:
         raise FleetError("podman import of %s failed (rc=%d): %s" % (TARBALL, p.returncode, p.stderr.strip()))
     log("image %s %s (import %.1fs)" % (IMAGE, how, time.monotonic() - t0))
@@ -180,10 +180,10 @@ def build_tarball() -> None:
     try:
         log("debootstrap %s from %s into %s (once; cached in %s)" % (SUITE, mirror, rootfs, TARBALL))
         p = subprocess.run(["debootstrap", "--variant=minbase", "--include=" + PACKAGES, SUITE, str(rootfs), mirror],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200)
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200, check=False)
         if p.returncode != 0:
-            raise FleetError("debootstrap %s from %s failed (rc=%d): %s" % (SUITE, mirror, p.returncode,
-                                                                             p.stdout.strip()[-2000:]))
+            raise FleetError("debootstrap %s from %s failed (rc=%d): %s"
+                             % (SUITE, mirror, p.returncode, p.stdout.strip()[-2000:]))
         for d in TRIM:
             target = rootfs / d
             if target.is_dir():
@@ -266,7 +266,7 @@ class PodmanFleet(_fleet.Fleet):
                 raise FleetError("systemd in %s did not boot: %s %s" % (ctr, p.stdout.strip(), p.stderr.strip()))
             while True:
                 nc = subprocess.run(["ip", "netns", "exec", self.hub, "nc", "-z", "-w", "1", h["addr"], "22"],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
                 if nc.returncode == 0:
                     break
                 if time.monotonic() > deadline:
@@ -289,7 +289,7 @@ class PodmanFleet(_fleet.Fleet):
 
 
 def main(argv: t.Optional[t.Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     i = sub.add_parser("image", help="make sure the image exists (import the cached rootfs or debootstrap it)")
     i.add_argument("--rebuild", action="store_true", help="debootstrap again even if the image or tarball exist")
