@@ -120,10 +120,11 @@ def image_exists() -> bool:
     return bool(shutil.which("podman")) and podman("image", "exists", IMAGE, check=False).returncode == 0
 
 
-def apt_mirror() -> str:
+def apt_mirror(root: str = "/") -> str:
     """The Debian mirror apt uses for SUITE (deb822 .sources or one-line lists), else deb.debian.org."""
-    files = sorted(glob.glob("/etc/apt/sources.list.d/*.sources")) + ["/etc/apt/sources.list"] + sorted(
-        glob.glob("/etc/apt/sources.list.d/*.list"))
+    etc = os.path.join(root, "etc", "apt")
+    files = sorted(glob.glob(etc + "/sources.list.d/*.sources")) + [etc + "/sources.list"] + sorted(
+        glob.glob(etc + "/sources.list.d/*.list"))
     for f in files:
         try:
             text = Path(f).read_text()
