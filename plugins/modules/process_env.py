@@ -32,6 +32,7 @@ extends_documentation_fragment:
   - gpufleet.serving._attributes
   - gpufleet.serving._attributes.INFO_MODULE
   - gpufleet.serving._attributes.NVML
+  - gpufleet.serving._selector
 options:
   expected:
     description: Variables and the values every checked process must carry. Values are compared as strings.
@@ -62,45 +63,6 @@ options:
     description: Fail when the log does not confirm every expected variable.
     type: bool
     default: false
-  tag:
-    description: Select processes whose C(/proc/PID/environ) holds this C(NAME=VALUE) pair.
-    type: str
-  pidfile:
-    description: Select the process named by this pidfile (checked like in M(gpufleet.serving.process_kill)).
-    type: path
-  pidfile_cmdline_regex:
-    description: Regex the pidfile's process command line must match.
-    type: str
-  pids:
-    description: Select these pids.
-    type: list
-    elements: int
-    default: []
-  cmdline_regex:
-    description: Select processes whose command line (arguments joined by spaces) matches this Python regex.
-    type: str
-  user:
-    description: Select every process of this user (name or uid).
-    type: str
-  gpu_holders:
-    description: Select the processes holding these GPU indices.
-    type: list
-    elements: int
-    default: []
-  include_descendants:
-    description: Also select every descendant of a selected process.
-    type: bool
-    default: true
-  include_groups:
-    description: Also select the members of the sessions and process groups that a selected process leads.
-    type: bool
-    default: true
-  exclude_regex:
-    description:
-      - Never select processes whose command line matches one of these regexes.
-      - The default excludes nvidia-persistenced, nv-hostengine, DCGM, GPU exporters and nvidia-fabricmanager.
-    type: list
-    elements: str
 notes:
   - Reading other users' C(/proc/PID/environ) needs root; use C(become).
 seealso:

@@ -27,6 +27,7 @@ author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
   - gpufleet.serving._attributes.NVML
+  - gpufleet.serving._selector
 attributes:
   check_mode:
     support: full
@@ -37,51 +38,6 @@ attributes:
     support: full
     details: A second run finds nothing to kill and reports C(changed=false).
 options:
-  tag:
-    description: Select processes whose C(/proc/PID/environ) holds this C(NAME=VALUE) pair.
-    type: str
-  pidfile:
-    description:
-      - Select the process named by this pidfile.
-      - A pidfile written by gpufleet holds C(PID START_TIME) and must match exactly; a foreign pidfile's pid
-        must have started before the file was written (and match O(pidfile_cmdline_regex) if given), so a
-        stale pidfile whose pid now belongs to another process selects nothing.
-    type: path
-  pidfile_cmdline_regex:
-    description: Regex the pidfile's process command line must match.
-    type: str
-  pids:
-    description: Select these pids.
-    type: list
-    elements: int
-    default: []
-  cmdline_regex:
-    description: Select processes whose command line (arguments joined by spaces) matches this Python regex.
-    type: str
-  user:
-    description: Select every process of this user (name or uid).
-    type: str
-  gpu_holders:
-    description:
-      - Select the processes holding these GPU indices (NVML compute and graphics processes).
-      - This is C(fuser -k /dev/nvidia*) made safe; O(exclude_regex) and the protected set still apply.
-    type: list
-    elements: int
-    default: []
-  include_descendants:
-    description: Also select every descendant of a selected process.
-    type: bool
-    default: true
-  include_groups:
-    description: Also select the members of the sessions and process groups that a selected process leads.
-    type: bool
-    default: true
-  exclude_regex:
-    description:
-      - Never select processes whose command line matches one of these regexes.
-      - The default excludes nvidia-persistenced, nv-hostengine, DCGM, GPU exporters and nvidia-fabricmanager.
-    type: list
-    elements: str
   signals:
     description: Signals to send in turn to processes still alive, for example V([TERM, KILL]).
     type: list

@@ -36,8 +36,7 @@ TUNED = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL
 
 
 def sh(argv, **kw):
-    kw.setdefault("check", False)
-    return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    return subprocess.run(check=kw.pop("check", False), args=argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
 def system_sitecustomize() -> str:

@@ -67,7 +67,7 @@ def test_typos_warned_or_refused_and_profile_none_restores(tmp_path, syspy):
                 gpufleet_nccl_conf_path=str(conf))
     typo = dict(base, gpufleet_nccl_profile="custom", gpufleet_nccl_env={"NCCL_PROTOCOL": "LL", "NCCL_ALGO": "Ring"})
 
-    proc, _ = play(tmp_path, [role(**dict(typo, gpufleet_nccl_unknown_vars="fail"))], [], name="refused")
+    proc, _out = play(tmp_path, [role(**dict(typo, gpufleet_nccl_unknown_vars="fail"))], [], name="refused")
     assert proc.returncode != 0
     assert "NCCL_PROTOCOL is not a known NCCL environment variable (did you mean NCCL_PROTO?)" in proc.stdout
     assert syspy.etc_file.read_text() == ORIGINAL_SITECUSTOMIZE and conf.read_text() == "NCCL_DEBUG=WARN\n"
@@ -88,7 +88,7 @@ def test_typos_warned_or_refused_and_profile_none_restores(tmp_path, syspy):
 def test_bad_role_input_fails_before_any_change(tmp_path, syspy):
     v = dict(gpufleet_nccl_profile="pcie_only", gpufleet_nccl_layers=["sitecustomize", "systemd"],
              gpufleet_nccl_interpreters=[str(syspy.python)])
-    proc, _ = play(tmp_path, [role(**v)], [], name="bad")
+    proc, _out = play(tmp_path, [role(**v)], [], name="bad")
     assert proc.returncode != 0
     assert "gpufleet_nccl_layers" in proc.stdout
     assert syspy.etc_file.read_text() == ORIGINAL_SITECUSTOMIZE

@@ -32,5 +32,5 @@ def private_collection(base: Path) -> Path:
 
 def run(argv: t.Sequence[str], cwd: t.Union[str, Path] = ROOT, env: t.Optional[t.Dict[str, str]] = None,
         timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(list(argv), cwd=str(cwd), env=env if env is not None else clean_env(),
+    return subprocess.run(check=False, args=list(argv), cwd=str(cwd), env=env if env is not None else clean_env(),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)

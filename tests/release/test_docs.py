@@ -17,7 +17,7 @@ import json
 import re
 import shlex
 import typing as t
-from pathlib import Path
+
 
 import pytest
 import yaml
@@ -70,7 +70,7 @@ def test_the_quickstart_and_maintenance_commands_are_run():
     assert "python -m gpufleet_ci --help" in "".join(runs["ci.md"])
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if any(m == "run" for m, lang, _ in blocks(p) if lang == "sh")])
+@pytest.mark.parametrize("page", [p for p in PAGES if any(m == "run" for m, lang, _body in blocks(p) if lang == "sh")])
 def test_run_blocks(page, tmp_path):
     script = "set -euo pipefail\n" + "\n".join(b for m, lang, b in blocks(page) if lang == "sh" and m == "run")
     home = tmp_path / "home"
@@ -214,7 +214,7 @@ def test_links_resolve(page):
     for target in re.findall(r"\]\(([^)\s]+)\)", text):
         if re.match(r"^[a-z]+://", target):
             continue
-        path, _, anchor = target.partition("#")
+        path, _sep, anchor = target.partition("#")
         dest = (DOCS / path).resolve() if path else DOCS / page
         assert dest.exists(), "%s links to missing %s" % (page, target)
         if anchor:

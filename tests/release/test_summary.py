@@ -50,7 +50,7 @@ def summary_run(tmp_path_factory):
 
 
 def test_terminal_table(summary_run):
-    r, _ = summary_run
+    r, _out = summary_run
     assert r.returncode == 2, r.stdout  # a host failed
     text = r.stdout[r.stdout.index("GPUFLEET ROLLOUT SUMMARY"):]
     lines = [ln for ln in text.splitlines() if ln.startswith("|")]

@@ -76,7 +76,7 @@ class SandboxFleet:
             argv += ["--gpu-mib", str(gpu_mib)]
         if python:
             argv += ["--python", python]
-        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+        p = subprocess.run(check=False, args=argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
         self.is_up = True  # even on failure: down() must still clean a partial fleet
         if p.returncode != 0:
             raise AssertionError("fleet up failed (rc=%d): %s" % (p.returncode, p.stderr.strip()))
@@ -86,7 +86,7 @@ class SandboxFleet:
     def down(self) -> None:
         if not self.is_up:
             return
-        p = subprocess.run([sys.executable, str(FLEET_PY), "down", "--state-dir", str(self.state_dir)],
+        p = subprocess.run(check=False, args=[sys.executable, str(FLEET_PY), "down", "--state-dir", str(self.state_dir)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
         self.is_up = False
         if p.returncode != 0:
@@ -126,7 +126,7 @@ class SandboxFleet:
     def ssh(self, host: str, command: str, check: bool = False, timeout: float = 60,
             input: t.Optional[str] = None) -> subprocess.CompletedProcess:
         """Run a shell command on `host` over ssh as root (plain ssh, same options as the inventory)."""
-        p = subprocess.run(self._fleet.ssh_argv(host, command), input=input, stdout=subprocess.PIPE,
+        p = subprocess.run(check=False, args=self._fleet.ssh_argv(host, command), input=input, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, timeout=timeout)
         if check and p.returncode != 0:
             raise AssertionError("ssh %s %r failed (rc=%d): %s%s" % (host, command, p.returncode, p.stdout, p.stderr))
@@ -137,14 +137,14 @@ class SandboxFleet:
         kw.setdefault("stdout", subprocess.PIPE)
         kw.setdefault("stderr", subprocess.PIPE)
         kw.setdefault("text", True)
-        return subprocess.run(["ip", "netns", "exec", self.hub] + list(argv), timeout=timeout, **kw)
+        return subprocess.run(check=kw.pop("check", False), args=["ip", "netns", "exec", self.hub] + list(argv), timeout=timeout, **kw)
 
     def host_run(self, host: str, argv: t.Sequence[str], timeout: float = 60, **kw: t.Any) -> subprocess.CompletedProcess:
         """Run argv inside all of `host`'s namespaces (nsenter into its PID 1), without ssh."""
         kw.setdefault("stdout", subprocess.PIPE)
         kw.setdefault("stderr", subprocess.PIPE)
         kw.setdefault("text", True)
-        return subprocess.run(["nsenter", "-t", str(self.pid1(host)), "-m", "-u", "-p", "-n", "--"] + list(argv),
+        return subprocess.run(check=False, args=["nsenter", "-t", str(self.pid1(host)), "-m", "-u", "-p", "-n", "--"] + list(argv),
                               timeout=timeout, **kw)
 
     def ansible(self, pattern: str, module: str, args: str = "", *extra: str,
@@ -153,7 +153,7 @@ class SandboxFleet:
         argv = [str(VENV_BIN / "ansible"), pattern, "-i", str(self.inventory), "-m", module]
         if args:
             argv += ["-a", args]
-        return subprocess.run(argv + list(extra), cwd=str(ROOT), env=self.ansible_env(), stdout=subprocess.PIPE,
+        return subprocess.run(check=False, args=argv + list(extra), cwd=str(ROOT), env=self.ansible_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=timeout)
 
     def ansible_env(self, base: t.Optional[t.Dict[str, str]] = None) -> t.Dict[str, str]:

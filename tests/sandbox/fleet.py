@@ -68,7 +68,7 @@ def log(msg: str) -> None:
 
 def run(argv: t.Sequence[str], input: t.Optional[str] = None, check: bool = True,
         timeout: float = 30) -> subprocess.CompletedProcess:
-    p = subprocess.run(list(argv), input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    p = subprocess.run(check=False, args=list(argv), input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        timeout=timeout)
     if check and p.returncode != 0:
         raise FleetError("%s failed (rc=%d): %s" % (" ".join(argv[:4]), p.returncode, p.stderr.strip()))
@@ -517,7 +517,7 @@ def _mkdirs_like(upper: Path, path: Path) -> None:
 
 
 def main(argv: t.Optional[t.Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     u = sub.add_parser("up", help="start N hosts (reuses a running fleet with the same config)")
     u.add_argument("--hosts", type=int, default=3)

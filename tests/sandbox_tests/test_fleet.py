@@ -51,7 +51,7 @@ def gpu_info(fleet, tmp_path):
 
 
 def fleet_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(FLEET_PY)] + list(args), stdout=subprocess.PIPE,
+    return subprocess.run(check=False, args=[sys.executable, str(FLEET_PY)] + list(args), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, timeout=60)
 
 
@@ -112,7 +112,7 @@ def _http(fleet, host, method, path, body=None, timeout=5.0):
     url = "http://%s:30000%s" % (fleet.addr(host), path)
     r = fleet.hub_run([sys.executable, "-c", code, url, json.dumps(body) if body is not None else "", method,
                        str(timeout)], timeout=timeout + 10)
-    status, _, text = r.stdout.partition("\n")
+    status, _nl, text = r.stdout.partition("\n")
     return int(status), text.strip()
 
 
@@ -217,8 +217,8 @@ def test_down_leaves_nothing_also_after_a_crash_and_fleets_do_not_collide(sandbo
     assert not {n for n in _netns() if n.startswith(a._fleet.prefix)}
     # (Zombies until this machine's init reaps them count as gone: pid_alive says so.)
     assert not [p for p in host_pids if pid_alive(p)]
-    assert subprocess.run(["pgrep", "-f", "sleep 4343"], stdout=subprocess.PIPE).returncode == 1
-    assert subprocess.run(["pgrep", "-f", str(a.state_dir)], stdout=subprocess.PIPE).returncode == 1
+    assert subprocess.run(check=False, args=["pgrep", "-f", "sleep 4343"], stdout=subprocess.PIPE).returncode == 1
+    assert subprocess.run(check=False, args=["pgrep", "-f", str(a.state_dir)], stdout=subprocess.PIPE).returncode == 1
     assert not _mounts_under(a.state_dir)
     assert not list(a.state_dir.glob("cp-*")) and not (a.state_dir / "hosts").exists()
     # The other fleet is untouched; down twice is harmless.

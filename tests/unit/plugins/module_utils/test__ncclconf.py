@@ -36,4 +36,4 @@ def test_rendered_block_reads_back_and_markers_are_invisible_to_nccl():
     text = _envblock.replace_block(None, "nccl", _ncclconf.render_body(env), _ncclconf.HEADER)
     # Old NCCL releases do not skip '#' lines, only lines without '=': keep '=' out of every comment line.
     assert all("=" not in line for line in text.splitlines() if line.startswith("#"))
-    assert {k: v for k, (v, _) in _ncclconf.parse_conf(text).items()} == env
+    assert {k: v for k, (v, _line) in _ncclconf.parse_conf(text).items()} == env

@@ -18,7 +18,7 @@ def _import_in_subprocess(path, keys, prelude="", env=None):
     """Run the file as site.py would (module name 'sitecustomize') in a fresh interpreter; return the keys."""
     code = (prelude + "\nimport os, sys, json, runpy\nrunpy.run_path(sys.argv[1], run_name='sitecustomize')\n"
             "print(json.dumps({k: os.environ.get(k) for k in json.loads(sys.argv[2])}))\n")
-    r = subprocess.run([PY, "-S", "-c", code, str(path), json.dumps(keys)], env=env or {}, cwd="/",
+    r = subprocess.run(check=False, args=[PY, "-S", "-c", code, str(path), json.dumps(keys)], env=env or {}, cwd="/",
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
     return r
 
