@@ -26,8 +26,15 @@ from collection_copy import use_private_collections  # noqa: E402
 from helpers import FAKE_NVML_DIR, FakeGpus  # noqa: E402
 
 use_private_collections()
-if str(FAKE_NVML_DIR) not in sys.path:
-    sys.path.insert(0, str(FAKE_NVML_DIR))
+# First on sys.path even if another test directory appended it earlier in this process, and drop a real
+# nvidia-ml-py (or module_utils bound to it) imported before this conftest, so `import pynvml` is the fake.
+while str(FAKE_NVML_DIR) in sys.path:
+    sys.path.remove(str(FAKE_NVML_DIR))
+sys.path.insert(0, str(FAKE_NVML_DIR))
+_real = sys.modules.get("pynvml")
+if _real is not None and not str(getattr(_real, "__file__", "")).startswith(str(FAKE_NVML_DIR)):
+    for _name in [m for m in sys.modules if m == "pynvml" or m.startswith("ansible_collections.gpufleet.")]:
+        del sys.modules[_name]
 
 try:
     from ansible.module_utils.testing import patch_module_args
