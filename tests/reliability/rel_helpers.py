@@ -205,7 +205,7 @@ def read_host_file(fleet: t.Any, host: str, path: str) -> t.Optional[str]:
 
 
 def close_ssh_master(fleet: t.Any, host: str) -> None:
-    """Close the shared ssh control master to `host` (ansible and fleet.ssh share DIR/cp-%C)."""
+    """Close the shared ssh control master to `host` (ansible and fleet.ssh share DIR/cp-%h)."""
     argv = fleet._fleet.ssh_argv(host, "true")
     argv = argv[:-2] + ["-O", "exit"] + argv[-2:-1]
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=15, check=False)

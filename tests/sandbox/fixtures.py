@@ -168,12 +168,12 @@ def _factory(tmp_factory: pytest.TempPathFactory) -> t.Tuple[t.Callable[..., San
     made: t.List[SandboxFleet] = []
 
     def make(hosts: int = 3, gpus: int = 2, nvlink: t.Sequence[str] = (), gpu_mib: t.Optional[int] = None,
-             python: t.Optional[str] = None) -> SandboxFleet:
+             python: t.Optional[str] = None, state_dir: t.Optional[Path] = None) -> SandboxFleet:
         reason = skip_reason()
         if reason:
             pytest.skip(reason)
         # Short base: ssh control sockets live in the state dir (108-byte unix socket paths).
-        f = SandboxFleet(tmp_factory.mktemp("fleet", numbered=True))
+        f = SandboxFleet(state_dir or tmp_factory.mktemp("fleet", numbered=True))
         made.append(f)
         return f.up(hosts=hosts, gpus=gpus, nvlink=nvlink, gpu_mib=gpu_mib, python=python)
 

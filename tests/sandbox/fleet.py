@@ -54,8 +54,15 @@ FAKE_DIR = "/opt/gpufleet-fake"
 FAKE_STATE = "/var/lib/gpufleet-fake/state"
 SSH_DIR = "/etc/ssh/gpufleet"
 STATE_FILE = "fleet.json"
-# sockaddr_un.sun_path is 108 bytes; ssh's %C expands to 40 hex chars.
+
+
+def host_addr(i: int) -> str:
+    """Address of the fleet's i-th host (0-based)."""
+    return "%s.%d" % (SUBNET, FIRST_HOST + i)
+# sockaddr_un.sun_path is 108 bytes (107 + NUL). While it sets up a master, ssh binds DIR/cp-<host> plus
+# ".<16 random chars>" and then renames it, so that longer name is the one that must fit.
 MAX_CONTROL_PATH = 107
+SSH_TEMP_SUFFIX = 17
 
 
 class FleetError(Exception):
@@ -123,7 +130,9 @@ class Fleet:
         return self.dir / "hosts" / host
 
     def control_path(self) -> str:
-        return str(self.dir / "cp-%C")
+        # %h (the host's address: one fleet, one user, one port) rather than %C (40 hex chars), so a state
+        # dir under a long checkout path still fits sun_path.
+        return str(self.dir / "cp-%h")
 
     def load(self) -> t.Optional[t.Dict[str, t.Any]]:
         try:
@@ -138,9 +147,11 @@ class Fleet:
             if s == "/" + d or s.startswith("/" + d + "/"):
                 raise FleetError("state dir %s must not be under /%s: the hosts overlay that dir, and overlayfs "
                                  "refuses an upper dir inside its lower dir" % (s, d))
-        if len(self.control_path()) - 2 + 40 > MAX_CONTROL_PATH:
-            raise FleetError("state dir %s is too long for ssh control sockets (%d bytes max for DIR/cp-<40 hex>)"
-                             % (s, MAX_CONTROL_PATH))
+        longest = len(self.control_path()) - 2 + len(host_addr(MAX_HOSTS - 1)) + SSH_TEMP_SUFFIX
+        if longest > MAX_CONTROL_PATH:
+            raise FleetError("state dir %s is too long for ssh control sockets: DIR/cp-<address>.<16 chars> takes "
+                             "%d bytes, sun_path holds %d; use a state dir at most %d bytes long"
+                             % (s, longest, MAX_CONTROL_PATH, len(s) - (longest - MAX_CONTROL_PATH)))
 
     def our_netns(self) -> t.List[str]:
         try:
@@ -204,7 +215,7 @@ class Fleet:
             self._keys()
             self._network(names)
             for i, name in enumerate(names):
-                addr = "%s.%d" % (SUBNET, FIRST_HOST + i)
+                addr = host_addr(i)
                 self._prepare_host(name, addr, names, gpus, gpu_mib, name in nvlink, sites)
                 state["host_info"].append({"name": name, "addr": addr, "netns": self.netns(name),
                                            "gpus": gpus, "nvlink": name in nvlink})
@@ -240,7 +251,7 @@ class Fleet:
                     "link set vh%d master br0 up" % (i + 1)]
         run(["ip", "-n", self.hub, "-batch", "-"], input="\n".join(hub) + "\n")
         for i, n in enumerate(names):
-            cmds = ["link set lo up", "addr add %s.%d/24 dev eth0" % (SUBNET, FIRST_HOST + i), "link set eth0 up"]
+            cmds = ["link set lo up", "addr add %s/24 dev eth0" % host_addr(i), "link set eth0 up"]
             run(["ip", "-n", self.netns(n), "-batch", "-"], input="\n".join(cmds) + "\n")
 
     def _prepare_host(self, name: str, addr: str, names: t.Sequence[str], gpus: int, gpu_mib: int, nvlink: bool,
@@ -264,7 +275,7 @@ class Fleet:
             os.chmod(dst, mode)
 
         hosts = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-        hosts += "".join("%s.%d\t%s\n" % (SUBNET, FIRST_HOST + i, n) for i, n in enumerate(names))
+        hosts += "".join("%s\t%s\n" % (host_addr(i), n) for i, n in enumerate(names))
         hosts += "%s\tcontroller\n" % HUB_ADDR
         put("/etc/hosts", hosts)
         put("/etc/hostname", name + "\n")

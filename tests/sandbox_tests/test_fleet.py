@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers import pid_alive, run_playbook, wait_for
+from sandbox import fixtures as sandbox_fixtures
 
 pytestmark = pytest.mark.sandbox
 
@@ -224,3 +225,26 @@ def test_down_leaves_nothing_also_after_a_crash_and_fleets_do_not_collide(sandbo
     # The other fleet is untouched; down twice is harmless.
     assert b.ssh("host2", "hostname", check=True).stdout.strip() == "host2"
     assert fleet_cli("down", "--state-dir", str(a.state_dir)).returncode == 0
+
+
+def test_longest_allowed_state_dir_works_and_a_longer_one_is_refused_up_front(sandbox_fleet, tmp_path_factory):
+    base = tmp_path_factory.mktemp("long")
+    # The fleet's arithmetic: DIR + "/cp-" + the longest host address + ssh's ".<16 chars>" temp name <= 107.
+    limit = 107 - len("/cp-") - len("10.200.0.210") - 17
+    too_long = base / ("e" * (limit - len(str(base))))
+    r = fleet_cli("up", "--hosts", "1", "--gpus", "1", "--state-dir", str(too_long))
+    assert r.returncode == 1 and "too long for ssh control sockets" in r.stderr and str(limit) in r.stderr, r.stderr
+    assert not too_long.exists() and not {n for n in _netns() if n.startswith(sandbox_fixtures._fleet.prefix_for(too_long))}
+
+    f = sandbox_fleet(hosts=1, gpus=1, state_dir=base / ("d" * (limit - len(str(base)) - 1)))
+    r = f.ansible("all", "ansible.builtin.ping")
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout
+    assert [s.name for s in f.state_dir.glob("cp-*")] == ["cp-" + f.addr("host1")]
+    # What the arithmetic models: ssh binds the control path plus 17 bytes, and 107 of them is the most.
+    argv = f._fleet.ssh_argv("host1", "true")
+    for n, ok in ((107 - 17, True), (107 - 17 + 1, False)):
+        path = str(f.state_dir / "x") + "x" * (n - len(str(f.state_dir / "x")))
+        # ssh takes an option's first value: these go before the fleet's own.
+        p = subprocess.run(argv[:1] + ["-o", "ControlPath=" + path, "-o", "ControlPersist=no"] + argv[1:],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=30, check=False)
+        assert (p.returncode == 0) is ok and (("too long for Unix domain socket" in p.stderr) is not ok), (n, p.stderr)
