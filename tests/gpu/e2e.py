@@ -2,7 +2,13 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Real-GPU end-to-end run of gpufleet.serving through its own playbooks (one command, on a GPU host, as root).
 
-    python3 tests/gpu/e2e.py --out DIR [--workers 2] [--gib 20]
+    python3 tests/gpu/e2e.py --out DIR [--workers 2] [--gib 20] [--gpus N]
+
+With one GPU, two workers share GPU 0 (a size-1 NCCL communicator each). With N > 1 GPUs (default: every GPU
+nvidia-smi lists), one worker a GPU in ONE communicator (world size N, NCCL all_reduce across GPUs), and the
+run also records what `gpu_info` says about NVLink/topology and which profile `auto` resolves to there.
+NCCL_NVLS_ENABLE=0 (NVLink multicast off) is in every environment this run starts: the stale server's, the
+server's, and the sitecustomize block.
 
 Needs: an NVIDIA GPU, torch with NCCL, nvidia-ml-py, ansible-core importable by this python3.
 Steps (each recorded in DIR/e2e.json, the playbook outputs in DIR/*.log):
@@ -33,6 +39,29 @@ PY = sys.executable
 PORT = 30000
 TUNED = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
          "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
+# Always set, by the block too: NVLink multicast can take a shared host's GPUs out of service.
+SAFE = {"NCCL_NVLS_ENABLE": "0"}
+EXPECTED = dict(TUNED, **SAFE)
+AUTO_PLAY = """
+- name: What the auto profile resolves to here, and what gpu_info reports
+  hosts: gpufleet_servers
+  gather_facts: false
+  tasks:
+    - name: Resolve the profile as the nccl_tuning role does
+      ansible.builtin.include_role:
+        name: gpufleet.serving.nccl_tuning
+        tasks_from: preflight
+      vars:
+        gpufleet_nccl_profile: auto
+    - name: Read the GPUs
+      gpufleet.serving.gpu_info:
+      register: gi
+    - name: Save both
+      ansible.builtin.copy:
+        content: "{{ {'resolved': gpufleet_nccl_profile_resolved, 'env': _gpufleet_nccl_env, 'gpu_info': gi} | to_nice_json }}"
+        dest: "{{ out }}/auto.json"
+        mode: "0644"
+"""
 
 
 def sh(argv, **kw):
@@ -87,7 +116,7 @@ def workers_env(tag="GPUFLEET_SERVICE=gpu-e2e"):
         env = dict(x.decode(errors="replace").split("=", 1) for x in raw if b"=" in x)
         tagged = "GPUFLEET_SERVICE" in env and "GPUFLEET_SERVICE=" + env["GPUFLEET_SERVICE"] == tag
         if tagged or (tag is None and "spawn_main" in cmd):
-            out[pid] = {"cmdline": cmd, "nccl": {k: v for k, v in env.items() if k in TUNED},
+            out[pid] = {"cmdline": cmd, "nccl": {k: v for k, v in env.items() if k in EXPECTED},
                         "nccl_debug": {k: v for k, v in env.items() if k.startswith("NCCL_DEBUG")}}
     return out
 
@@ -111,9 +140,16 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--gib", type=float, default=20)
     ap.add_argument("--restarts", type=int, default=3)
+    ap.add_argument("--gpus", type=int, default=0, help="GPUs to use (default: every GPU nvidia-smi lists)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    ev = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    os.environ.update(SAFE)
+    ngpu = a.gpus or len([ln for ln in sh(["nvidia-smi", "-L"]).stdout.splitlines() if ln.startswith("GPU ")])
+    multi = ngpu > 1
+    workers = ngpu if multi else a.workers
+    ev = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "gpus": ngpu, "workers": workers,
+          "mode": "one communicator, a rank a GPU" if multi else "size-1 communicators sharing GPU 0"}
+    ev["topo"] = sh(["nvidia-smi", "topo", "-m"]).stdout
     ev["nvidia_smi"] = sh(["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total,memory.used",
                            "--format=csv,noheader"]).stdout.strip()
     ev["torch"] = sh([PY, "-c", "import torch; print(torch.__version__, torch.cuda.nccl.version())"]).stdout.strip()
@@ -133,15 +169,18 @@ def main() -> int:
     with open(os.path.join(inv_dir, "hosts.yml"), "w") as f:
         json.dump({"gpufleet_servers": {"hosts": {"localhost": {
             "ansible_connection": "local", "ansible_python_interpreter": PY}}}}, f)
+    server_cmd = [PY, srv_dir + "/real_server.py", "--port", str(PORT), "--workers", str(workers), "--gib", str(a.gib)]
+    server_cmd += ["--one-communicator"] if multi else []
+    server_env = dict(SAFE, GPUFLEET_TEST_GPUS=str(ngpu))
     gv = {
         "gpufleet_nccl_profile": "pcie_only",
+        "gpufleet_nccl_env": SAFE,
         "gpufleet_nccl_layers": ["sitecustomize"],
         "gpufleet_server_name": "gpu-e2e",
-        "gpufleet_server_command": [PY, srv_dir + "/real_server.py", "--port", str(PORT), "--workers", str(a.workers),
-                                    "--gib", str(a.gib)],
+        "gpufleet_server_command": server_cmd,
         # NCCL's own file per process: stdout to a file is block-buffered, so lines there show up late.
-        "gpufleet_server_env": {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV",
-                                "NCCL_DEBUG_FILE": "/var/log/gpufleet/nccl.%h.%p.log"},
+        "gpufleet_server_env": dict(server_env, NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,ENV",
+                                    NCCL_DEBUG_FILE="/var/log/gpufleet/nccl.%h.%p.log"),
         "gpufleet_server_health_url": "http://127.0.0.1:%d/health" % PORT,
         "gpufleet_server_health_request": {"url": "http://127.0.0.1:%d/generate" % PORT, "method": "POST",
                                            "body": "{}", "timeout": 60, "expect_regex": "pong"},
@@ -156,9 +195,8 @@ def main() -> int:
 
     # 2. the seed's situation: a server started by hand, untuned, untagged.
     t0 = time.monotonic()
-    stale = subprocess.Popen([PY, srv_dir + "/real_server.py", "--port", str(PORT), "--workers", str(a.workers),
-                              "--gib", str(a.gib)], stdout=open(os.path.join(a.out, "stale-server.log"), "w"),
-                             stderr=subprocess.STDOUT, start_new_session=True, cwd="/")
+    stale = subprocess.Popen(server_cmd, stdout=open(os.path.join(a.out, "stale-server.log"), "w"),
+                             stderr=subprocess.STDOUT, start_new_session=True, cwd="/", env=dict(os.environ, **server_env))
     while not health() and time.monotonic() - t0 < 240:
         time.sleep(0.5)
     ev["stale_server"] = {"pid": stale.pid, "ready_s": round(time.monotonic() - t0, 2), "healthy": health(),
@@ -176,13 +214,13 @@ def main() -> int:
     for pid, vals in logged.items():
         for k, v in vals.items():
             if k in TUNED:
-                verdict.setdefault(k, set()).add("confirmed" if v == TUNED[k] else "CONTRADICTED " + v)
+                verdict.setdefault(k, set()).add("confirmed" if v == EXPECTED[k] else "CONTRADICTED " + v)
     ev["nccl_verdict"] = {k: sorted(v) for k, v in verdict.items()}
     gpu_workers = [p for p, v in wenv.items() if "spawn_main" in v["cmdline"]]
     ev["checks"] = {
         "stale_server_killed": not ev["stale_server"]["alive_after"],
         "spawn_workers": len(gpu_workers),
-        "every_spawn_worker_tuned": bool(gpu_workers) and all(wenv[p]["nccl"] == TUNED for p in gpu_workers),
+        "every_spawn_worker_tuned": bool(gpu_workers) and all(wenv[p]["nccl"] == EXPECTED for p in gpu_workers),
         "nccl_log_files": sorted(__import__("glob").glob("/var/log/gpufleet/nccl.*.log")),
         "nccl_logged_something_in_every_worker": bool(gpu_workers) and all(p in logged for p in gpu_workers),
         "nccl_nothing_contradicted": not any("CONTRADICTED" in s for v in verdict.values() for s in v),
@@ -191,11 +229,47 @@ def main() -> int:
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     pe = sh([PY, "-m", "ansible.cli.adhoc", "localhost", "-c", "local", "-i", "localhost,", "-e",
              "ansible_python_interpreter=" + PY, "-m", "gpufleet.serving.process_env", "-a",
-             json.dumps({"tag": "GPUFLEET_SERVICE=gpu-e2e", "expected": TUNED,
+             json.dumps({"tag": "GPUFLEET_SERVICE=gpu-e2e", "expected": EXPECTED,
                          "nccl_log": ["/var/log/gpufleet/nccl.*.log"]})], cwd=ROOT, env=env)
     with open(os.path.join(a.out, "process_env.log"), "w") as f:
         f.write(pe.stdout)
     ev["checks"]["process_env_module_passed"] = pe.returncode == 0
+    ev["checks"]["spawn_workers_one_per_worker"] = len(gpu_workers) == workers
+
+    # gpu_info while the server runs: every GPU and its holder; the auto profile's choice on this topology.
+    with open(os.path.join(a.out, "auto.yml"), "w") as f:
+        f.write(AUTO_PLAY)
+    ev["auto_play"] = playbook(a.out, "auto", os.path.join(a.out, "auto.yml"), inv_dir, "-e", "out=" + a.out,
+                               check_rc=False)
+    try:
+        with open(os.path.join(a.out, "auto.json")) as f:
+            auto = json.load(f)
+    except (OSError, ValueError):
+        auto = {}
+    gi = auto.get("gpu_info", {})
+    ev["auto_profile"] = {"resolved": auto.get("resolved"), "env": auto.get("env"),
+                          "nvlink_active": gi.get("nvlink_active"), "backend": gi.get("backend")}
+    ev["gpu_holders"] = {str(g["index"]): {"name": g["name"], "used_mib": g["used_mib"], "nvlink": g["nvlink"],
+                                           "errors": g.get("errors"),
+                                           "holders": sorted(str(p["pid"]) for p in g["processes"])}
+                         for g in gi.get("gpus", [])}
+    held = [set(v["holders"]) for v in ev["gpu_holders"].values()]
+    ev["checks"]["gpu_info_every_gpu_held_by_a_worker"] = (
+        len(held) == ngpu and all(h and h <= set(gpu_workers) for h in held)
+        and (not multi or all(len(h) == 1 for h in held) and len(set().union(*held)) == ngpu))
+    if multi:
+        # NVLink-connected GPUs must resolve to nvlink (no protocol/algorithm overrides); PCIe-only ones to pcie_only.
+        want = "nvlink" if gi.get("nvlink_active") else "pcie_only"
+        ev["checks"]["auto_profile_matches_topology"] = auto.get("resolved") == want
+        # The server's /generate went through an all_reduce over every GPU: sum of 1.0 from each rank.
+        try:
+            req = urllib.request.Request("http://127.0.0.1:%d/generate" % PORT, data=b"{}", method="POST")
+            with urllib.request.urlopen(req, timeout=60) as r:
+                sums = json.loads(r.read())["sums"]
+        except Exception as e:  # recorded, and the check fails
+            sums = [repr(e)]
+        ev["generate_sums"] = sums
+        ev["checks"]["all_reduce_across_every_gpu"] = sums == [float(ngpu)] * ngpu
     ev["audit"] = playbook(a.out, "audit", "gpufleet.serving.audit", inv_dir, check_rc=False)
     ev["rollout_2"] = playbook(a.out, "rollout-2", pb, inv_dir)
     ev["checks"]["audit_passed"] = ev["audit"]["rc"] == 0
@@ -220,6 +294,11 @@ def main() -> int:
     ev["rollback"] = playbook(a.out, "rollback", pb, inv_dir, "-e", json.dumps({"gpufleet_nccl_profile": "none"}),
                               "--tags", "nccl_tuning")
     ev["clean"] = playbook(a.out, "clean", "gpufleet.serving.clean", inv_dir)
+    gw = sh([PY, "-m", "ansible.cli.adhoc", "localhost", "-c", "local", "-i", "localhost,", "-e",
+             "ansible_python_interpreter=" + PY, "-m", "gpufleet.serving.gpu_wait", "-a",
+             json.dumps({"state": "clean", "timeout": 10})], cwd=ROOT, env=env)
+    ev["clean_every_gpu"] = gw.stdout[-3000:]
+    ev["checks"]["every_gpu_clean_after"] = gw.returncode == 0
     after = open(site, "rb").read()
     ev["sitecustomize"]["sha256_after"] = hashlib.sha256(after).hexdigest()
     ev["checks"]["sitecustomize_restored_byte_for_byte"] = after == original

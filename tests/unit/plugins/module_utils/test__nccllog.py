@@ -111,3 +111,17 @@ def test_real_h200_worker_log_confirms_what_nccl_read():
     assert notes == []
     assert {e.pid for e in entries} == {731}
     assert got == {"NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16", "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
+
+
+def test_real_two_gpu_rank_log_confirms_protocol_and_algorithm_too():
+    """Verbatim NCCL 2.28.9 log of rank 0 of a 2-rank communicator across two NVLink H200s (docs/gpu-run.md):
+    unlike a size-1 communicator, it reads and logs NCCL_PROTO/NCCL_ALGO (strings: no trailing period)."""
+    path = Path(__file__).resolve().parents[4] / "tests" / "nccl" / "data" / "h200x2-nccl-2.28.9-2rank-worker.log"
+    entries, notes = _nccllog.parse_files([str(path)])
+    got = {e.name: e.value for e in entries}
+    assert notes == [] and {e.pid for e in entries} == {974}
+    assert got == {"NCCL_P2P_LEVEL": "SYS", "NCCL_NVLS_ENABLE": "0", "NCCL_MAX_NCHANNELS": "16", "NCCL_BUFFSIZE": "16777216",
+                   "NCCL_NTHREADS": "512", "NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}
+    verdict = _nccllog.judge(entries, {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_NVLS_ENABLE": "0"}, {974})
+    assert verdict["confirmed"] == ["NCCL_ALGO", "NCCL_NVLS_ENABLE", "NCCL_PROTO"] and not verdict["contradicted"]
+    assert _nccllog.judge(entries, {"NCCL_PROTO": "Simple"}, {974})["contradicted"] == ["NCCL_PROTO"]
