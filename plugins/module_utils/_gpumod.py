@@ -20,9 +20,9 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _gpuwait, 
 
 
 @contextlib.contextmanager
-def backend_or_fail(module: t.Any) -> t.Iterator[_nvml.Backend]:
+def backend_or_fail(module: t.Any, name: t.Optional[str] = None) -> t.Iterator[_nvml.Backend]:
     try:
-        backend = _nvml.open_backend(module.params.get("backend") or "auto")
+        backend = _nvml.open_backend(name or module.params.get("backend") or "auto")
     except _nvml.BackendUnavailable as e:
         msg = str(e)
         if _nvml.pynvml is None:
@@ -69,3 +69,19 @@ def not_ready_message(res: t.Mapping[str, t.Any]) -> str:
         return "GPUs not clean after %.1f s (%s; threshold %s MiB). Holders: %s" % (
             res["waited_s"], used, res["max_used_mib"], who)
     return "GPUs not busy after %.1f s (%s)" % (res["waited_s"], used)
+
+
+def clean_gate(module: t.Any, gate: t.Mapping[str, t.Any], **fail_extra: t.Any) -> t.Dict[str, t.Any]:
+    """Wait until the gate's GPUs are clean; fail the module (with `fail_extra`) listing the holders if not."""
+    with backend_or_fail(module, gate.get("backend")) as backend:
+        indices = _nvml.resolve_indices(backend, gate.get("gpus") or [])
+        if not indices:
+            module.fail_json(msg="this host has no GPUs, so there is nothing to verify clean", backend=backend.name,
+                             **fail_extra)
+        res = _gpuwait.wait(backend, indices, state="clean", timeout=gate["timeout"],
+                            poll_interval=gate["poll_interval"], max_used_mib=gate.get("max_used_mib"))
+        ok = res.pop("ok")
+        res["backend"] = backend.name
+        if not ok:
+            module.fail_json(msg=not_ready_message(res), clean=res, **fail_extra)
+        return res

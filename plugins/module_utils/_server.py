@@ -50,6 +50,27 @@ def validate_env(env: t.Mapping[str, t.Any], field: str = "env") -> t.Dict[str, 
     return out
 
 
+def launch_problems(executable: str, user: str, workdir: str) -> t.List[str]:
+    """Why a server with this executable (argv[0]), user and workdir could not be launched here; [] when it could.
+
+    Checked before the kill, so a server that cannot be relaunched is never stopped. A bare name (no '/') is
+    looked up on the server's PATH at launch and is not checked here.
+    """
+    out = []
+    if executable.startswith("/") and not (os.path.isfile(executable) and os.access(executable, os.X_OK)):
+        out.append("command[0] %s is not an executable file" % executable)
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        try:
+            pwd.getpwuid(int(user))
+        except (KeyError, ValueError):
+            out.append("user %s does not exist" % user)
+    if not os.path.isdir(workdir):
+        out.append("workdir %s is not a directory" % workdir)
+    return out
+
+
 def base_env(user: str, passthrough: t.Sequence[str] = ()) -> t.Dict[str, str]:
     """A clean, systemd-like environment: the server's env is exactly what the inventory says."""
     try:
@@ -144,6 +165,19 @@ def http(url: str, method: str = "GET", body: t.Optional[str] = None, headers: t
             return r.status, r.read(65536).decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
         return e.code, e.read(4096).decode("utf-8", "replace") if e.fp else ""
+
+
+def ready_input_error(health_url: str, request: t.Mapping[str, t.Any], timeout: float, interval: float) -> t.Optional[str]:
+    """What is wrong with readiness options, or None."""
+    if timeout <= 0:
+        return "timeout must be greater than 0 seconds, got %s" % timeout
+    if interval <= 0:
+        return "interval must be greater than 0 seconds, got %s" % interval
+    if not health_url and not request:
+        return "set health_url or request (or both)"
+    if request and not request.get("url"):
+        return "request.url is required when request is set"
+    return None
 
 
 def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request: t.Mapping[str, t.Any],

@@ -103,14 +103,9 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    if p["timeout"] <= 0:
-        module.fail_json(msg="timeout must be greater than 0 seconds, got %s" % p["timeout"])
-    if p["interval"] <= 0:
-        module.fail_json(msg="interval must be greater than 0 seconds, got %s" % p["interval"])
-    if not p["health_url"] and not p["request"]:
-        module.fail_json(msg="set health_url or request (or both)")
-    if p["request"] and not p["request"].get("url"):
-        module.fail_json(msg="request.url is required when request is set")
+    err = _server.ready_input_error(p["health_url"], p["request"], p["timeout"], p["interval"])
+    if err:
+        module.fail_json(msg=err)
     if module.check_mode:
         module.exit_json(changed=False, skipped=True, msg="not polled in check mode")
     ident = _server.pidfile_identity(p["pidfile"]) if p["pidfile"] else None

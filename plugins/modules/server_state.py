@@ -21,6 +21,9 @@ description:
   - O(action=check) with O(lock_file) and O(owner) takes the lock first and releases it again when no restart is
     needed (unless O(keep_lock=true)), so an up-to-date host costs one round trip. RV(locked) says whether the
     lock is still held. In check mode no lock is taken.
+  - O(action=check) with O(launchable) first verifies that the server could be launched (its executable, user
+    and working directory exist) and fails, before the lock, when it could not; a server that cannot be
+    relaunched must never be stopped.
 author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
@@ -57,6 +60,22 @@ options:
   fingerprint:
     description: Hash of the desired state (command, env, user, workdir, launcher, NCCL layers).
     type: str
+  launchable:
+    description: With V(check), what the launch needs on the host; the check fails naming each one that is missing.
+    type: dict
+    suboptions:
+      command:
+        description: The server's executable (its argv[0]); checked when it is an absolute path.
+        type: str
+        required: true
+      user:
+        description: User the server runs as (name or uid).
+        type: str
+        default: root
+      workdir:
+        description: The server's working directory.
+        type: path
+        default: /
   gpus:
     description: GPUs the server uses. Empty means all.
     type: list
@@ -147,6 +166,11 @@ locked:
   description: With V(check) or V(lock), whether this run holds the host lock after the call.
   returned: when a lock was asked for
   type: bool
+launch_problems:
+  description: With V(check) and O(launchable), what the launch would miss (the check failed because of it).
+  returned: failure
+  type: list
+  elements: str
 holder:
   description: On failure to lock, the owner id of the run that holds the lock.
   returned: when the lock is held by another run
@@ -186,6 +210,11 @@ def take_lock(module: AnsibleModule) -> dict:
 
 def check(module: AnsibleModule) -> dict:
     p = module.params
+    if p["launchable"]:
+        la = p["launchable"]
+        problems = _server.launch_problems(la["command"], la["user"], la["workdir"])
+        if problems:
+            module.fail_json(msg="cannot run this server: %s." % "; ".join(problems), launch_problems=problems)
     locking = bool(p["lock_file"] and p["owner"]) and not module.check_mode
     if locking:
         take_lock(module)
@@ -265,6 +294,11 @@ def main() -> None:
             state_file=dict(type="path", required=True),
             pidfile=dict(type="path"),
             fingerprint=dict(type="str"),
+            launchable=dict(type="dict", options=dict(
+                command=dict(type="str", required=True),
+                user=dict(type="str", default="root"),
+                workdir=dict(type="path", default="/"),
+            )),
             gpus=dict(type="list", elements="int", default=[]),
             require_gpu_holders=dict(type="bool", default=True),
             expected_env=dict(type="dict", default={}),

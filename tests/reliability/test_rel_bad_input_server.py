@@ -22,7 +22,6 @@ NAME = "relbad"
 ARGSPEC = "Validating arguments against arg spec 'main' - Restart a GPU inference server safely: kill, verify clean, launch, ready, verify env"
 ASSERT_DEF = "Assert the server definition is usable"
 ASSERT_ENV = "Assert the server environment is valid"
-ASSERT_HOST = "Assert the server's executable, user and workdir exist on the host"
 FAIL_HOST = "Fail the host"  # the role's rescue, re-raising a failure of its lock/check/restart block
 
 # id -> (variables, task that must fail, text the message must contain)
@@ -47,14 +46,15 @@ CASES: t.Dict[str, t.Tuple[t.Dict[str, t.Any], str, str]] = {
                              "gpufleet_server_env": {"X": "a\nExecStartPre=/bin/touch /tmp/pwned"}},
                             ASSERT_ENV, "X contain a line break"),
     "gpu-index-missing": ({"gpufleet_server_gpus": [7]}, FAIL_HOST, "GPU index 7 does not exist on this host (it has 2 GPUs: 0..1)"),
-    "executable-missing": ({"gpufleet_server_command": ["/nonexistent/python3", "-V"]}, ASSERT_HOST,
-                           "gpufleet_server_command[0] /nonexistent/python3 is not an executable file"),
-    "executable-directory": ({"gpufleet_server_command": ["/usr/bin", "-V"]}, ASSERT_HOST,
-                             "gpufleet_server_command[0] /usr/bin is not an executable file"),
-    "user-missing": ({"gpufleet_server_user": "no-such-user-rel"}, ASSERT_HOST,
-                     "gpufleet_server_user no-such-user-rel does not exist"),
-    "workdir-missing": ({"gpufleet_server_workdir": "/nonexistent/dir"}, ASSERT_HOST,
-                        "gpufleet_server_workdir /nonexistent/dir is not a directory"),
+    # The check step (server_state launchable) fails before it takes the lock; the rescue re-raises it.
+    "executable-missing": ({"gpufleet_server_command": ["/nonexistent/python3", "-V"]}, FAIL_HOST,
+                           "cannot run this server: command[0] /nonexistent/python3 is not an executable file."),
+    "executable-directory": ({"gpufleet_server_command": ["/usr/bin", "-V"]}, FAIL_HOST,
+                             "cannot run this server: command[0] /usr/bin is not an executable file."),
+    "user-missing": ({"gpufleet_server_user": "no-such-user-rel"}, FAIL_HOST,
+                     "cannot run this server: user no-such-user-rel does not exist."),
+    "workdir-missing": ({"gpufleet_server_workdir": "/nonexistent/dir"}, FAIL_HOST,
+                        "cannot run this server: workdir /nonexistent/dir is not a directory."),
 }
 
 
@@ -176,8 +176,9 @@ def test_nonexistent_gpu_index_fails_before_the_kill(outcome):
     section="input", case="Non-existent server executable, user or workdir",
     provoked="gpufleet_server_command[0] /nonexistent/python3 or /usr/bin (a directory); gpufleet_server_user "
              "no-such-user-rel; gpufleet_server_workdir /nonexistent/dir",
-    outcome="preflight probes the host and fails naming the variable and value, before the lock and the kill (the "
-            "running server stays up instead of being killed for a launch that cannot work)")
+    outcome="the check step (server_state launchable, one call with the lock) fails naming what is missing and its "
+            "value, before it takes the lock and before the kill (the running server stays up instead of being killed "
+            "for a launch that cannot work)")
 def test_unlaunchable_definition_fails_before_the_kill(outcome):
     _check(outcome, ["executable-missing", "executable-directory", "user-missing", "workdir-missing"])
 

@@ -16,10 +16,10 @@ from rel_helpers import (FAKE_GPU, ROLLOUT_SITE, close_ssh_master, gpu_holders, 
 pytestmark = pytest.mark.sandbox
 
 HOSTS = ["host1", "host2", "host3"]
-CLEAN_TASK = "Verify the GPUs are clean (hard gate; nothing is launched onto a dirty GPU)"
+# The process launcher gates, launches and waits for readiness in one module call (server_launch).
+LAUNCH_TASK = "Verify the GPUs are clean (hard gate), launch the server, wait until it is ready"
+CLEAN_TASK = READY_TASK = LAUNCH_TASK
 STRAY_TASK = "Kill the stray GPU holders, TERM then KILL"
-READY_TASK = "Wait until the server is ready (fails at once if it dies)"
-LAUNCH_TASK = "Launch the server (new session, pidfile, log, launch tag)"
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,8 @@ def test_unkillable_gpu_holder_fails_the_clean_gate_and_nothing_is_launched(bare
     stray = run.res("host2", STRAY_TASK)
     assert [e["pid"] for e in stray["excluded"]] == [holder] and "exclude" in stray["excluded"][0]["reason"], stray
     assert stray["signalled"] == 0
-    assert run.task("host2", LAUNCH_TASK) is None, "a launch was attempted on a dirty GPU"
+    assert failed["phase"] == "clean" and failed.get("pid") is None and failed["changed"] is False, failed
+    assert [h["pid"] for h in failed["clean"]["holders"]] == [holder], failed["clean"]
     assert _launches(fleet, "host2") == 0
     assert gpu_holders(fleet, "host2")[0] == [holder] and holder in ps(fleet, "host2")
     assert not [p for p in ps(fleet, "host2").values() if p["tag"]]

@@ -54,15 +54,15 @@ FAKE_DIR = "/opt/gpufleet-fake"
 FAKE_STATE = "/var/lib/gpufleet-fake/state"
 SSH_DIR = "/etc/ssh/gpufleet"
 STATE_FILE = "fleet.json"
+# sockaddr_un.sun_path is 108 bytes (107 + NUL). While it sets up a master, ssh binds DIR/cp-<host> plus
+# ".<16 random chars>" and then renames it, so that longer name is the one that must fit.
+MAX_CONTROL_PATH = 107
+SSH_TEMP_SUFFIX = 17
 
 
 def host_addr(i: int) -> str:
     """Address of the fleet's i-th host (0-based)."""
     return "%s.%d" % (SUBNET, FIRST_HOST + i)
-# sockaddr_un.sun_path is 108 bytes (107 + NUL). While it sets up a master, ssh binds DIR/cp-<host> plus
-# ".<16 random chars>" and then renames it, so that longer name is the one that must fit.
-MAX_CONTROL_PATH = 107
-SSH_TEMP_SUFFIX = 17
 
 
 class FleetError(Exception):

@@ -120,3 +120,98 @@ def test_bad_input_fails_with_the_field_and_starts_nothing(tmp_path, run_module,
     r = run_module(server_launch.main, args(tmp_path, **kw))
     assert r["failed"] is True and msg in r["msg"], r["msg"]
     assert not (tmp_path / "run" / "demo.pid").exists()
+
+
+# -- wait_clean / wait_ready: the gate, the launch and the readiness wait in one call ---------------------------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_wait_clean_refuses_a_dirty_gpu_and_launches_nothing(tmp_path, run_module, nvml):
+    holder = nvml.hold(gpu=1, mib=4096)
+    r = run_module(server_launch.main, args(tmp_path, wait_clean={"gpus": [0, 1], "timeout": 0.3}))
+    assert r["failed"] and r["phase"] == "clean" and r["changed"] is False and r.get("pid") is None
+    assert r["msg"].startswith("GPUs not clean after 0.3 s") and "GPU 1 pid %d" % holder.pid in r["msg"], r["msg"]
+    assert [h["pid"] for h in r["clean"]["holders"]] == [holder.pid]
+    assert not (tmp_path / "run" / "demo.pid").exists() and not (tmp_path / "log" / "demo.log").exists()
+    assert holder.poll() is None
+    # A GPU the gate was not asked about does not block it.
+    ok = run_module(server_launch.main, args(tmp_path, wait_clean={"gpus": [0], "timeout": 0.3}))
+    try:
+        assert ok["changed"] is True and ok["clean"]["holders"] == [] and ok["clean"]["backend"] == "nvml"
+    finally:
+        os.kill(ok["pid"], signal.SIGKILL)
+        os.waitpid(ok["pid"], 0)
+
+
+def test_wait_clean_launches_right_after_the_holder_dies(tmp_path, run_module, nvml, launched):
+    import threading
+
+    holder = nvml.hold(gpu=0, mib=60000)
+    died = {}
+
+    def kill() -> None:
+        time.sleep(0.4)
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        died["at"] = time.clock_gettime(time.CLOCK_BOOTTIME)  # the clock of /proc/PID/stat's start time
+
+    threading.Thread(target=kill).start()
+    r = run_module(server_launch.main, args(tmp_path, wait_clean={"timeout": 20}))
+    launched.append(r["pid"])
+    assert r["changed"] is True and r["clean"]["waited_s"] >= 0.4 and r["clean"]["polls"] > 1
+    # Launched after the holder died (the fake driver frees its memory ~0.15 s later), not before.
+    started = _proc.read_proc(r["pid"]).start_time / os.sysconf("SC_CLK_TCK")
+    assert started >= died["at"] - 0.01, (started, died["at"])
+
+
+def test_wait_ready_waits_for_a_real_http_server(tmp_path, run_module, launched):
+    port = _free_port()
+    cmd = [sys.executable, "-c", "import time, http.server as h; time.sleep(0.5); "
+           "h.ThreadingHTTPServer(('127.0.0.1', %d), h.SimpleHTTPRequestHandler).serve_forever()" % port]
+    r = run_module(server_launch.main, args(tmp_path, command=cmd, workdir=str(tmp_path),
+                                            wait_ready={"health_url": "http://127.0.0.1:%d/" % port, "timeout": 30,
+                                                        "interval": 0.05}))
+    launched.append(r["pid"])
+    assert r["changed"] is True and r["ready"]["ready_s"] >= 0.5 and r["ready"]["attempts"] > 1, r
+    # Idempotent: found running, still answers, no launch.
+    again = run_module(server_launch.main, args(tmp_path, command=cmd, wait_ready={"health_url": "http://127.0.0.1:%d/" % port}))
+    assert again["changed"] is False and again["already_running"] is True and again["ready"]["ready_s"] < 5
+
+
+def test_wait_ready_fails_at_once_with_the_log_tail_when_the_server_dies(tmp_path, run_module, launched):
+    cmd = [sys.executable, "-c", "import sys; print('RuntimeError: weights not found', flush=True); sys.exit(3)"]
+    t0 = time.monotonic()
+    r = run_module(server_launch.main, args(tmp_path, command=cmd,
+                                            wait_ready={"health_url": "http://127.0.0.1:9/", "timeout": 120}))
+    launched.append(r["pid"])
+    assert r["failed"] and r["phase"] == "startup" and r["changed"] is True and r["pid"] > 0
+    assert "exited during start-up" in r["msg"] and "RuntimeError: weights not found" in r["msg"], r["msg"]
+    assert "RuntimeError: weights not found" in r["log_tail"]
+    assert time.monotonic() - t0 < 20
+
+
+@pytest.mark.parametrize("extra, msg", [
+    ({"wait_clean": {"timeout": 0}}, "wait_clean: timeout and poll_interval must be greater than 0 seconds"),
+    ({"wait_clean": {"poll_interval": -1}}, "wait_clean: timeout and poll_interval must be greater than 0 seconds"),
+    ({"wait_ready": {}}, "wait_ready: set health_url or request (or both)"),
+    ({"wait_ready": {"request": {"body": "{}"}}}, "wait_ready: request.url is required when request is set"),
+    ({"wait_ready": {"health_url": "http://x/", "interval": 0}}, "wait_ready: interval must be greater than 0 seconds"),
+])
+def test_bad_wait_options_fail_before_anything_runs(tmp_path, run_module, nvml, extra, msg):
+    r = run_module(server_launch.main, args(tmp_path, **extra))
+    assert r["failed"] and r["msg"].startswith(msg), r["msg"]
+    assert not (tmp_path / "run" / "demo.pid").exists() and not (tmp_path / "log" / "demo.log").exists()
+
+
+def test_check_mode_with_waits_reads_nothing_and_starts_nothing(tmp_path, run_module, nvml):
+    nvml.hold(gpu=0, mib=4096)
+    r = run_module(server_launch.main, args(tmp_path, wait_clean={"timeout": 0.2}, wait_ready={"health_url": "http://127.0.0.1:9/"}),
+                   check_mode=True)
+    assert r["changed"] is True and r["pid"] is None and "clean" not in r and "ready" not in r
+    assert not (tmp_path / "run" / "demo.pid").exists()

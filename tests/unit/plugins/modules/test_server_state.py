@@ -194,3 +194,32 @@ def test_record_in_check_mode_writes_nothing(servers, paths, run_module, tmp_pat
 def test_bad_input(run_module, args, msg):
     r = run_module(server_state.main, args)
     assert r["failed"] is True and msg in r["msg"], r["msg"]
+
+
+@pytest.mark.parametrize("launchable, problems", [
+    ({"command": "/nonexistent/python3"}, ["command[0] /nonexistent/python3 is not an executable file"]),
+    ({"command": "/usr/bin"}, ["command[0] /usr/bin is not an executable file"]),
+    ({"command": "NOTEXEC"}, ["command[0] NOTEXEC is not an executable file"]),  # a file, mode 0644
+    ({"command": sys.executable, "user": "no-such-user-ut", "workdir": "/nonexistent/dir"},
+     ["user no-such-user-ut does not exist", "workdir /nonexistent/dir is not a directory"]),
+])
+def test_check_refuses_an_unlaunchable_server_before_taking_the_lock(servers, paths, run_module, tmp_path, launchable,
+                                                                     problems):
+    plain = tmp_path / "plain.py"
+    plain.write_text("print(1)\n")
+    plain.chmod(0o644)
+    launchable = {k: v.replace("NOTEXEC", str(plain)) for k, v in launchable.items()}
+    problems = [x.replace("NOTEXEC", str(plain)) for x in problems]
+    running(servers, paths, run_module)
+    r = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:1:a", launchable=launchable))
+    assert r["failed"] and r["launch_problems"] == problems, r
+    assert r["msg"] == "cannot run this server: %s." % "; ".join(problems)
+    assert not os.path.exists(paths["lock_file"])
+
+
+def test_check_accepts_a_launchable_server(servers, paths, run_module, tmp_path):
+    running(servers, paths, run_module)
+    for la in ({"command": sys.executable, "user": "root", "workdir": str(tmp_path)},
+               {"command": "python3", "user": "0"}):  # a bare name is resolved on PATH at launch; a uid works
+        r = run_module(server_state.main, check_args(paths, launchable=la))
+        assert "failed" not in r and r["needs_restart"] is False, r
