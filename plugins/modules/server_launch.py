@@ -76,6 +76,7 @@ options:
     type: str
     default: GPUFLEET_SERVICE
   wait_clean:
+    version_added: 0.2.0
     description:
       - Before launching, wait until these GPUs are clean (no process, at most O(wait_clean.max_used_mib) MiB used).
       - Not evaluated in check mode, nor when the server already runs.
@@ -103,6 +104,7 @@ options:
         choices: [auto, nvml, nvidia-smi]
         default: auto
   wait_ready:
+    version_added: 0.2.0
     description:
       - After launching (or finding the server running), wait until it is ready.
       - Not evaluated in check mode.

@@ -61,6 +61,7 @@ options:
     description: Hash of the desired state (command, env, user, workdir, launcher, NCCL layers).
     type: str
   launchable:
+    version_added: 0.2.0
     description: With V(check), what the launch needs on the host; the check fails naming each one that is missing.
     type: dict
     suboptions:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+import helpers
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -189,14 +191,8 @@ def start_bg(fleet: t.Any, host: str, argv: t.Sequence[str], env: t.Optional[t.D
 
 
 def wait_for(cond: t.Callable[[], t.Any], timeout: float, what: str, interval: float = 0.1) -> t.Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out after %.1fs waiting for %s" % (timeout, what))
-        time.sleep(interval)
+    """helpers.wait_for, polling every 0.1 s: each condition here is an ssh round trip to a sandbox host."""
+    return helpers.wait_for(cond, timeout, what, interval)
 
 
 def read_host_file(fleet: t.Any, host: str, path: str) -> t.Optional[str]:

@@ -14,7 +14,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import time
 import typing as t
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -83,3 +86,49 @@ def run_module(capsys) -> t.Callable[..., t.Dict[str, t.Any]]:
 
 def env_without(*keys: str) -> t.Dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in keys}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    # Set per test on the server object: health codes to return in order (last repeats), generate code/body.
+    def log_message(self, *a):
+        pass
+
+    def _send(self, code, body):
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        s = self.server
+        if self.path == "/health":
+            code = s.health[min(s.health_calls, len(s.health) - 1)]
+            s.health_calls += 1
+            self._send(code, "ok" if code == 200 else "loading")
+        else:
+            self._send(404, "no")
+
+    def do_POST(self):
+        s = self.server
+        n = int(self.headers.get("Content-Length") or 0)
+        s.bodies.append(self.rfile.read(n).decode())
+        if s.hang:
+            time.sleep(s.hang)
+        self._send(s.gen_code, s.gen_body)
+
+
+@pytest.fixture
+def http_server():
+    """A real HTTP server in a thread: GET /health answers srv.health codes in turn (the last repeats), POST
+    records its body in srv.bodies and answers srv.gen_code/srv.gen_body after srv.hang seconds."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv.daemon_threads = True
+    srv.health, srv.health_calls, srv.bodies = [200], 0, []
+    srv.gen_code, srv.gen_body, srv.hang = 200, '{"text": "pong"}', 0
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    srv.url = "http://127.0.0.1:%d" % srv.server_address[1]
+    yield srv
+    srv.shutdown()
+    srv.server_close()

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -157,48 +156,6 @@ def test_a_corrupt_lock_file_is_broken(tmp_path):
 
 # ---------------------------------------------------------------- readiness gate
 
-class _Handler(BaseHTTPRequestHandler):
-    # Set per test on the server object: health codes to return in order (last repeats), generate code/body.
-    def log_message(self, *a):
-        pass
-
-    def _send(self, code, body):
-        data = body.encode()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):
-        s = self.server
-        if self.path == "/health":
-            code = s.health[min(s.health_calls, len(s.health) - 1)]
-            s.health_calls += 1
-            self._send(code, "ok" if code == 200 else "loading")
-        else:
-            self._send(404, "no")
-
-    def do_POST(self):
-        s = self.server
-        n = int(self.headers.get("Content-Length") or 0)
-        s.bodies.append(self.rfile.read(n).decode())
-        if s.hang:
-            time.sleep(s.hang)
-        self._send(s.gen_code, s.gen_body)
-
-
-@pytest.fixture
-def http_server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    srv.daemon_threads = True
-    srv.health, srv.health_calls, srv.bodies = [200], 0, []
-    srv.gen_code, srv.gen_body, srv.hang = 200, '{"text": "pong"}', 0
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    srv.url = "http://127.0.0.1:%d" % srv.server_address[1]
-    yield srv
-    srv.shutdown()
-    srv.server_close()
 
 
 def closed_port_url():

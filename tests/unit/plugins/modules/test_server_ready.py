@@ -7,7 +7,6 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -15,35 +14,10 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _proc
 from ansible_collections.gpufleet.serving.plugins.modules import server_ready
 
 
-class Handler(BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-
-    def _send(self, code, body):
-        data = body.encode()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):
-        self._send(200 if self.path == "/health" else 404, "ok")
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self._send(self.server.gen_code, '{"text": "pong"}')
-
-
 @pytest.fixture
-def srv():
-    s = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    s.daemon_threads = True
-    s.gen_code = 200
-    threading.Thread(target=s.serve_forever, daemon=True).start()
-    s.url = "http://127.0.0.1:%d" % s.server_address[1]
-    yield s
-    s.shutdown()
-    s.server_close()
+def srv(http_server):
+    """tests/unit/conftest.py's HTTP server: /health 200, POST answers srv.gen_code."""
+    return http_server
 
 
 def pidfile_of(tmp_path, p):
