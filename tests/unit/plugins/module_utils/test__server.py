@@ -157,7 +157,6 @@ def test_a_corrupt_lock_file_is_broken(tmp_path):
 # ---------------------------------------------------------------- readiness gate
 
 
-
 def closed_port_url():
     import socket
     with socket.socket() as s:
