@@ -527,40 +527,53 @@ def _mkdirs_like(upper: Path, path: Path) -> None:
             _copy_mode(real, cur)
 
 
-def main(argv: t.Optional[t.Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+def cli_parser(description: str, hosts: int, timeout: float, python_option: bool = True) -> t.Tuple[t.Any, t.Any]:
+    """The up/down/status command line shared by fleet.py and podman_fleet.py: (parser, its subparsers)."""
+    ap = argparse.ArgumentParser(description=description)
     sub = ap.add_subparsers(dest="cmd", required=True)
     u = sub.add_parser("up", help="start N hosts (reuses a running fleet with the same config)")
-    u.add_argument("--hosts", type=int, default=3)
+    u.add_argument("--hosts", type=int, default=hosts)
     u.add_argument("--state-dir", required=True)
     u.add_argument("--gpus", type=int, default=2, help="fake GPUs per host")
     u.add_argument("--gpu-mib", type=int, default=143771, help="memory per fake GPU in MiB")
     u.add_argument("--nvlink", default="", help="comma-separated hosts whose fake GPUs have NVLink")
-    u.add_argument("--python", help="interpreter for the hosts (default /usr/bin/python3 if present)")
-    u.add_argument("--timeout", type=float, default=20)
+    if python_option:
+        u.add_argument("--python", help="interpreter for the hosts (default /usr/bin/python3 if present)")
+    u.add_argument("--timeout", type=float, default=timeout)
     d = sub.add_parser("down", help="remove everything of the fleet (also after a crashed up)")
     d.add_argument("--state-dir", required=True)
     s = sub.add_parser("status", help="print the fleet's state as JSON; rc 0 only if all hosts are up")
     s.add_argument("--state-dir", required=True)
-    a = ap.parse_args(argv)
-    fleet = Fleet(a.state_dir)
+    return ap, sub
+
+
+def run_cli(fleet: "Fleet", a: t.Any, status_extra: t.Optional[t.Callable[[t.Any], t.Dict[str, t.Any]]] = None) -> int:
+    """Run the parsed up/down/status command on `fleet`; errors become one line and rc 1."""
     try:
+        t0 = time.monotonic()
         if a.cmd == "up":
             nv = [x.strip() for x in a.nvlink.split(",") if x.strip()]
-            fleet.up(a.hosts, a.gpus, a.gpu_mib, nv, a.python, a.timeout)
+            fleet.up(a.hosts, a.gpus, a.gpu_mib, nv, getattr(a, "python", None), a.timeout)
+            log("up in %.1fs" % (time.monotonic() - t0))
             print(fleet.inventory)
         elif a.cmd == "down":
-            t0 = time.monotonic()
             fleet.down()
             log("down in %.2fs" % (time.monotonic() - t0))
         else:
             st = fleet.status()
+            st.update(status_extra(fleet) if status_extra else {})
             print(json.dumps(st, indent=1))
             return 0 if st["up"] else 1
     except FleetError as e:
         log("error: %s" % e)
         return 1
     return 0
+
+
+def main(argv: t.Optional[t.Sequence[str]] = None) -> int:
+    ap, _sub = cli_parser(__doc__.split("\n", maxsplit=1)[0], hosts=3, timeout=20)
+    a = ap.parse_args(argv)
+    return run_cli(Fleet(a.state_dir), a)
 
 
 if __name__ == "__main__":

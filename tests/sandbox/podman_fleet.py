@@ -28,7 +28,6 @@ Needs root, podman, runc, debootstrap (apt: podman runc debootstrap) besides fle
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import hashlib
 import importlib.util
@@ -290,46 +289,18 @@ class PodmanFleet(_fleet.Fleet):
 
 
 def main(argv: t.Optional[t.Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap, sub = _fleet.cli_parser(__doc__.split("\n", maxsplit=1)[0], hosts=1, timeout=60, python_option=False)
     i = sub.add_parser("image", help="make sure the image exists (import the cached rootfs or debootstrap it)")
     i.add_argument("--rebuild", action="store_true", help="debootstrap again even if the image or tarball exist")
-    u = sub.add_parser("up", help="start N container hosts (reuses a running fleet with the same config)")
-    u.add_argument("--hosts", type=int, default=1)
-    u.add_argument("--state-dir", required=True)
-    u.add_argument("--gpus", type=int, default=2, help="fake GPUs per host")
-    u.add_argument("--gpu-mib", type=int, default=143771, help="memory per fake GPU in MiB")
-    u.add_argument("--nvlink", default="", help="comma-separated hosts whose fake GPUs have NVLink")
-    u.add_argument("--timeout", type=float, default=60)
-    d = sub.add_parser("down", help="remove the containers and everything of the fleet")
-    d.add_argument("--state-dir", required=True)
-    s = sub.add_parser("status", help="print the fleet's state as JSON; rc 0 only if all hosts are up")
-    s.add_argument("--state-dir", required=True)
     a = ap.parse_args(argv)
-    try:
-        if a.cmd == "image":
+    if a.cmd == "image":
+        try:
             print(json.dumps({"image": IMAGE, "tarball": str(TARBALL), "result": ensure_image(a.rebuild)}))
-            return 0
-        fleet = PodmanFleet(a.state_dir)
-        if a.cmd == "up":
-            t0 = time.monotonic()
-            nv = [x.strip() for x in a.nvlink.split(",") if x.strip()]
-            fleet.up(a.hosts, a.gpus, a.gpu_mib, nv, timeout=a.timeout)
-            log("podman fleet up in %.1fs" % (time.monotonic() - t0))
-            print(fleet.inventory)
-        elif a.cmd == "down":
-            t0 = time.monotonic()
-            fleet.down()
-            log("down in %.2fs" % (time.monotonic() - t0))
-        else:
-            st = fleet.status()
-            st["containers"] = fleet.our_containers()
-            print(json.dumps(st, indent=1))
-            return 0 if st["up"] else 1
-    except FleetError as e:
-        log("error: %s" % e)
-        return 1
-    return 0
+        except FleetError as e:
+            log("error: %s" % e)
+            return 1
+        return 0
+    return _fleet.run_cli(PodmanFleet(a.state_dir), a, status_extra=lambda f: {"containers": f.our_containers()})
 
 
 if __name__ == "__main__":
