@@ -19,6 +19,17 @@ from ansible.module_utils.basic import missing_required_lib
 from ansible_collections.gpufleet.serving.plugins.module_utils import _gpuwait, _nvml
 
 
+def clean_gate_argspec() -> t.Dict[str, t.Any]:
+    """Options of a clean wait, as gpu_wait takes them and server_launch's wait_clean does."""
+    return dict(
+        gpus=dict(type="list", elements="int", default=[]),
+        timeout=dict(type="float", default=30.0),
+        poll_interval=dict(type="float", default=0.02),
+        max_used_mib=dict(type="int"),
+        backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),
+    )
+
+
 @contextlib.contextmanager
 def backend_or_fail(module: t.Any, name: t.Optional[str] = None) -> t.Iterator[_nvml.Backend]:
     try:
@@ -71,17 +82,21 @@ def not_ready_message(res: t.Mapping[str, t.Any]) -> str:
     return "GPUs not busy after %.1f s (%s)" % (res["waited_s"], used)
 
 
-def clean_gate(module: t.Any, gate: t.Mapping[str, t.Any], **fail_extra: t.Any) -> t.Dict[str, t.Any]:
-    """Wait until the gate's GPUs are clean; fail the module (with `fail_extra`) listing the holders if not."""
-    with backend_or_fail(module, gate.get("backend")) as backend:
-        indices = _nvml.resolve_indices(backend, gate.get("gpus") or [])
+def wait_or_fail(module: t.Any, opts: t.Mapping[str, t.Any], state: str = "clean", min_processes: int = 1,
+                 min_used_mib: int = 0, result_key: t.Optional[str] = None, **fail_extra: t.Any) -> t.Dict[str, t.Any]:
+    """Wait until the GPUs of `opts` (clean_gate_argspec) are clean or busy and return the reading; fail the module
+    listing the holders when they are not, with the reading under `result_key` (top level when None)."""
+    with backend_or_fail(module, opts.get("backend")) as backend:
+        indices = _nvml.resolve_indices(backend, opts["gpus"])
         if not indices:
-            module.fail_json(msg="this host has no GPUs, so there is nothing to verify clean", backend=backend.name,
+            # "All of no GPUs are clean/busy" is vacuous; a GPU gate on a host without GPUs is a mistake.
+            module.fail_json(msg="gpus: this host has no GPUs, so there is nothing to wait for", backend=backend.name,
                              **fail_extra)
-        res = _gpuwait.wait(backend, indices, state="clean", timeout=gate["timeout"],
-                            poll_interval=gate["poll_interval"], max_used_mib=gate.get("max_used_mib"))
+        res = _gpuwait.wait(backend, indices, state=state, timeout=opts["timeout"], poll_interval=opts["poll_interval"],
+                            max_used_mib=opts.get("max_used_mib"), min_processes=min_processes, min_used_mib=min_used_mib)
         ok = res.pop("ok")
         res["backend"] = backend.name
         if not ok:
-            module.fail_json(msg=not_ready_message(res), clean=res, **fail_extra)
+            details = {result_key: res} if result_key else res
+            module.fail_json(msg=not_ready_message(res), **dict(details, **fail_extra))
         return res

@@ -108,20 +108,16 @@ holders:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod, _gpuwait, _nvml
+from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            gpus=dict(type="list", elements="int", default=[]),
+            _gpumod.clean_gate_argspec(),
             state=dict(type="str", choices=["clean", "busy"], default="clean"),
-            timeout=dict(type="float", default=30.0),
-            poll_interval=dict(type="float", default=0.02),
-            max_used_mib=dict(type="int"),
             min_processes=dict(type="int", default=1),
             min_used_mib=dict(type="int", default=0),
-            backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),
         ),
         supports_check_mode=True,
     )
@@ -130,19 +126,9 @@ def main() -> None:
         module.fail_json(msg="timeout must be greater than 0 seconds, got %s" % p["timeout"])
     if p["poll_interval"] <= 0:
         module.fail_json(msg="poll_interval must be greater than 0 seconds, got %s" % p["poll_interval"])
-    with _gpumod.backend_or_fail(module) as backend:
-        indices = _nvml.resolve_indices(backend, p["gpus"])
-        if not indices:
-            # "All of no GPUs are clean/busy" is vacuous; a GPU gate on a host without GPUs is a mistake.
-            module.fail_json(msg="gpus: this host has no GPUs, so there is nothing to wait for", backend=backend.name)
-        res = _gpuwait.wait(backend, indices, state=p["state"], timeout=p["timeout"],
-                            poll_interval=p["poll_interval"], max_used_mib=p["max_used_mib"],
-                            min_processes=p["min_processes"], min_used_mib=p["min_used_mib"])
-        ok = res.pop("ok")
-        res["backend"] = backend.name
-        if not ok:
-            module.fail_json(msg=_gpumod.not_ready_message(res), **res)
-        module.exit_json(changed=False, **res)
+    res = _gpumod.wait_or_fail(module, p, state=p["state"], min_processes=p["min_processes"],
+                               min_used_mib=p["min_used_mib"])
+    module.exit_json(changed=False, **res)
 
 
 if __name__ == "__main__":

@@ -218,13 +218,7 @@ def main() -> None:
             log_path=dict(type="path", required=True),
             pidfile=dict(type="path", required=True),
             tag_name=dict(type="str", default="GPUFLEET_SERVICE"),
-            wait_clean=dict(type="dict", options=dict(
-                gpus=dict(type="list", elements="int", default=[]),
-                timeout=dict(type="float", default=30.0),
-                poll_interval=dict(type="float", default=0.02),
-                max_used_mib=dict(type="int"),
-                backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),
-            )),
+            wait_clean=dict(type="dict", options=_gpumod.clean_gate_argspec()),
             wait_ready=dict(type="dict", options=dict(
                 health_url=dict(type="str", default=""),
                 request=dict(type="dict", default={}),
@@ -261,7 +255,7 @@ def main() -> None:
         module.exit_json(changed=True, pid=None, start_time=None, already_running=False, launch_s=0.0)
     else:
         if gate:
-            result["clean"] = _gpumod.clean_gate(module, gate, phase="clean", changed=False)
+            result["clean"] = _gpumod.wait_or_fail(module, gate, result_key="clean", phase="clean", changed=False)
         t0 = time.monotonic()
         try:
             full = _server.base_env(p["user"], p["env_passthrough"])

@@ -3,7 +3,6 @@
 writes is sandbox.server_vars() of the fleet's python, and podman_fleet finds the mirror apt uses."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,16 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from gpufleet_ci import sandbox  # noqa: E402
-
-
-def _podman_fleet():
-    name = "gpufleet_sandbox_podman_fleet"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, str(ROOT / "tests" / "sandbox" / "podman_fleet.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+from sandbox.fixtures import podman_fleet  # noqa: E402
 
 
 @pytest.mark.parametrize("extra", [{}, {"gpufleet_server_launcher": "systemd"}])
@@ -67,4 +57,4 @@ def test_apt_mirror_is_the_one_apt_uses_for_bookworm(tmp_path, files, mirror):
         f = tmp_path / "etc" / "apt" / rel
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(text)
-    assert _podman_fleet().apt_mirror(str(tmp_path)) == mirror
+    assert podman_fleet().apt_mirror(str(tmp_path)) == mirror

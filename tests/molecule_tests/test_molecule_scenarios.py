@@ -13,7 +13,6 @@ playbooks hold the assertions; molecule exits non-zero when any of them fails.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.fixtures import skip_reason
+from sandbox.fixtures import podman_fleet, skip_reason
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
@@ -37,20 +36,10 @@ UNREACHABLE = re.compile(r"Failed getting release file|Couldn't download|Tempora
                          r"Could not resolve|Connection refused|Network is unreachable|Connection timed out")
 
 
-def _podman_fleet() -> t.Any:
-    name = "gpufleet_sandbox_podman_fleet"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, str(ROOT / "tests" / "sandbox" / "podman_fleet.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
 def _prefix(scenario: str) -> str:
     """Name prefix of the namespaces (and containers) of the scenario's fleet; see molecule.yml's state dir."""
     state_dir = os.path.realpath("/tmp/gpufleet-molecule%s/%s" % (ROOT, scenario))
-    return _podman_fleet()._fleet.prefix_for(Path(state_dir)) + "-"
+    return podman_fleet()._fleet.prefix_for(Path(state_dir)) + "-"
 
 
 def _leftovers(scenario: str) -> t.List[str]:
@@ -117,7 +106,7 @@ def test_check_mode_scenario_changes_nothing_and_leaves_no_fleet():
 
 def test_systemd_scenario_runs_the_unit_and_stop_ends_its_cgroup():
     _skip_unless_sandbox()
-    pf = _podman_fleet()
+    pf = podman_fleet()
     missing = pf.missing_commands(build=not pf.TARBALL.exists() and not pf.image_exists())
     if missing:
         pytest.skip("the systemd scenario needs %s (apt-get install podman runc debootstrap; ./scripts/setup does)"

@@ -30,16 +30,23 @@ FLEET_PY = HERE / "fleet.py"
 VENV_BIN = Path(sys.executable).parent
 
 
-def _load_fleet_module() -> t.Any:
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("gpufleet_sandbox_fleet", str(FLEET_PY))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+def load_script(name: str, path: Path) -> t.Any:
+    """Import a script (fleet.py, podman_fleet.py) once per process, under `name`, as they import each other."""
+    if name not in sys.modules:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location(name, str(path))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
 
 
-_fleet = sys.modules.get("gpufleet_sandbox_fleet") or _load_fleet_module()
+def podman_fleet() -> t.Any:
+    """tests/sandbox/podman_fleet.py as a module."""
+    return load_script("gpufleet_sandbox_podman_fleet", HERE / "podman_fleet.py")
+
+
+_fleet = load_script("gpufleet_sandbox_fleet", FLEET_PY)
 
 
 def skip_reason() -> t.Optional[str]:

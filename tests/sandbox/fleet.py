@@ -58,6 +58,22 @@ STATE_FILE = "fleet.json"
 # ".<16 random chars>" and then renames it, so that longer name is the one that must fit.
 MAX_CONTROL_PATH = 107
 SSH_TEMP_SUFFIX = 17
+# sshd settings of every sandbox host (key-only root login, no PAM/DNS delays, many parallel sessions);
+# fleet.py writes them into a whole sshd_config, podman_fleet.py into a drop-in of the image's.
+SSHD_OPTIONS = [
+    "HostKey %s/ssh_host_ed25519_key" % SSH_DIR,
+    "AuthorizedKeysFile %s/authorized_keys" % SSH_DIR,
+    "PermitRootLogin prohibit-password",
+    "PasswordAuthentication no",
+    "KbdInteractiveAuthentication no",
+    "UsePAM no",
+    "UseDNS no",
+    "PrintMotd no",
+    "PrintLastLog no",
+    "StrictModes no",
+    "MaxSessions 100",
+    "MaxStartups 100:30:200",
+]
 
 
 def host_addr(i: int) -> str:
@@ -290,25 +306,9 @@ class Fleet:
         hk.unlink()
         Path(str(hk) + ".pub").unlink()
         put(SSH_DIR + "/authorized_keys", Path(str(self.key) + ".pub").read_bytes(), 0o600)
-        put(SSH_DIR + "/sshd_config", "\n".join([
-            "Port 22",
-            "ListenAddress 0.0.0.0",
-            "HostKey %s/ssh_host_ed25519_key" % SSH_DIR,
-            "AuthorizedKeysFile %s/authorized_keys" % SSH_DIR,
-            "PermitRootLogin prohibit-password",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "UsePAM no",
-            "UseDNS no",
-            "PrintMotd no",
-            "PrintLastLog no",
-            "StrictModes no",
-            "PidFile /run/sshd.pid",
-            "MaxSessions 100",
-            "MaxStartups 100:30:200",
-            "Subsystem sftp /usr/lib/openssh/sftp-server",
-            "",
-        ]))
+        put(SSH_DIR + "/sshd_config", "\n".join(
+            ["Port 22", "ListenAddress 0.0.0.0"] + SSHD_OPTIONS
+            + ["PidFile /run/sshd.pid", "Subsystem sftp /usr/lib/openssh/sftp-server", ""]))
         # The test-only fake NVML, with this host's GPUs, reachable by the host interpreter without PYTHONPATH.
         for f in ("pynvml.py", "fake_gpu.py"):
             put(FAKE_DIR + "/" + f, (FAKE_NVML_DIR / f).read_bytes())

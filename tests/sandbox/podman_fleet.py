@@ -223,21 +223,7 @@ class PodmanFleet(_fleet.Fleet):
         conf = upper / SSHD_DROPIN.lstrip("/")
         conf.parent.mkdir(parents=True, exist_ok=True)
         # Debian's sshd_config includes sshd_config.d/*.conf first, and the first value of an option wins.
-        conf.write_text("\n".join([
-            "HostKey %s/ssh_host_ed25519_key" % _fleet.SSH_DIR,
-            "AuthorizedKeysFile %s/authorized_keys" % _fleet.SSH_DIR,
-            "PermitRootLogin prohibit-password",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "UsePAM no",
-            "UseDNS no",
-            "PrintMotd no",
-            "PrintLastLog no",
-            "StrictModes no",
-            "MaxSessions 100",
-            "MaxStartups 100:30:200",
-            "",
-        ]))
+        conf.write_text("\n".join(_fleet.SSHD_OPTIONS + [""]))
         os.chmod(conf, 0o644)
         (self.host_dir(name) / "boot.sh").unlink()
 
