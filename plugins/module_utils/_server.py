@@ -231,6 +231,33 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
 
 # ---------------------------------------------------------------- state file and lock
 
+def record_state(state_file: str, name: str, fingerprint: str, pidfile: str, timings: t.Mapping[str, t.Any],
+                 check_mode: bool = False) -> t.Tuple[bool, t.Dict[str, t.Any]]:
+    """Write what was launched (fingerprint, pid, start time, timings); changed when the launch identity differs."""
+    ident = pidfile_identity(pidfile)
+    new = {"fingerprint": fingerprint, "pid": ident[0] if ident else None,
+           "start_time": ident[1] if ident else None, "name": name, "timings": dict(timings)}
+    old = read_state(state_file)
+    keys = ("fingerprint", "pid", "start_time")
+    changed = {k: old.get(k) for k in keys} != {k: new[k] for k in keys}
+    new["recorded_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    if changed and not check_mode:
+        write_json_atomic(state_file, new)
+    return changed, new
+
+
+def start(name: str, command: t.Sequence[str], env: t.Mapping[str, str], passthrough: t.Sequence[str], user: str,
+          workdir: str, log_path: str, pidfile: str, tag_name: str) -> _proc.Proc:
+    """Launch with the clean base environment, then `env`, then the launch tag (which every worker inherits)."""
+    full = base_env(user, passthrough)
+    full.update(env)
+    full[tag_name] = name
+    try:
+        return launch(command, full, user, workdir, log_path, pidfile)
+    except KeyError as e:
+        raise ServerError(str(e))
+
+
 def read_state(path: str) -> t.Dict[str, t.Any]:
     try:
         with open(path) as f:

@@ -258,11 +258,9 @@ def main() -> None:
             result["clean"] = _gpumod.wait_or_fail(module, gate, result_key="clean", phase="clean", changed=False)
         t0 = time.monotonic()
         try:
-            full = _server.base_env(p["user"], p["env_passthrough"])
-            full.update(env)
-            full[p["tag_name"]] = p["name"]
-            proc = _server.launch(p["command"], full, p["user"], p["workdir"], p["log_path"], p["pidfile"])
-        except (_server.ServerError, KeyError) as e:
+            proc = _server.start(p["name"], p["command"], env, p["env_passthrough"], p["user"], p["workdir"],
+                                 p["log_path"], p["pidfile"], p["tag_name"])
+        except _server.ServerError as e:
             module.fail_json(msg="launch of %s failed: %s" % (p["name"], e), phase="launch", **result)
         ident = (proc.pid, proc.start_time)
         result.update(changed=True, pid=proc.pid, start_time=proc.start_time, launch_s=round(time.monotonic() - t0, 4))

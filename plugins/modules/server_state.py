@@ -183,7 +183,6 @@ state:
 """
 
 import os
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -321,14 +320,8 @@ def main() -> None:
     if p["action"] == "check":
         module.exit_json(**check(module))
     if p["action"] == "record":
-        ident = _server.pidfile_identity(p["pidfile"])
-        new = {"fingerprint": p["fingerprint"], "pid": ident[0] if ident else None,
-               "start_time": ident[1] if ident else None, "name": p["name"], "timings": p["timings"]}
-        old = _server.read_state(p["state_file"])
-        changed = {k: old.get(k) for k in ("fingerprint", "pid", "start_time")} != {k: new[k] for k in ("fingerprint", "pid", "start_time")}
-        new["recorded_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        if changed and not module.check_mode:
-            _server.write_json_atomic(p["state_file"], new)
+        changed, new = _server.record_state(p["state_file"], p["name"], p["fingerprint"], p["pidfile"], p["timings"],
+                                            module.check_mode)
         module.exit_json(changed=changed, state=new)
     if p["action"] == "lock":
         if module.check_mode:

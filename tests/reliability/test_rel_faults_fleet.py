@@ -16,10 +16,9 @@ from rel_helpers import (FAKE_GPU, ROLLOUT_SITE, close_ssh_master, gpu_holders, 
 pytestmark = pytest.mark.sandbox
 
 HOSTS = ["host1", "host2", "host3"]
-# The process launcher gates, launches and waits for readiness in one module call (server_launch).
-LAUNCH_TASK = "Verify the GPUs are clean (hard gate), launch the server, wait until it is ready"
-CLEAN_TASK = READY_TASK = LAUNCH_TASK
-STRAY_TASK = "Kill the stray GPU holders, TERM then KILL"
+# One module call runs kill, strays, the clean gate, launch and readiness; its result holds each step's.
+RESTART_TASK = "Restart the server (kill, verify clean, launch, wait ready, verify the workers' environment, record)"
+CLEAN_TASK = READY_TASK = RESTART_TASK
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +81,7 @@ def test_unkillable_gpu_holder_fails_the_clean_gate_and_nothing_is_launched(bare
     failed = clean["res"]
     assert "GPUs not clean" in failed["msg"] and "pid %d" % holder in failed["msg"], failed["msg"]
     assert "nvidia_gpu_exporter hold --gpu 0" in failed["msg"], failed["msg"]
-    stray = run.res("host2", STRAY_TASK)
+    stray = failed["strays"]
     assert [e["pid"] for e in stray["excluded"]] == [holder] and "exclude" in stray["excluded"][0]["reason"], stray
     assert stray["signalled"] == 0
     assert failed["phase"] == "clean" and failed.get("pid") is None and failed["changed"] is False, failed

@@ -20,7 +20,7 @@ from rel_helpers import (DEMO, ROLLOUT_SITE, gpu_holders, host_py, ps, read_host
 
 pytestmark = pytest.mark.sandbox
 
-KILL_TASK = "Kill every process of the service (tag, pidfile, adopted command line), TERM then KILL"
+RESTART_TASK = "Restart the server (kill, verify clean, launch, wait ready, verify the workers' environment, record)"
 GRACE = 2.0
 EXPORTER = """#!/usr/bin/python3
 # Stand-in for a GPU monitoring agent: keeps the NVML config open and polls, like nvidia_gpu_exporter.
@@ -108,13 +108,13 @@ def scenario(sandbox_fleet_module, tmp_path_factory):
 
 
 def _killed(sc):
-    return {p["pid"]: p for p in sc["run"].res("host1", KILL_TASK)["processes"]}
+    return {p["pid"]: p for p in sc["run"].res("host1", RESTART_TASK)["kill"]["processes"]}
 
 
 @pytest.mark.reliability(
     section="fault", case="Server ignores SIGTERM",
     provoked="a tagged demo server started with --ignore-term (launcher and spawn workers ignore TERM); rollout with kill grace 2 s",
-    outcome="process_kill sends SIGTERM, waits the grace, sends SIGKILL; each such process is reported with "
+    outcome="the kill step (process_kill's code, in server_restart) sends SIGTERM, waits the grace, sends SIGKILL; each such process is reported with "
             "signals_sent [SIGTERM, SIGKILL] and exited_after_s >= grace; the new server is launched")
 def test_term_ignoring_server_is_escalated_to_sigkill_and_reported(scenario):
     run = scenario["run"]
@@ -126,7 +126,7 @@ def test_term_ignoring_server_is_escalated_to_sigkill_and_reported(scenario):
         assert k["signals_sent"] == ["SIGTERM", "SIGKILL"], k
         assert k["survived"] is False and k["exited_after_s"] >= GRACE, k
         assert pid not in scenario["after"]
-    assert run.res("host1", KILL_TASK)["elapsed_s"] >= GRACE
+    assert run.res("host1", RESTART_TASK)["kill"]["elapsed_s"] >= GRACE
     assert summary(run)["host1"]["restarted"] is True
 
 
@@ -159,7 +159,7 @@ def test_orphaned_workers_are_found_by_tag_and_killed(scenario):
             "and the pidfile rewritten")
 def test_stale_pidfile_process_survives(scenario):
     reused = scenario["bystanders"]["reused"]
-    res = scenario["run"].res("host1", KILL_TASK)
+    res = scenario["run"].res("host1", RESTART_TASK)["kill"]
     assert reused["pid"] not in _killed(scenario)
     assert any("is stale: pid %d now belongs to another process" % reused["pid"] in n for n in res["notes"]), res["notes"]
     assert scenario["after"].get(reused["pid"], {}).get("start") == reused["start"]

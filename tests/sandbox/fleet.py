@@ -12,7 +12,8 @@ Needs root, iproute2, util-linux unshare, openssh-server and netcat-openbsd. Eac
 - `unshare --mount --uts --pid --fork --kill-child --mount-proc` running sshd (key auth, UsePAM no) as
   PID 1 of its own pid namespace, with copy-on-write overlayfs over /etc /var /usr /opt /root /home
   /srv (upper dirs under DIR/hosts/<host>/) and tmpfs /tmp /run /var/tmp /dev/shm, its own hostname,
-  an empty resolv.conf and an /etc/hosts entry (without them fact gathering stalls on DNS);
+  an empty resolv.conf and an /etc/hosts entry (without them fact gathering stalls on DNS), and a
+  distribution-default root .bashrc/.profile (not this machine's);
 - the test-only fake pynvml (tests/fakes/nvml) in /opt/gpufleet-fake with that host's GPUs, reachable
   by the host interpreter through a .pth file in its site-packages dir; the demo server in
   /opt/gpufleet-fake/demo_server.py.
@@ -296,6 +297,15 @@ class Fleet:
         put("/etc/hosts", hosts)
         put("/etc/hostname", name + "\n")
         put("/etc/resolv.conf", "")  # no DNS inside: lookups fail fast instead of timing out
+        # A fresh host's root shell files, not this machine's: sshd runs every command through root's bash, which
+        # reads ~/.bashrc, and a developer's (pyenv init and the like) would add ~0.1 s to each round trip.
+        for rc in (".bashrc", ".profile"):
+            for src in ("/usr/share/base-files/dot" + rc, "/etc/skel/" + rc):
+                if os.path.exists(src):
+                    put("/root/" + rc, Path(src).read_bytes())
+                    break
+            else:
+                put("/root/" + rc, "")
         hk = self.dir / ("hostkey-" + name)
         for p in (hk, Path(str(hk) + ".pub")):
             if p.exists():

@@ -1,0 +1,267 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection.
+# Breaking changes can happen without notice.
+
+"""The whole restart cycle of a process-launched server in one module call (server_restart).
+
+kill -> strays -> clean gate -> launch -> ready -> busy -> verify env -> record -> release the host lock.
+Each step is the same code the single-step modules run (process_kill, gpu_wait, server_launch, process_env,
+server_state); running them in one process saves one ansible task start per step, which on a fleet is most of
+a restart's wall time (each task is a module round trip to every host).
+"""
+
+from __future__ import annotations
+
+import time
+import typing as t
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import (
+    _envblock, _envcheck, _gpumod, _kill, _killmod, _nvml, _server)
+
+KILL_DEFAULTS = dict(signals=["TERM", "KILL"], grace=10.0, final_wait=5.0, poll_interval=0.01)
+
+
+def argument_spec() -> t.Dict[str, t.Any]:
+    gate = _gpumod.clean_gate_argspec()
+    gate.pop("gpus")  # one GPU list for the gate, the stray kill and the busy wait
+    gate.pop("backend")
+    return dict(
+        name=dict(type="str", required=True),
+        command=dict(type="list", elements="str", required=True),
+        env=dict(type="dict", default={}),
+        env_passthrough=dict(type="list", elements="str", default=[], no_log=False),
+        user=dict(type="str", default="root"),
+        workdir=dict(type="path", default="/"),
+        log_path=dict(type="path", required=True),
+        pidfile=dict(type="path", required=True),
+        tag_name=dict(type="str", default="GPUFLEET_SERVICE"),
+        gpus=dict(type="list", elements="int", default=[]),
+        backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),
+        kill=dict(type="dict", default={}, options=dict(
+            cmdline_regex=dict(type="str"),
+            gpu_strays=dict(type="bool", default=False),
+            exclude_regex=dict(type="list", elements="str"),
+            signals=dict(type="list", elements="str", default=KILL_DEFAULTS["signals"]),
+            grace=dict(type="float", default=KILL_DEFAULTS["grace"]),
+            final_wait=dict(type="float", default=KILL_DEFAULTS["final_wait"]),
+            poll_interval=dict(type="float", default=KILL_DEFAULTS["poll_interval"]),
+        )),
+        wait_clean=dict(type="dict", default={}, options=gate),
+        wait_ready=dict(type="dict", required=True, options=dict(
+            health_url=dict(type="str", default=""),
+            request=dict(type="dict", default={}),
+            timeout=dict(type="float", default=600.0),
+            interval=dict(type="float", default=0.25),
+            log_tail_lines=dict(type="int", default=40),
+        )),
+        wait_busy=dict(type="dict", options=dict(
+            min_processes=dict(type="int", default=1),
+            timeout=dict(type="float", default=600.0),
+            poll_interval=dict(type="float", default=0.05),
+        )),
+        verify_env=dict(type="dict", options=dict(
+            expected=dict(type="dict", required=True),
+            nccl_log=dict(type="list", elements="path", default=[]),
+            target=dict(type="str", choices=["workers", "all_selected"], default="workers"),
+        )),
+        record=dict(type="dict", options=dict(
+            state_file=dict(type="path", required=True),
+            fingerprint=dict(type="str", required=True),
+        )),
+        release_lock=dict(type="dict", options=dict(
+            lock_file=dict(type="path", required=True),
+            owner=dict(type="str", required=True),
+        )),
+    )
+
+
+class Failed(BaseException):
+    """A step failed; the module reports msg with the phase and everything done so far.
+
+    A BaseException like the SystemExit of AnsibleModule.fail_json, which the runners expect: it passes through
+    their `except Exception` handlers (backend_or_fail's) instead of being reported as an unexpected error."""
+
+    def __init__(self, msg: str, **details: t.Any) -> None:
+        super().__init__(msg)
+        self.details = details
+
+
+class _Step:
+    """What a single-step runner (_killmod.run_kill, _envcheck.run, _gpumod.wait_or_fail) needs from an
+    AnsibleModule, with this step's own parameters; its fail_json raises Failed instead of exiting."""
+
+    def __init__(self, module: t.Any, params: t.Dict[str, t.Any]) -> None:
+        self.params = params
+        self.check_mode = module.check_mode
+        self.warn = module.warn
+
+    def fail_json(self, msg: str, **kw: t.Any) -> t.NoReturn:
+        kw.pop("exception", None)
+        raise Failed(msg, **kw)
+
+
+def _selector(p: t.Mapping[str, t.Any], **over: t.Any) -> t.Dict[str, t.Any]:
+    sel = dict(tag=None, pidfile=None, pidfile_cmdline_regex=None, pids=[], cmdline_regex=None, user=None,
+               gpu_holders=[], include_descendants=True, include_groups=True,
+               exclude_regex=p["kill"]["exclude_regex"], backend=p["backend"])
+    sel.update(over)
+    return sel
+
+
+def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
+    """Every input is checked before anything is read, killed or started."""
+    if not p["command"] or not p["command"][0]:
+        return "command must be a non-empty argument list"
+    try:
+        _server.validate_env(p["env"])
+        _server.validate_env({p["tag_name"]: p["name"]}, field="tag_name")
+    except _server.ServerError as e:
+        return str(e)
+    k = p["kill"]
+    for key in ("grace", "final_wait"):
+        if k[key] < 0:
+            return "kill: %s must be >= 0 seconds, got %s" % (key, k[key])
+    if k["poll_interval"] <= 0:
+        return "kill: poll_interval must be > 0 seconds, got %s" % k["poll_interval"]
+    if not k["signals"]:
+        return "kill: signals must name at least one signal"
+    try:
+        for s in k["signals"]:
+            _kill.parse_signal(s)
+    except _kill.KillError as e:
+        return "kill: signals: %s" % e
+    g = p["wait_clean"]
+    if g["timeout"] <= 0 or g["poll_interval"] <= 0:
+        return "wait_clean: timeout and poll_interval must be greater than 0 seconds, got %s and %s" % (
+            g["timeout"], g["poll_interval"])
+    r = p["wait_ready"]
+    err = _server.ready_input_error(r["health_url"], r["request"], r["timeout"], r["interval"])
+    if err:
+        return "wait_ready: " + err
+    b = p["wait_busy"]
+    if b and (b["timeout"] <= 0 or b["poll_interval"] <= 0 or b["min_processes"] < 1):
+        return "wait_busy: timeout and poll_interval must be > 0 and min_processes >= 1"
+    v = p["verify_env"]
+    if v:
+        try:
+            if not _envblock.normalize_env(v["expected"], "verify_env.expected"):
+                return "verify_env: expected must name at least one variable"
+        except _envblock.BlockError as e:
+            return str(e)
+    return None
+
+
+def _all_gpus(module: t.Any, p: t.Mapping[str, t.Any]) -> t.List[int]:
+    with _gpumod.backend_or_fail(_Step(module, {"backend": p["backend"]})) as backend:
+        return _nvml.resolve_indices(backend, p["gpus"])
+
+
+def _kill_step(module: t.Any, p: t.Mapping[str, t.Any], **selector: t.Any) -> t.Dict[str, t.Any]:
+    k = p["kill"]
+    params = _selector(p, **selector)
+    params.update(signals=k["signals"], grace=k["grace"], final_wait=k["final_wait"],
+                  poll_interval=k["poll_interval"], fail_on_survivor=True)
+    return _killmod.run_kill(_Step(module, params))
+
+
+def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
+    """Run the cycle, filling `result` as it goes; raises Failed (with `phase`) at the first failing step."""
+    p = module.params
+    gate = dict(p["wait_clean"], gpus=p["gpus"], backend=p["backend"])
+    timings = result["timings"]
+    t0 = time.monotonic()
+
+    result["phase"] = "kill"
+    # The tag finds every worker, orphans reparented to PID 1 included; the pidfile and an adopted command line
+    # find a server started before gpufleet managed it.
+    res = _kill_step(module, p, tag="%s=%s" % (p["tag_name"], p["name"]), pidfile=p["pidfile"],
+                     cmdline_regex=p["kill"]["cmdline_regex"])
+    result["kill"] = res
+    result["changed"] = result["changed"] or res["changed"]
+    timings["kill_s"] = res["elapsed_s"]
+
+    if p["kill"]["gpu_strays"]:
+        result["phase"] = "strays"
+        res = _kill_step(module, p, gpu_holders=_all_gpus(module, p))
+        result["strays"] = res
+        result["changed"] = result["changed"] or res["changed"]
+
+    if module.check_mode:
+        result.update(changed=True, would_launch=True)
+        result.pop("phase")
+        return
+
+    result["phase"] = "clean"
+    result["clean"] = _gpumod.wait_or_fail(_Step(module, {}), gate)
+    timings["clean_s"] = result["clean"]["waited_s"]
+
+    result["phase"] = "launch"
+    t_launch = time.monotonic()
+    try:
+        proc = _server.start(p["name"], p["command"], _server.validate_env(p["env"]), p["env_passthrough"], p["user"],
+                             p["workdir"], p["log_path"], p["pidfile"], p["tag_name"])
+    except _server.ServerError as e:
+        raise Failed("launch of %s failed: %s" % (p["name"], e))
+    result.update(changed=True, pid=proc.pid, start_time=proc.start_time)
+    timings["launch_s"] = result["launch_s"] = round(time.monotonic() - t_launch, 4)
+
+    result["phase"] = "ready"
+    r = p["wait_ready"]
+    try:
+        result["ready"] = _server.wait_ready((proc.pid, proc.start_time), r["health_url"], r["request"], r["timeout"],
+                                             r["interval"], p["log_path"], r["log_tail_lines"])
+    except _server.ServerError as e:
+        raise Failed(str(e), **e.details)
+    timings["ready_s"] = result["ready"]["ready_s"]
+    # From the first signal to the server answering its real request.
+    timings["cycle_s"] = round(time.monotonic() - t0, 3)
+
+    if p["wait_busy"]:
+        result["phase"] = "busy"
+        b = p["wait_busy"]
+        result["busy"] = _gpumod.wait_or_fail(_Step(module, {}), dict(gpus=p["gpus"], backend=p["backend"],
+                                                                      timeout=b["timeout"], poll_interval=b["poll_interval"]),
+                                              state="busy", min_processes=b["min_processes"])
+
+    if p["verify_env"]:
+        result["phase"] = "verify_env"
+        v = p["verify_env"]
+        params = _selector(p, tag="%s=%s" % (p["tag_name"], p["name"]), exclude_regex=None)
+        params.update(expected=v["expected"], target=v["target"], nccl_log=v["nccl_log"], allow_empty=False,
+                      require_confirmed=False)
+        step = _Step(module, params)
+        step.check_mode = False
+        result["env"] = _envcheck.run(step)
+
+    if p["record"]:
+        result["phase"] = "record"
+        _changed, result["state"] = _server.record_state(p["record"]["state_file"], p["name"],
+                                                         p["record"]["fingerprint"], p["pidfile"], timings)
+    result.pop("phase")
+
+
+def release(p: t.Mapping[str, t.Any], result: t.Dict[str, t.Any], check_mode: bool) -> None:
+    rl = p["release_lock"]
+    if rl and not check_mode:
+        result["lock_released"] = _server.release_lock(rl["lock_file"], rl["owner"])
+
+
+# Where a failing step's own result goes in the module's result (the others' details go to the top level).
+STEP_KEYS = {"kill": "kill", "strays": "strays", "clean": "clean", "busy": "busy", "verify_env": "env"}
+
+
+def fail_result(result: t.Dict[str, t.Any], e: Failed) -> t.Dict[str, t.Any]:
+    out = dict(result)
+    phase = out.pop("phase", None)
+    details = dict(e.details)
+    key = STEP_KEYS.get(phase or "")
+    if key:
+        out[key] = details
+    else:
+        out.update(details)
+    out["phase"] = details.get("phase") or phase
+    return out

@@ -1,0 +1,354 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: server_restart
+short_description: Restart a server in one step - kill, verify clean, launch, ready, verify the workers, record
+version_added: 0.2.0
+description:
+  - Runs the whole restart cycle of a server started by a process launcher in one module call, in this order,
+    stopping at the first step that fails (RV(phase) names it).
+  - "C(kill): every process carrying the launch tag O(tag_name)=O(name) (workers orphaned to PID 1 included), the
+    process O(pidfile) names and, with O(kill.cmdline_regex), an adopted server started before gpufleet; TERM,
+    grace, KILL, as M(gpufleet.serving.process_kill) does."
+  - "C(strays): with O(kill.gpu_strays), every other process holding one of O(gpus), minus O(kill.exclude_regex)."
+  - "C(clean): wait until O(gpus) are clean, as M(gpufleet.serving.gpu_wait) does; nothing is launched onto a
+    dirty GPU. The failure lists every holder."
+  - "C(launch): start O(command) tagged, in its own session, as M(gpufleet.serving.server_launch) does."
+  - "C(ready): wait for the health URL and a real request, failing at once with the log tail if the server dies
+    (C(startup)), as M(gpufleet.serving.server_ready) does."
+  - "C(busy): with O(wait_busy), wait until the workers hold the GPUs."
+  - "C(verify_env): with O(verify_env), check that every GPU-holding worker carries the expected environment
+    (and, with a log, what NCCL logged), as M(gpufleet.serving.process_env) does. Only the expected keys are read."
+  - "C(record): with O(record), write the state file (fingerprint, pid, timings) as
+    M(gpufleet.serving.server_state) C(action=record) does."
+  - With O(release_lock), the host lock is released at the end, whether the cycle passed or failed.
+  - Each step is the code of the single-step module; one call instead of seven saves an ansible task start per
+    step and host (about 0.3 s of CPU on each side per host), which is most of a fleet restart's wall time.
+author: gpufleet contributors (@gpufleet)
+extends_documentation_fragment:
+  - gpufleet.serving._attributes
+  - gpufleet.serving._attributes.NVML
+attributes:
+  check_mode:
+    support: full
+    details: Lists the processes the kill steps would signal and reports that it would launch; changes nothing.
+  diff_mode:
+    support: none
+  idempotent:
+    support: none
+    details: A restart always restarts; the gpu_server role calls it only when a restart is needed.
+options:
+  name:
+    description: Service name; the value of the launch tag.
+    type: str
+    required: true
+  command:
+    description: Argument vector to execute (no shell).
+    type: list
+    elements: str
+    required: true
+  env:
+    description: Environment variables for the server (names must match C(^[A-Za-z_][A-Za-z0-9_]*$)).
+    type: dict
+    default: {}
+  env_passthrough:
+    description: Names copied from the module's own environment.
+    type: list
+    elements: str
+    default: []
+  user:
+    description: User to run the server as.
+    type: str
+    default: root
+  workdir:
+    description: Working directory.
+    type: path
+    default: /
+  log_path:
+    description: File the server's stdout and stderr are appended to.
+    type: path
+    required: true
+  pidfile:
+    description: Pidfile of the server (C(PID START_TIME)); the old one selects what to kill, the new one is written.
+    type: path
+    required: true
+  tag_name:
+    description: Name of the launch tag variable.
+    type: str
+    default: GPUFLEET_SERVICE
+  gpus:
+    description: GPU indices the server uses, for the stray kill, the clean gate and the busy wait. Empty means all.
+    type: list
+    elements: int
+    default: []
+  backend:
+    description: GPU backend.
+    type: str
+    choices: [auto, nvml, nvidia-smi]
+    default: auto
+  kill:
+    description: How the old server is stopped.
+    type: dict
+    default: {}
+    suboptions:
+      cmdline_regex:
+        description: Also kill processes whose command line matches (a server started before gpufleet managed it).
+        type: str
+      gpu_strays:
+        description: Also kill processes without the tag that hold one of O(gpus).
+        type: bool
+        default: false
+      exclude_regex:
+        description: Command lines never killed; unset keeps the default list of host agents (nvidia-persistenced, DCGM, exporters).
+        type: list
+        elements: str
+      signals:
+        description: Signals to send in turn.
+        type: list
+        elements: str
+        default: [TERM, KILL]
+      grace:
+        description: Seconds to wait after each signal but the last.
+        type: float
+        default: 10
+      final_wait:
+        description: Seconds to wait after the last signal before failing on survivors.
+        type: float
+        default: 5
+      poll_interval:
+        description: Seconds between liveness checks.
+        type: float
+        default: 0.01
+  wait_clean:
+    description: The clean gate before the launch.
+    type: dict
+    default: {}
+    suboptions:
+      timeout:
+        description: Seconds to wait before failing without launching. Must be greater than 0.
+        type: float
+        default: 30
+      poll_interval:
+        description: Seconds between polls. Must be greater than 0.
+        type: float
+        default: 0.02
+      max_used_mib:
+        description: Highest used memory (MiB) that still counts as clean; unset picks the default of C(gpu_wait).
+        type: int
+  wait_ready:
+    description: The readiness gate after the launch.
+    type: dict
+    required: true
+    suboptions:
+      health_url:
+        description: URL that must answer HTTP 200. Empty skips the health poll.
+        type: str
+        default: ""
+      request:
+        description: A real request that must succeed, as O(gpufleet.serving.server_ready#module:request). Empty skips it.
+        type: dict
+        default: {}
+      timeout:
+        description: Seconds to wait for readiness. Must be greater than 0.
+        type: float
+        default: 600
+      interval:
+        description: Seconds between polls. Must be greater than 0.
+        type: float
+        default: 0.25
+      log_tail_lines:
+        description: Lines of O(log_path) returned on failure.
+        type: int
+        default: 40
+  wait_busy:
+    description: Wait until the workers hold the GPUs. Unset skips the step.
+    type: dict
+    suboptions:
+      min_processes:
+        description: Processes each GPU must list.
+        type: int
+        default: 1
+      timeout:
+        description: Seconds to wait.
+        type: float
+        default: 600
+      poll_interval:
+        description: Seconds between polls.
+        type: float
+        default: 0.05
+  verify_env:
+    description: Check the environment of the GPU-holding workers. Unset skips the step.
+    type: dict
+    suboptions:
+      expected:
+        description: Variables and values every checked worker must carry.
+        type: dict
+        required: true
+      nccl_log:
+        description: NCCL log files to read as a second proof, as O(gpufleet.serving.process_env#module:nccl_log).
+        type: list
+        elements: path
+        default: []
+      target:
+        description: Which processes to check, as O(gpufleet.serving.process_env#module:target).
+        type: str
+        choices: [workers, all_selected]
+        default: workers
+  record:
+    description: Write the state file after the checks passed. Unset skips the step.
+    type: dict
+    suboptions:
+      state_file:
+        description: JSON state file of this service.
+        type: path
+        required: true
+      fingerprint:
+        description: Hash of the desired state.
+        type: str
+        required: true
+  release_lock:
+    description: Release this run's host lock at the end, also when a step failed.
+    type: dict
+    suboptions:
+      lock_file:
+        description: The lock file.
+        type: path
+        required: true
+      owner:
+        description: This run's owner id.
+        type: str
+        required: true
+notes:
+  - Reading other users' C(/proc/PID/environ) needs root; use C(become).
+seealso:
+  - module: gpufleet.serving.process_kill
+  - module: gpufleet.serving.gpu_wait
+  - module: gpufleet.serving.server_launch
+  - module: gpufleet.serving.process_env
+  - module: gpufleet.serving.server_state
+"""
+
+EXAMPLES = r"""
+- name: Restart sglang on GPUs 0-7 and prove the NCCL tuning reached every worker
+  gpufleet.serving.server_restart:
+    name: sglang
+    command: [python3, -m, sglang.launch_server, --model-path, /models/kimi, --tp, "8"]
+    log_path: /var/log/gpufleet/sglang.log
+    pidfile: /run/gpufleet/sglang.pid
+    gpus: [0, 1, 2, 3, 4, 5, 6, 7]
+    kill:
+      grace: 15
+      gpu_strays: true
+    wait_clean:
+      timeout: 20
+    wait_ready:
+      health_url: http://127.0.0.1:30000/health
+      request:
+        url: http://127.0.0.1:30000/generate
+        body: '{"text": "ping", "sampling_params": {"max_new_tokens": 1}}'
+      timeout: 900
+    wait_busy:
+      min_processes: 1
+    verify_env:
+      expected: {NCCL_P2P_LEVEL: SYS, NCCL_BUFFSIZE: "16777216"}
+    record:
+      state_file: /var/lib/gpufleet/sglang.json
+      fingerprint: "{{ fingerprint }}"
+  become: true
+"""
+
+RETURN = r"""
+kill:
+  description: What the kill step selected and signalled, as M(gpufleet.serving.process_kill) returns it.
+  returned: always
+  type: dict
+strays:
+  description: The same for the stray GPU holders.
+  returned: when kill.gpu_strays is true
+  type: dict
+clean:
+  description: The clean gate's reading, as M(gpufleet.serving.gpu_wait) returns it; with the holders when it failed.
+  returned: when the gate ran
+  type: dict
+pid:
+  description: Pid of the launched server.
+  returned: when launched
+  type: int
+start_time:
+  description: Start time of that process (clock ticks since boot).
+  returned: when launched
+  type: int
+launch_s:
+  description: Seconds the launch took.
+  returned: when launched
+  type: float
+ready:
+  description: C(ready_s), C(health_s) and C(attempts), as M(gpufleet.serving.server_ready) returns them.
+  returned: when the server became ready
+  type: dict
+busy:
+  description: The busy wait's reading.
+  returned: when wait_busy is set and the step ran
+  type: dict
+env:
+  description: The environment check, as M(gpufleet.serving.process_env) returns it (only expected keys).
+  returned: when verify_env is set and the step ran
+  type: dict
+state:
+  description: The state written.
+  returned: when record is set and the step ran
+  type: dict
+timings:
+  description: Seconds of C(kill_s), C(clean_s), C(launch_s), C(ready_s) and C(cycle_s) (first signal to ready).
+  returned: always
+  type: dict
+would_launch:
+  description: In check mode, true.
+  returned: check mode
+  type: bool
+lock_released:
+  description: Whether this call released the host lock.
+  returned: when release_lock is set, outside check mode
+  type: bool
+log_tail:
+  description: Last lines of the server log when the readiness wait failed.
+  returned: failure in the ready step
+  type: str
+phase:
+  description: The step that failed - V(kill), V(strays), V(clean) (nothing launched), V(launch), V(startup) (the
+    server died), V(ready) (timeout), V(busy), V(verify_env) or V(record).
+  returned: failure
+  type: str
+"""
+
+import typing as t
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _restart
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=_restart.argument_spec(), supports_check_mode=True)
+    p = module.params
+    err = _restart.input_error(p)
+    if err:
+        module.fail_json(msg=err)
+    result: t.Dict[str, t.Any] = dict(changed=False, timings={})
+    try:
+        _restart.run(module, result)
+    except _restart.Failed as e:
+        _restart.release(p, result, module.check_mode)
+        module.fail_json(msg=str(e), **_restart.fail_result(result, e))
+    _restart.release(p, result, module.check_mode)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

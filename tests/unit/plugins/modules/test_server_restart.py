@@ -1,0 +1,187 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""server_restart main() in-process: a real server (launcher + a worker holding fake GPU memory, HTTP health)
+killed, the GPUs waited clean, relaunched, its worker's environ and the state file read back."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _server
+from ansible_collections.gpufleet.serving.plugins.modules import server_restart
+
+from helpers import FAKE_NVML_DIR, pid_alive, wait_for
+
+# A launcher that starts one worker (which inherits its environment, the launch tag included) holding fake GPU
+# memory on GPU 0, then answers /health once the worker holds it.
+SERVER = r"""
+import http.server, os, subprocess, sys, time
+port, ready = int(sys.argv[1]), sys.argv[2]
+w = subprocess.Popen([sys.executable, os.path.join(os.environ["FAKE_DIR"], "fake_gpu.py"), "hold", "--gpu", "0",
+                      "--mib", "2000", "--ready-file", ready])
+while not os.path.exists(ready):
+    time.sleep(0.01)
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(tmp_path, nvml):
+    """Arguments for a restart of the demo server; kills whatever carries its tag afterwards."""
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    port = _free_port()
+    a = {
+        "name": "demo", "tag_name": "GPUFLEET_TEST_SERVICE_%d" % os.getpid(),
+        "command": [sys.executable, str(script), str(port), str(tmp_path / "worker-ready")],
+        "env": {"FAKE_NVML_CONFIG": str(nvml.config), "PYTHONPATH": str(FAKE_NVML_DIR), "FAKE_DIR": str(FAKE_NVML_DIR),
+                "NCCL_P2P_LEVEL": "SYS"},
+        "log_path": str(tmp_path / "log" / "demo.log"), "pidfile": str(tmp_path / "run" / "demo.pid"),
+        "gpus": [0],
+        "kill": {"grace": 2, "final_wait": 2},
+        "wait_clean": {"timeout": 10},
+        "wait_ready": {"health_url": "http://127.0.0.1:%d/health" % port, "timeout": 30, "interval": 0.05},
+        "wait_busy": {"timeout": 10},
+        "verify_env": {"expected": {"NCCL_P2P_LEVEL": "SYS"}},
+        "record": {"state_file": str(tmp_path / "state" / "demo.json"), "fingerprint": "f" * 64},
+        "release_lock": {"lock_file": str(tmp_path / "run" / "demo.lock"), "owner": "ctl:1:run"},
+    }
+    yield a
+    for pid in [pid for pid in _proc.snapshot() if _proc.environ_has(pid, a["tag_name"], "demo")]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in list(_proc.snapshot()):
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def _tagged(a):
+    return sorted(pid for pid in _proc.snapshot() if _proc.environ_has(pid, a["tag_name"], "demo"))
+
+
+def _lock(a):
+    os.makedirs(os.path.dirname(a["release_lock"]["lock_file"]), exist_ok=True)
+    _server.acquire_lock(a["release_lock"]["lock_file"], a["release_lock"]["owner"], 60, 0)
+
+
+def test_full_cycle_kills_the_old_server_relaunches_verifies_records_and_unlocks(server, run_module):
+    a = server
+    first = run_module(server_restart.main, a)
+    assert "failed" not in first, first.get("msg")
+    old = _tagged(a)
+    assert first["pid"] in old and len(old) == 2, old  # launcher + worker
+
+    _lock(a)
+    r = run_module(server_restart.main, a)
+    assert "failed" not in r, r.get("msg")
+    assert r["changed"] is True and r["kill"]["signalled"] == 2
+    assert sorted(p["pid"] for p in r["kill"]["processes"]) == old
+    assert not any(pid_alive(pid) for pid in old)
+    new = _tagged(a)
+    assert r["pid"] in new and not set(new) & set(old)
+    assert _server.pidfile_identity(a["pidfile"]) == (r["pid"], r["start_time"])
+    # The gate saw the old worker's memory released; the busy wait saw the new worker holding GPU 0.
+    worker = [pid for pid in new if pid != r["pid"]]
+    assert r["clean"]["holders"] == [] and [p["pid"] for p in r["busy"]["gpus"][0]["processes"]] == worker
+    assert r["ready"]["ready_s"] > 0
+    env = r["env"]
+    assert env["checked"] == 1 and env["ok"] == 1 and env["wrong"] == []
+    assert env["processes"][0]["env"] == {"NCCL_P2P_LEVEL": "SYS"} and [env["processes"][0]["pid"]] == worker
+    state = json.loads(open(a["record"]["state_file"]).read())
+    assert state["fingerprint"] == "f" * 64 and state["pid"] == r["pid"]
+    assert set(state["timings"]) == {"kill_s", "clean_s", "launch_s", "ready_s", "cycle_s"} == set(r["timings"])
+    assert r["timings"]["cycle_s"] >= r["timings"]["ready_s"]
+    assert r["lock_released"] is True and not os.path.exists(a["release_lock"]["lock_file"])
+
+
+def test_dirty_gpu_stops_at_the_gate_launches_nothing_records_nothing_and_still_unlocks(server, run_module, nvml):
+    a = server
+    stray = nvml.hold(gpu=0, mib=4096)  # untagged: not the server's, and gpu_strays is off
+    _lock(a)
+    a["wait_clean"] = {"timeout": 0.3}
+    r = run_module(server_restart.main, a)
+    assert r["failed"] and r["phase"] == "clean" and r["changed"] is False and r.get("pid") is None
+    assert "GPUs not clean after 0.3 s" in r["msg"] and "pid %d" % stray.pid in r["msg"], r["msg"]
+    assert [h["pid"] for h in r["clean"]["holders"]] == [stray.pid]
+    assert stray.poll() is None and _tagged(a) == []
+    assert not os.path.exists(a["pidfile"]) and not os.path.exists(a["record"]["state_file"])
+    assert r["lock_released"] is True and not os.path.exists(a["release_lock"]["lock_file"])
+
+
+def test_gpu_strays_kills_the_untagged_holder_then_launches(server, run_module, nvml):
+    a = server
+    stray = nvml.hold(gpu=0, mib=4096)
+    other = nvml.hold(gpu=1, mib=4096)  # on a GPU this server does not use
+    a["kill"] = dict(a["kill"], gpu_strays=True)
+    r = run_module(server_restart.main, a)
+    assert "failed" not in r, r.get("msg")
+    assert [p["pid"] for p in r["strays"]["processes"]] == [stray.pid] and r["strays"]["signalled"] == 1
+    stray.wait(timeout=5)
+    assert other.poll() is None
+    assert r["pid"] in _tagged(a)
+
+
+def test_a_worker_without_the_expected_environment_fails_verify_env_and_is_not_recorded(server, run_module):
+    a = server
+    _lock(a)
+    a["verify_env"] = {"expected": {"NCCL_P2P_LEVEL": "SYS", "NCCL_PROTO": "LL"}}
+    r = run_module(server_restart.main, a)
+    assert r["failed"] and r["phase"] == "verify_env", r
+    assert "lack the expected environment" in r["msg"] and "missing NCCL_PROTO" in r["msg"], r["msg"]
+    assert r["env"]["wrong"] and r["pid"] in _tagged(a)  # launched, but not proven: not recorded as good
+    assert not os.path.exists(a["record"]["state_file"])
+    assert r["lock_released"] is True
+
+
+def test_check_mode_lists_what_it_would_kill_and_changes_nothing(server, run_module):
+    a = server
+    first = run_module(server_restart.main, a)
+    old = _tagged(a)
+    state_before = open(a["record"]["state_file"]).read()
+    r = run_module(server_restart.main, a, check_mode=True)
+    assert r["changed"] is True and r["would_launch"] is True and "lock_released" not in r
+    assert sorted(p["pid"] for p in r["kill"]["processes"]) == old and r["kill"]["elapsed_s"] == 0
+    assert _tagged(a) == old and all(pid_alive(p) for p in old)
+    assert _server.pidfile_identity(a["pidfile"])[0] == first["pid"]
+    assert open(a["record"]["state_file"]).read() == state_before
+
+
+@pytest.mark.parametrize("change, msg", [
+    ({"wait_ready": {"health_url": "", "request": {}}}, "wait_ready: "),
+    ({"kill": {"signals": ["TERM", "NOPE"]}}, "kill: signals: "),
+    ({"kill": {"grace": -1}}, "kill: grace must be >= 0 seconds"),
+    ({"env": {"BAD-NAME": "x"}}, "env: invalid variable name 'BAD-NAME'"),
+    ({"verify_env": {"expected": {}}}, "verify_env: expected must name at least one variable"),
+    ({"wait_busy": {"min_processes": 0}}, "wait_busy: "),
+])
+def test_bad_input_fails_before_anything_is_killed(server, run_module, change, msg):
+    a = server
+    run_module(server_restart.main, a)
+    old = _tagged(a)
+    bad = dict(a, **change)
+    r = run_module(server_restart.main, bad)
+    assert r["failed"] and msg in r["msg"], r["msg"]
+    assert "kill" not in r and _tagged(a) == old
+    wait_for(lambda: all(pid_alive(p) for p in old), 1, "old server alive")
+    time.sleep(0.05)
+    assert all(pid_alive(p) for p in old)
