@@ -16,11 +16,12 @@ a restart's wall time (each task is a module round trip to every host).
 
 from __future__ import annotations
 
+import os
 import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _envblock, _envcheck, _gpumod, _kill, _killmod, _nvml, _server)
+    _envblock, _envcheck, _gpumod, _kill, _killmod, _nvml, _proc, _server)
 
 KILL_DEFAULTS = dict(signals=["TERM", "KILL"], grace=10.0, final_wait=5.0, poll_interval=0.01)
 
@@ -174,6 +175,11 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
     gate = dict(p["wait_clean"], gpus=p["gpus"], backend=p["backend"])
     timings = result["timings"]
     t0 = time.monotonic()
+    if p["release_lock"] and not module.check_mode:
+        # If the controller dies now, this cycle still runs to its end here; a takeover waits for this process.
+        me = _proc.read_proc(os.getpid())
+        if me is not None:
+            _server.mark_lock(p["release_lock"]["lock_file"], p["release_lock"]["owner"], (me.pid, me.start_time))
 
     result["phase"] = "kill"
     # The tag finds every worker, orphans reparented to PID 1 included; the pidfile and an adopted command line

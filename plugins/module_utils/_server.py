@@ -324,6 +324,42 @@ def acquire_lock(path: str, owner: str, ttl: float, wait: float, poll: float = 0
         time.sleep(poll)
 
 
+def mark_lock(path: str, owner: str, identity: t.Tuple[int, int]) -> bool:
+    """Record in this run's lock the host process working under it (pid, start time): the restart goes on if the
+    controller dies, so a takeover must wait for it (lock_worker) instead of breaking the lock under it."""
+    cur = read_state(path)
+    if cur.get("owner") != owner:
+        return False
+    cur["worker"] = list(identity)
+    write_json_atomic(path, cur)
+    return True
+
+
+def lock_worker(lock: t.Mapping[str, t.Any]) -> t.Optional[t.Tuple[int, int]]:
+    """The live host process working under this lock, if any."""
+    w = lock.get("worker")
+    if isinstance(w, list) and len(w) == 2 and all(isinstance(x, int) for x in w):
+        ident = (w[0], w[1])
+        if _proc.is_alive(ident):
+            return ident
+    return None
+
+
+def wait_lock_worker(path: str, owner: str, timeout: float, poll: float = 0.2) -> t.Optional[t.Dict[str, t.Any]]:
+    """Wait until no live host process works under `owner`'s lock; return what was waited for (None if nothing)."""
+    t0 = time.monotonic()
+    cur = read_state(path)
+    ident = lock_worker(cur) if cur.get("owner") == owner else None
+    if ident is None:
+        return None
+    while _proc.is_alive(ident):
+        if time.monotonic() - t0 >= timeout:
+            raise ServerError("the restart of run %s is still running on this host (pid %d) after %.0f s; not breaking "
+                              "its lock" % (owner, ident[0], timeout), holder=owner)
+        time.sleep(poll)
+    return {"pid": ident[0], "waited_s": round(time.monotonic() - t0, 3)}
+
+
 def release_lock(path: str, owner: str) -> bool:
     cur = read_state(path)
     if cur.get("owner") == owner:

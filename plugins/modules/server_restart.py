@@ -27,7 +27,10 @@ description:
     (and, with a log, what NCCL logged), as M(gpufleet.serving.process_env) does. Only the expected keys are read."
   - "C(record): with O(record), write the state file (fingerprint, pid, timings) as
     M(gpufleet.serving.server_state) C(action=record) does."
-  - With O(release_lock), the host lock is released at the end, whether the cycle passed or failed.
+  - With O(release_lock), the host lock is released at the end, whether the cycle passed or failed. While the cycle
+    runs, the lock names this module's process; if the controller dies meanwhile (Ctrl-C, SIGTERM), the cycle still
+    runs to its end on the host, and a later run that takes over the dead run's lock waits for this process first
+    (O(gpufleet.serving.server_state#module:break_owner)), so two restarts never interleave on one host.
   - Each step is the code of the single-step module; one call instead of seven saves an ansible task start per
     step and host (about 0.3 s of CPU on each side per host), which is most of a fleet restart's wall time.
 author: gpufleet contributors (@gpufleet)

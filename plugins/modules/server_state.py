@@ -111,7 +111,11 @@ options:
     type: float
     default: 0
   break_owner:
-    description: With V(lock) or V(check), break a lock held by this owner (a run known to be dead).
+    description:
+      - With V(lock) or V(check), break a lock held by this owner (a run known to be dead).
+      - When the lock names a host process still working under it (a M(gpufleet.serving.server_restart) that goes on
+        after its controller died), that process is waited for first, up to O(lock_ttl) seconds; it releases the lock
+        itself when done.
     type: str
   keep_lock:
     description: With V(check) and a lock, keep the lock even when no restart is needed.
@@ -191,9 +195,18 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod, _
 
 def take_lock(module: AnsibleModule) -> dict:
     p = module.params
-    if p["break_owner"]:
+    if p["break_owner"] and p["break_owner"] != p["owner"]:
+        # The dead run's restart may still be running here (a module goes on when its controller dies): let it finish;
+        # it releases the lock itself.
+        try:
+            waited = _server.wait_lock_worker(p["lock_file"], p["break_owner"], p["lock_ttl"])
+        except _server.ServerError as e:
+            module.fail_json(msg=str(e), **e.details)
+        if waited:
+            module.warn("waited %.1f s for the restart of dead run %s, still running on this host as pid %d, to finish"
+                        % (waited["waited_s"], p["break_owner"], waited["pid"]))
         cur = _server.read_state(p["lock_file"])
-        if cur.get("owner") == p["break_owner"] and cur.get("owner") != p["owner"]:
+        if cur.get("owner") == p["break_owner"]:
             try:
                 os.unlink(p["lock_file"])
             except FileNotFoundError:

@@ -176,7 +176,7 @@ def test_stale_pidfile_process_survives(scenario):
             "(an agent that does hold GPU memory is covered by the clean-gate case)")
 def test_unrelated_processes_survive_the_rollout(scenario):
     killed = _killed(scenario)
-    strays = scenario["run"].res("host1", "Kill the stray GPU holders, TERM then KILL")
+    strays = scenario["run"].res("host1", RESTART_TASK)["strays"]
     killed.update({p["pid"]: p for p in strays["processes"]})
     after = scenario["after"]
     for name in ("other", "exporter"):

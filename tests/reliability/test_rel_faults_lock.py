@@ -4,6 +4,7 @@ and the launch (Ctrl-C to its process group, SIGTERM to its pid), and two rollou
 Runs use the real ansible-playbook CLI (signals and concurrency need the process itself)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -18,8 +19,8 @@ pytestmark = pytest.mark.sandbox
 H = "host1"
 LOCK = "/run/gpufleet/demo.lock"
 LOG = "/var/log/gpufleet/demo.log"
-# A GPU holder outside the selector that notes each SIGTERM and ignores it: its kill step (kill_gpu_strays) then
-# waits out the grace, and the flag file tells the test exactly when the rollout is between kill and launch.
+# A GPU holder outside the selector that notes each SIGTERM and ignores it: the restart's stray kill (kill_gpu_strays)
+# then waits out the grace, and the flag file tells the test exactly when the restart is between kill and launch.
 STRAY = r"""
 import signal, sys, time
 import fake_gpu
@@ -70,16 +71,18 @@ def _interrupt_between_kill_and_launch(fleet, tmp_path, invs, name, flag, send):
 
 
 @pytest.mark.reliability(
-    section="fault", case="Controller interrupted between kill and launch",
-    provoked="a rollout kills the tagged server, then waits out the kill grace of a TERM-ignoring stray GPU holder "
-             "(kill_gpu_strays, grace 5 s); at that moment Ctrl-C (SIGINT to ansible-playbook's process group); "
-             "the next rollout is interrupted the same way with SIGTERM to ansible-playbook's pid; then a third rollout",
-    outcome="each interrupted run leaves the host without a server and its lock (owner = controller host, "
-            "ansible-playbook pid) behind; the next run from this controller sees that pid dead, breaks the lock "
-            "('broke the lock of dead run'), kills what is left and launches exactly once; no manual step")
-def test_interrupted_rollout_is_recovered_by_the_next_run(bare, tmp_path):
+    section="fault", case="Controller interrupted in the middle of a restart",
+    provoked="a rollout's restart kills the tagged server, then waits out the kill grace of a TERM-ignoring stray GPU "
+             "holder (kill_gpu_strays, grace 15 s); at that moment Ctrl-C (SIGINT to ansible-playbook's process group), "
+             "and a second rollout starts at once; then the same with SIGTERM to ansible-playbook's pid alone",
+    outcome="an interrupted run's restart (one server_restart call on the host) runs to its end there: the stray is "
+            "killed after the grace, the server launched and the lock released, never leaving the host without a "
+            "server; the next run from this controller sees the lock of a dead run and waits for that host process "
+            "('waited ... for the restart of dead run') instead of breaking the lock under it, then finds the server up "
+            "to date and changes nothing; exactly one launch per interrupted restart; no manual step")
+def test_interrupted_rollout_completes_its_restart_and_the_next_run_waits_for_it(bare, tmp_path):
     fleet = bare
-    invs, gv = _inventory(fleet, tmp_path, gpufleet_server_kill_gpu_strays=True, gpufleet_server_kill_grace=5,
+    invs, gv = _inventory(fleet, tmp_path, gpufleet_server_kill_gpu_strays=True, gpufleet_server_kill_grace=15,
                           gpufleet_server_kill_final_wait=2)
     start_bg(fleet, H, gv["gpufleet_server_command"], env={"GPUFLEET_SERVICE": "demo"})
     wait_for(lambda: gpu_holders(fleet, H)[0], 90, "the old server holding GPU 0")
@@ -90,23 +93,34 @@ def test_interrupted_rollout_is_recovered_by_the_next_run(bare, tmp_path):
                                                  lambda pid: os.killpg(pid, signal.SIGINT))
     assert rc1 != 0
     assert not old & set(ps(fleet, H)), "the kill step did not run before the interrupt"
-    assert _launches(fleet) == 0, "launched although interrupted before the launch"
-    lock = read_host_file(fleet, H, LOCK)
-    assert lock and '"%s:%d:' % (me, r1.pid) in lock, lock
-
-    r2, rc2 = _interrupt_between_kill_and_launch(fleet, tmp_path, invs, "sigterm", "/tmp/stray-term-2",
-                                                 lambda pid: os.kill(pid, signal.SIGTERM))
-    assert rc2 == -signal.SIGTERM, r2.text()[-2000:]
-    assert "broke the lock of dead run %s:%d:" % (me, r1.pid) in r2.text(), r2.text()[-3000:]
+    # The controller is gone; its restart still waits out the stray's grace on the host, under r1's lock.
+    lock = json.loads(read_host_file(fleet, H, LOCK) or "{}")
+    assert lock.get("owner", "").startswith("%s:%d:" % (me, r1.pid)), lock
+    worker = lock["worker"][0]
+    assert worker in ps(fleet, H), "no host process works under the dead run's lock"
     assert _launches(fleet) == 0
-    lock = read_host_file(fleet, H, LOCK)
-    assert lock and '"%s:%d:' % (me, r2.pid) in lock, lock
 
-    r3 = CliRun(tmp_path, "recover", "gpufleet.serving.rollout", invs)
-    assert r3.wait() == 0, r3.text()[-4000:]
-    out = r3.text()
-    assert "broke the lock of dead run %s:%d:" % (me, r2.pid) in out, out[-3000:]
-    assert _launches(fleet) == 1
+    # Started at once, while r1's restart still runs on the host: r2 waits for it, then finds the server up to date.
+    r2 = CliRun(tmp_path, "after-ctrl-c", "gpufleet.serving.rollout", invs)
+    assert r2.wait() == 0, r2.text()[-4000:]
+    out2 = " ".join(r2.text().split())  # warnings may be wrapped
+    assert "for the restart of dead run %s:%d:" % (me, r1.pid) in out2, out2[-3000:]
+    assert "still running on this host as pid %d" % worker in out2, out2[-3000:]
+    assert "changed=0" in out2 and "failed=0" in out2, out2[-3000:]
+    assert _launches(fleet) == 1, "r1's restart did not launch exactly once"
+
+    # The same with SIGTERM to ansible-playbook's pid alone.
+    r3, rc3 = _interrupt_between_kill_and_launch(fleet, tmp_path, invs, "sigterm", "/tmp/stray-term-2",
+                                                 lambda pid: os.kill(pid, signal.SIGTERM))
+    assert rc3 == -signal.SIGTERM, r3.text()[-2000:]
+    worker3 = json.loads(read_host_file(fleet, H, LOCK) or "{}").get("worker", [None])[0]
+    assert worker3 in ps(fleet, H), "no host process works under the dead run's lock"
+    r4 = CliRun(tmp_path, "after-sigterm", "gpufleet.serving.rollout", invs)
+    assert r4.wait() == 0, r4.text()[-4000:]
+    out = " ".join(r4.text().split())
+    assert "for the restart of dead run %s:%d:" % (me, r3.pid) in out, out[-3000:]
+    assert "changed=0" in out and "failed=0" in out, out[-3000:]
+    assert _launches(fleet) == 2, "the interrupted runs' restarts did not each launch exactly once"
     assert read_host_file(fleet, H, LOCK) is None, "the lock was not released"
     procs = ps(fleet, H)
     for gpu, pids in gpu_holders(fleet, H).items():
@@ -140,9 +154,9 @@ def test_concurrent_rollouts_never_interleave(bare, tmp_path):
 
     assert rc_b != 0
     assert "host is locked by another gpufleet run (%s:%d:" % (me, a.pid) in b.text(), b.text()[-3000:]
-    assert "Kill every process of the service" not in b.text()
+    assert "Restart the server (kill" not in b.text()
     assert rc_c == 0, c.text()[-4000:]
-    assert "Kill every process of the service" not in c.text(), "C restarted the server after waiting"
+    assert "changed=0" in c.text(), "C restarted the server after waiting:\n" + c.text()[-3000:]
     assert _launches(fleet) == 1
     pid = int(read_host_file(fleet, H, "/run/gpufleet/demo.pid").split()[0])
     assert pid in ps(fleet, H) and "host1" in a.text()

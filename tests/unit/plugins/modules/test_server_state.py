@@ -154,6 +154,46 @@ def test_check_needing_a_restart_keeps_the_lock_and_another_run_is_refused(nvml,
     assert json.load(open(paths["lock_file"]))["owner"] == "ctl:2:b"
 
 
+def _dead_runs_lock_with_worker(paths, seconds):
+    """The lock of dead run ctl:1:a, under which a real host process (a restart going on) works for `seconds`."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _server
+
+    os.makedirs(os.path.dirname(paths["lock_file"]), exist_ok=True)
+    _server.acquire_lock(paths["lock_file"], "ctl:1:a", 600, 0)
+    w = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(%s)" % seconds])
+    assert _server.mark_lock(paths["lock_file"], "ctl:1:a", (w.pid, _proc.read_proc(w.pid).start_time))
+    assert not _server.mark_lock(paths["lock_file"], "ctl:9:z", (w.pid, 0)), "marked another run's lock"
+    return w
+
+
+def test_takeover_waits_for_the_dead_runs_restart_still_running_on_the_host(nvml, paths, run_module):
+    import threading
+    import time
+
+    w = _dead_runs_lock_with_worker(paths, 0.8)
+    threading.Thread(target=w.wait).start()  # reaped when it exits, like a module whose parent is sshd
+    t0 = time.monotonic()
+    r = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:2:b",
+                                                 break_owner="ctl:1:a"))
+    assert "failed" not in r, r
+    assert time.monotonic() - t0 >= 0.6 and w.poll() is not None, "took over while the restart still ran"
+    assert "still running on this host as pid %d" % w.pid in json.dumps(r["warnings"]), r["warnings"]
+    assert r["locked"] is True and json.load(open(paths["lock_file"]))["owner"] == "ctl:2:b"
+
+
+def test_takeover_gives_up_after_the_lock_ttl_and_leaves_the_lock(nvml, paths, run_module):
+    w = _dead_runs_lock_with_worker(paths, 30)
+    try:
+        r = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:2:b",
+                                                     break_owner="ctl:1:a", lock_ttl=0.3))
+        assert r["failed"] is True and "still running on this host (pid %d)" % w.pid in r["msg"], r
+        assert r["holder"] == "ctl:1:a" and json.load(open(paths["lock_file"]))["owner"] == "ctl:1:a"
+        assert w.poll() is None
+    finally:
+        w.kill()
+        w.wait()
+
+
 def test_check_mode_check_takes_no_lock(nvml, paths, run_module):
     r = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:1:a"), check_mode=True)
     assert r["needs_restart"] is True and "locked" not in r
