@@ -8,7 +8,8 @@
    sequential ssh loop per host: kill -9, sleep 3, read GPU memory (the nvidia-smi step; the sandbox hosts
    have the fake NVML, so a pynvml read stands in), relaunch, poll /health.
 4. No-op rollout (`gpufleet.serving.rollout` when everything is already right) versus bare `ansible -m ping`
-   on the same hosts; and what the ansible settings buy: the same no-op rollout with ansible's defaults
+   on the same hosts; what the fast path buys (the same no-op with gpufleet_rollout_fast_check=false, through the
+   full roles); and what the ansible settings buy: the same no-op rollout with ansible's defaults
    (no pipelining, forks 5, implicit fact gathering) versus the repo's ansible.cfg.
 Needs root. Prints a Markdown table and writes JSON.
 """
@@ -78,10 +79,14 @@ def bench_size(n: int, repeats: int) -> dict:
         env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
         pb = [os.path.join(BIN, "ansible-playbook"), "-i", inv, "-e", json.dumps({"gpufleet_rollout_serial": ["100%"]})]
         timed(pb + ["gpufleet.serving.rollout"], env)  # first rollout: tune + launch everywhere
-        res = {"hosts": n, "restart_s": [], "seed_s": [], "noop_s": [], "ping_s": [], "noop_ansible_defaults_s": []}
+        res = {"hosts": n, "restart_s": [], "seed_s": [], "noop_s": [], "ping_s": [], "noop_full_roles_s": [],
+               "noop_ansible_defaults_s": []}
         for _ in range(repeats):
             res["restart_s"].append(timed(pb + ["gpufleet.serving.restart"], env)[0])
             res["noop_s"].append(timed(pb + ["gpufleet.serving.rollout"], env)[0])
+            # What the fast path buys: the same no-op through the full roles.
+            res["noop_full_roles_s"].append(timed(pb + ["-e", '{"gpufleet_rollout_fast_check": false}',
+                                                        "gpufleet.serving.rollout"], env)[0])
             res["ping_s"].append(timed([os.path.join(BIN, "ansible"), "all", "-i", inv, "-m", "ansible.builtin.ping"], env)[0])
             plain = dict(env, ANSIBLE_PIPELINING="False", ANSIBLE_FORKS="5", ANSIBLE_GATHERING="implicit")
             res["noop_ansible_defaults_s"].append(timed(pb + ["gpufleet.serving.rollout"], plain)[0])
@@ -119,14 +124,14 @@ def main() -> int:
         r = bench_size(n, a.repeats)
         results.append(r)
         print(json.dumps(r), flush=True)
-    print("\n| hosts | gpufleet restart, one batch (s) | seed ssh loop (s) | seed / gpufleet | no-op rollout (s) | ansible ping (s) | no-op / ping | no-op with ansible defaults (s) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| hosts | gpufleet restart, one batch (s) | seed ssh loop (s) | seed / gpufleet | no-op rollout (s) | ansible ping (s) | no-op / ping | no-op, full roles (s) | no-op with ansible defaults (s) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         m = {k: med(v) for k, v in r.items() if isinstance(v, list)}
         r["medians"] = m
-        print("| %d | %.1f | %.1f | %.2fx | %.1f | %.1f | %.2fx | %.1f |" % (
+        print("| %d | %.1f | %.1f | %.2fx | %.1f | %.1f | %.2fx | %.1f | %.1f |" % (
             r["hosts"], m["restart_s"], m["seed_s"], m["seed_s"] / m["restart_s"], m["noop_s"], m["ping_s"],
-            m["noop_s"] / m["ping_s"], m["noop_ansible_defaults_s"]))
+            m["noop_s"] / m["ping_s"], m["noop_full_roles_s"], m["noop_ansible_defaults_s"]))
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as fh:

@@ -57,6 +57,18 @@ def parse_conf(text: str) -> t.Dict[str, t.Tuple[str, int]]:
     return out
 
 
+def argument_spec() -> t.Dict[str, t.Any]:
+    """Options of nccl_conf (also server_state's nccl_layers.nccl_conf)."""
+    return dict(
+        path=dict(type="path", default="/etc/nccl.conf"),
+        env=dict(type="dict", default={}),
+        state=dict(type="str", choices=["present", "absent"], default="present"),
+        name=dict(type="str", default="gpufleet"),
+        backup=dict(type="bool", default=False),
+        nccl_names=dict(type="str", choices=["ignore", "warn", "fail"], default="warn"),
+    )
+
+
 def run(module: t.Any) -> t.Dict[str, t.Any]:
     p = module.params
     present = p["state"] == "present"

@@ -21,7 +21,9 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _envblock, _envcheck, _gpumod, _kill, _killmod, _nvml, _proc, _server)
+    _envblock, _envcheck, _gpumod, _kill, _killmod, _nvml, _proc, _server, _step)
+
+Failed = _step.Failed
 
 KILL_DEFAULTS = dict(signals=["TERM", "KILL"], grace=10.0, final_wait=5.0, poll_interval=0.01)
 
@@ -80,31 +82,6 @@ def argument_spec() -> t.Dict[str, t.Any]:
     )
 
 
-class Failed(BaseException):
-    """A step failed; the module reports msg with the phase and everything done so far.
-
-    A BaseException like the SystemExit of AnsibleModule.fail_json, which the runners expect: it passes through
-    their `except Exception` handlers (backend_or_fail's) instead of being reported as an unexpected error."""
-
-    def __init__(self, msg: str, **details: t.Any) -> None:
-        super().__init__(msg)
-        self.details = details
-
-
-class _Step:
-    """What a single-step runner (_killmod.run_kill, _envcheck.run, _gpumod.wait_or_fail) needs from an
-    AnsibleModule, with this step's own parameters; its fail_json raises Failed instead of exiting."""
-
-    def __init__(self, module: t.Any, params: t.Dict[str, t.Any]) -> None:
-        self.params = params
-        self.check_mode = module.check_mode
-        self.warn = module.warn
-
-    def fail_json(self, msg: str, **kw: t.Any) -> t.NoReturn:
-        kw.pop("exception", None)
-        raise Failed(msg, **kw)
-
-
 def _selector(p: t.Mapping[str, t.Any], **over: t.Any) -> t.Dict[str, t.Any]:
     sel = dict(tag=None, pidfile=None, pidfile_cmdline_regex=None, pids=[], cmdline_regex=None, user=None,
                gpu_holders=[], include_descendants=True, include_groups=True,
@@ -157,7 +134,7 @@ def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
 
 
 def _all_gpus(module: t.Any, p: t.Mapping[str, t.Any]) -> t.List[int]:
-    with _gpumod.backend_or_fail(_Step(module, {"backend": p["backend"]})) as backend:
+    with _gpumod.backend_or_fail(_step.Step(module, {"backend": p["backend"]})) as backend:
         return _nvml.resolve_indices(backend, p["gpus"])
 
 
@@ -166,7 +143,7 @@ def _kill_step(module: t.Any, p: t.Mapping[str, t.Any], **selector: t.Any) -> t.
     params = _selector(p, **selector)
     params.update(signals=k["signals"], grace=k["grace"], final_wait=k["final_wait"],
                   poll_interval=k["poll_interval"], fail_on_survivor=True)
-    return _killmod.run_kill(_Step(module, params))
+    return _killmod.run_kill(_step.Step(module, params))
 
 
 def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
@@ -202,7 +179,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         return
 
     result["phase"] = "clean"
-    result["clean"] = _gpumod.wait_or_fail(_Step(module, {}), gate)
+    result["clean"] = _gpumod.wait_or_fail(_step.Step(module, {}), gate)
     timings["clean_s"] = result["clean"]["waited_s"]
 
     result["phase"] = "launch"
@@ -229,9 +206,8 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
     if p["wait_busy"]:
         result["phase"] = "busy"
         b = p["wait_busy"]
-        result["busy"] = _gpumod.wait_or_fail(_Step(module, {}), dict(gpus=p["gpus"], backend=p["backend"],
-                                                                      timeout=b["timeout"], poll_interval=b["poll_interval"]),
-                                              state="busy", min_processes=b["min_processes"])
+        opts = dict(gpus=p["gpus"], backend=p["backend"], timeout=b["timeout"], poll_interval=b["poll_interval"])
+        result["busy"] = _gpumod.wait_or_fail(_step.Step(module, {}), opts, state="busy", min_processes=b["min_processes"])
 
     if p["verify_env"]:
         result["phase"] = "verify_env"
@@ -239,9 +215,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         params = _selector(p, tag="%s=%s" % (p["tag_name"], p["name"]), exclude_regex=None)
         params.update(expected=v["expected"], target=v["target"], nccl_log=v["nccl_log"], allow_empty=False,
                       require_confirmed=False)
-        step = _Step(module, params)
-        step.check_mode = False
-        result["env"] = _envcheck.run(step)
+        result["env"] = _envcheck.run(_step.Step(module, params, check_mode=False))
 
     if p["record"]:
         result["phase"] = "record"

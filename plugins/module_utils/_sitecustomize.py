@@ -59,6 +59,8 @@ print(json.dumps({
     "origin": os.path.abspath(origin) if origin else None,
     "candidates": found,
     "no_site": bool(sys.flags.no_site),
+    # The managed keys as this process sees them after site ran: an unchanged file needs no second start.
+    "environ": {k: os.environ.get(k) for k in json.loads(sys.argv[1])} if len(sys.argv) > 1 else {},
 }))
 """
 
@@ -169,13 +171,13 @@ def _last_json(out: bytes) -> t.Any:
     return json.loads(lines[-1]) if lines else None
 
 
-def probe(interp: str, probe_env: t.Mapping[str, str]) -> t.Dict[str, t.Any]:
+def probe(interp: str, probe_env: t.Mapping[str, str], keys: t.Sequence[str] = ()) -> t.Dict[str, t.Any]:
     if not os.path.isabs(interp):
         raise SiteError("interpreters: %r is not an absolute path" % interp, interpreter=interp)
     if not (os.path.isfile(interp) and os.access(interp, os.X_OK)):
         raise SiteError("interpreter %s does not exist or is not executable" % interp, interpreter=interp)
     try:
-        r = _run([interp, "-c", _PROBE], probe_env)
+        r = _run([interp, "-c", _PROBE, json.dumps(list(keys))], probe_env)
         info = _last_json(r.stdout) if r.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired, ValueError) as e:
         raise SiteError("interpreter %s could not be started to locate its sitecustomize: %s" % (interp, e), interpreter=interp)
@@ -229,6 +231,21 @@ def import_test(interp: str, tmp: str, keys: t.Sequence[str], probe_env: t.Mappi
 
 # --- the module's work -----------------------------------------------------------------
 
+def argument_spec() -> t.Dict[str, t.Any]:
+    """Options of sitecustomize_env (also server_state's nccl_layers.sitecustomize)."""
+    return dict(
+        interpreters=dict(type="list", elements="path", default=[]),
+        path=dict(type="path"),
+        env=dict(type="dict", default={}),
+        state=dict(type="str", choices=["present", "absent"], default="present"),
+        mode=dict(type="str", choices=["setdefault", "override"], default="setdefault"),
+        name=dict(type="str", default="gpufleet"),
+        backup=dict(type="bool", default=False),
+        probe_env=dict(type="dict", default={}),
+        nccl_names=dict(type="str", choices=["ignore", "warn", "fail"], default="ignore"),
+    )
+
+
 def run(module: t.Any) -> t.Dict[str, t.Any]:
     p = module.params
     try:
@@ -248,7 +265,7 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
 
     result: t.Dict[str, t.Any] = dict(changed=False, interpreters=[], files=[], effective_env={}, shadowed=[])
     try:
-        infos = [probe(i, probe_env) for i in interps]
+        infos = [probe(i, probe_env, sorted(env) if p["state"] == "present" else ()) for i in interps]
     except SiteError as e:
         module.fail_json(msg=str(e), **e.extra)
 
@@ -331,11 +348,16 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
         want = _want(p, env, probe_env, keys)
         for m in members:
             try:
-                got = read_effective(m["interpreter"], keys, probe_env)
+                # A file left as it was: the probe's reading (same interpreter, same file, same env) is the proof.
+                seen = m.get("environ") or {}
+                got = ({k: seen[k] for k in keys} if not changed and all(k in seen for k in keys)
+                       else read_effective(m["interpreter"], keys, probe_env))
             except SiteError as e:
                 module.fail_json(msg=str(e), **dict(e.extra, **result))
             result["effective_env"][m["interpreter"]] = got
             bad = [k for k in keys if got.get(k) != want.get(k)]
+            if bad:
+                result.setdefault("not_effective", []).append(m["interpreter"])
             if bad and not module.check_mode:
                 why = ("still set after removing the block (set elsewhere in %s?)" % real if not present
                        else "not exported as asked (got %s)" % json.dumps({k: got.get(k) for k in bad}))

@@ -129,14 +129,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _ncclconf
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec=dict(
-            path=dict(type="path", default="/etc/nccl.conf"),
-            env=dict(type="dict", default={}),
-            state=dict(type="str", choices=["present", "absent"], default="present"),
-            name=dict(type="str", default="gpufleet"),
-            backup=dict(type="bool", default=False),
-            nccl_names=dict(type="str", choices=["ignore", "warn", "fail"], default="warn"),
-        ),
+        argument_spec=_ncclconf.argument_spec(),
         supports_check_mode=True,
     )
     module.exit_json(**_ncclconf.run(module))

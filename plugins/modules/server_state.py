@@ -121,6 +121,22 @@ options:
     description: With V(check) and a lock, keep the lock even when no restart is needed.
     type: bool
     default: false
+  nccl_layers:
+    version_added: 0.2.0
+    description:
+      - With V(check), also check that the NCCL tuning layers are already as asked, by running the code of
+        M(gpufleet.serving.sitecustomize_env) and M(gpufleet.serving.nccl_conf) in check mode (nothing is written).
+        RV(up_to_date) is then true only when neither would change, every interpreter already sees the values, and
+        no restart is needed, so a rollout can skip an up-to-date host after this one call.
+      - A layer whose check fails counts as not up to date; the check itself does not fail for it.
+    type: dict
+    suboptions:
+      sitecustomize:
+        description: The options of M(gpufleet.serving.sitecustomize_env) (O(gpufleet.serving.sitecustomize_env#module:backup) excepted).
+        type: dict
+      nccl_conf:
+        description: The options of M(gpufleet.serving.nccl_conf) (O(gpufleet.serving.nccl_conf#module:backup) excepted).
+        type: dict
 """
 
 EXAMPLES = r"""
@@ -167,6 +183,16 @@ env_problems:
   description: Per worker pid, the expected keys that are missing or different (only expected keys are read).
   returned: when action is check
   type: dict
+up_to_date:
+  version_added: 0.2.0
+  description: With V(check), true when no restart is needed and the O(nccl_layers) (if given) are as asked.
+  returned: when action is check
+  type: bool
+nccl_layers:
+  version_added: 0.2.0
+  description: With O(nccl_layers), per layer whether it is up to date (C(up_to_date), C(files), or C(error)).
+  returned: when nccl_layers is set
+  type: dict
 locked:
   description: With V(check) or V(lock), whether this run holds the host lock after the call.
   returned: when a lock was asked for
@@ -190,7 +216,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod, _nvml, _proc, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod, _layercheck, _nvml, _proc, _server
 
 
 def take_lock(module: AnsibleModule) -> dict:
@@ -233,6 +259,10 @@ def check(module: AnsibleModule) -> dict:
         take_lock(module)
     try:
         res = check_state(module)
+        res["up_to_date"] = not res["needs_restart"]
+        if p["nccl_layers"]:
+            res["nccl_layers"] = _layercheck.up_to_date(module, p["nccl_layers"])
+            res["up_to_date"] = res["up_to_date"] and res["nccl_layers"]["up_to_date"]
     except BaseException:
         if locking:
             _server.release_lock(p["lock_file"], p["owner"])
@@ -322,6 +352,7 @@ def main() -> None:
             lock_wait=dict(type="float", default=0.0),
             break_owner=dict(type="str"),
             keep_lock=dict(type="bool", default=False),
+            nccl_layers=dict(type="dict", options=_layercheck.argument_spec()),
             backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),
         ),
         required_if=[("action", "record", ("fingerprint", "pidfile")),

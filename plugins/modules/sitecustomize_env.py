@@ -162,6 +162,15 @@ effective_env:
   returned: always
   type: dict
   sample: {"/usr/bin/python3.12": {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}}
+not_effective:
+  version_added: 0.2.0
+  description:
+    - Interpreters whose RV(effective_env) differs from what the file asks for. Outside check mode the module fails
+      on them; in check mode they are only listed (an unchanged file whose variables do not reach the interpreters
+      is not up to date).
+  returned: when any
+  type: list
+  elements: str
 shadowed:
   description: Warnings about C(sitecustomize.py) copies that are never imported because an earlier one wins.
   returned: always
@@ -176,17 +185,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _sitecusto
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec=dict(
-            interpreters=dict(type="list", elements="path", default=[]),
-            path=dict(type="path"),
-            env=dict(type="dict", default={}),
-            state=dict(type="str", choices=["present", "absent"], default="present"),
-            mode=dict(type="str", choices=["setdefault", "override"], default="setdefault"),
-            name=dict(type="str", default="gpufleet"),
-            backup=dict(type="bool", default=False),
-            probe_env=dict(type="dict", default={}),
-            nccl_names=dict(type="str", choices=["ignore", "warn", "fail"], default="ignore"),
-        ),
+        argument_spec=_sitecustomize.argument_spec(),
         supports_check_mode=True,
     )
     module.exit_json(**_sitecustomize.run(module))

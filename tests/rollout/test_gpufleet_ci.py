@@ -57,7 +57,7 @@ def test_rollout_through_ansible_runner_exits_0_with_a_per_host_summary(stale):
     assert p.returncode == 0, p.stdout[-6000:]
     # progress: one line per host and task as the events arrive
     for h in ALL:
-        assert any(h in line and "changed" in line and "launch the server" in line for line in p.stdout.splitlines()), h
+        assert any(h in line and "changed" in line and "Restart the server (" in line for line in p.stdout.splitlines()), h
     report = json.loads((out / "report.json").read_text())
     assert report["ok"] is True and report["rc"] == 0 and report["status"] == "successful"
     assert report["ident"] == "first" and report["artifacts"] == str(pdd / "artifacts" / "first")

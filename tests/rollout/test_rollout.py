@@ -55,11 +55,16 @@ def test_first_rollout_replaces_the_stale_server_on_every_host(stale):
     rf.state = "clean"
 
 
-def test_second_rollout_reports_changed_0_and_restarts_nothing(rolled_out):
+FAST_END = "TASK [gpufleet.serving.gpu_server : End the play for this host]"
+NCCL_APPLY = "TASK [gpufleet.serving.nccl_tuning : Manage the NCCL block in the Python interpreters' sitecustomize.py]"
+
+
+@pytest.mark.parametrize("fast_check", [True, False])
+def test_second_rollout_reports_changed_0_and_restarts_nothing(rolled_out, fast_check):
     rf = rolled_out("clean")
     before = rf.snapshot()
 
-    run = rf.playbook("rollout")
+    run = rf.playbook("rollout", extra_vars={"gpufleet_rollout_fast_check": fast_check})
 
     assert run.rc == 0, run.tail()
     after = rf.snapshot()
@@ -70,6 +75,36 @@ def test_second_rollout_reports_changed_0_and_restarts_nothing(rolled_out):
         assert after[h]["files"]["state"] == before[h]["files"]["state"]
         assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"]
         assert run.summary[h]["restarted"] is False and run.summary[h]["reasons"] == []
+        assert run.summary[h]["workers_verified"] == 2, run.summary[h]
+    if fast_check:
+        # One read-only check per host, then the play ends for it: the roles' steps never run.
+        assert FAST_END in run.out and NCCL_APPLY not in run.out and "Check the running server" not in run.out
+        assert all(run.recap[h]["skipped"] == 0 for h in ALL), run.recap
+    else:
+        assert FAST_END not in run.out and NCCL_APPLY in run.out
+    rf.state = "clean"
+
+
+def test_fast_check_sends_a_drifted_host_through_the_full_roles(rolled_out):
+    rf = rolled_out("clean")
+    before = rf.snapshot()
+    path = before["host2"]["sitecustomize_path"]
+    # Someone edits the managed block on host2 by hand: the file no longer says what the inventory says.
+    rf.fleet.ssh("host2", "sed -i 's/16777216/4194304/' %s" % path, check=True)
+    assert rf.snapshot()["host2"]["sitecustomize_sha"] != before["host2"]["sitecustomize_sha"]
+
+    run = rf.playbook("rollout")
+
+    assert run.rc == 0, run.tail()
+    after = rf.snapshot()
+    assert after["host2"]["sitecustomize_sha"] == before["host2"]["sitecustomize_sha"], "the block was not restored"
+    assert run.recap["host2"]["changed"] == 1, run.recap  # the file; the running workers already had the values
+    assert after.identities("host2") == before.identities("host2")
+    # host2 went through the full roles (their skipped steps show in the recap); the others ended after the check.
+    assert NCCL_APPLY in run.out and run.recap["host2"]["skipped"] > 0, run.recap
+    for h in ("host1", "host3"):
+        assert run.recap[h]["changed"] == 0 and run.recap[h]["skipped"] == 0, run.recap
+        assert after.identities(h) == before.identities(h)
     rf.state = "clean"
 
 

@@ -263,3 +263,36 @@ def test_check_accepts_a_launchable_server(servers, paths, run_module, tmp_path)
                {"command": "python3", "user": "0"}):  # a bare name is resolved on PATH at launch; a uid works
         r = run_module(server_state.main, check_args(paths, launchable=la))
         assert "failed" not in r and r["needs_restart"] is False, r
+
+
+def test_nccl_layers_up_to_date_only_when_the_layer_module_would_change_nothing(servers, paths, run_module, tmp_path):
+    from ansible_collections.gpufleet.serving.plugins.modules import nccl_conf
+
+    running(servers, paths, run_module)
+    conf = tmp_path / "nccl.conf"
+    layer = {"path": str(conf), "env": {"NCCL_P2P_LEVEL": "SYS"}, "name": "nccl", "nccl_names": "ignore"}
+    applied = run_module(nccl_conf.main, layer)
+    assert applied["changed"] is True
+    text = conf.read_text()
+
+    r = run_module(server_state.main, check_args(paths, nccl_layers={"nccl_conf": layer}))
+    assert r["needs_restart"] is False and r["up_to_date"] is True, r
+    assert r["nccl_layers"]["up_to_date"] is True and r["nccl_layers"]["nccl_conf"]["up_to_date"] is True
+
+    # Another value: the layer would change, so the host is not up to date; nothing is written by the check.
+    r = run_module(server_state.main, check_args(paths, nccl_layers={"nccl_conf": dict(layer, env={"NCCL_P2P_LEVEL": "PHB"})}))
+    assert r["needs_restart"] is False and r["up_to_date"] is False and r["nccl_layers"]["nccl_conf"]["up_to_date"] is False
+    assert conf.read_text() == text
+    # A layer the module would refuse: not up to date, with its error; the check itself does not fail.
+    r = run_module(server_state.main, check_args(paths, nccl_layers={"nccl_conf": dict(layer, state="bogus")}))
+    assert "failed" not in r and r["up_to_date"] is False
+    assert "state" in r["nccl_layers"]["nccl_conf"]["error"], r["nccl_layers"]
+    r = run_module(server_state.main, check_args(paths, nccl_layers={"nccl_conf": dict(layer, env={"NCCL_ALGO": "Ring\nX"})}))
+    assert "failed" not in r and r["up_to_date"] is False and r["nccl_layers"]["nccl_conf"]["error"], r["nccl_layers"]
+    assert conf.read_text() == text
+
+
+def test_up_to_date_is_false_when_a_restart_is_needed_even_with_the_layers_right(nvml, paths, run_module, tmp_path):
+    layer = {"path": str(tmp_path / "nccl.conf"), "env": {}, "state": "absent", "name": "nccl"}
+    r = run_module(server_state.main, check_args(paths, nccl_layers={"nccl_conf": layer}))
+    assert r["nccl_layers"]["up_to_date"] is True and r["needs_restart"] is True and r["up_to_date"] is False

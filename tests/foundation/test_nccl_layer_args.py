@@ -1,0 +1,37 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The rollout's up-to-date check must ask the NCCL layer modules exactly what the apply tasks ask them (else a host
+could be called up to date while the apply would change it): same argument names, same expressions."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+ROLE = Path(__file__).resolve().parents[2] / "roles" / "nccl_tuning"
+
+
+def _apply_args():
+    tasks = yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text())
+    by_name = {t["name"]: t for t in tasks}
+    site = by_name["Manage the NCCL block in the Python interpreters' sitecustomize.py"]["gpufleet.serving.sitecustomize_env"]
+    conf = by_name["Manage the NCCL block in nccl.conf"]["gpufleet.serving.nccl_conf"]
+    return site, conf
+
+
+def test_check_args_are_the_apply_args():
+    v = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+    site, conf = _apply_args()
+    assert set(site) - {"backup"} == {"interpreters", "path", "env", "state", "mode", "name", "probe_env", "nccl_names"}
+    check_site = v["_gpufleet_nccl_sitecustomize_args"]
+    for k, expr in site.items():
+        if k == "backup":
+            continue
+        # The check's dict is one Jinja expression; each apply argument's variable must be in it under its name.
+        inner = expr.strip().removeprefix("{{").removesuffix("}}").strip()
+        name = "'%s'" % k
+        assert name in check_site, "%s is missing from _gpufleet_nccl_sitecustomize_args" % k
+        for var in [w for w in inner.replace("(", " ").replace(")", " ").split() if w.startswith("gpufleet_nccl_")
+                    or w.startswith("_gpufleet_nccl_env")]:
+            assert var in check_site, "%s: %s is not used by the check" % (k, var)
+    assert {k: " ".join(str(x).split()) for k, x in conf.items() if k != "backup"} == \
+        {k: " ".join(str(x).split()) for k, x in v["_gpufleet_nccl_conf_args"].items()}
