@@ -32,16 +32,8 @@ def argument_spec() -> t.Dict[str, t.Any]:
     gate = _gpumod.clean_gate_argspec()
     gate.pop("gpus")  # one GPU list for the gate, the stray kill and the busy wait
     gate.pop("backend")
-    return dict(
-        name=dict(type="str", required=True),
-        command=dict(type="list", elements="str", required=True),
-        env=dict(type="dict", default={}),
-        env_passthrough=dict(type="list", elements="str", default=[], no_log=False),
-        user=dict(type="str", default="root"),
-        workdir=dict(type="path", default="/"),
-        log_path=dict(type="path", required=True),
+    spec = _server.launch_argspec(
         pidfile=dict(type="path", required=True),
-        tag_name=dict(type="str", default="GPUFLEET_SERVICE"),
         gpus=dict(type="list", elements="int", default=[]),
         backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),
         kill=dict(type="dict", default={}, options=dict(
@@ -54,13 +46,8 @@ def argument_spec() -> t.Dict[str, t.Any]:
             poll_interval=dict(type="float", default=KILL_DEFAULTS["poll_interval"]),
         )),
         wait_clean=dict(type="dict", default={}, options=gate),
-        wait_ready=dict(type="dict", required=True, options=dict(
-            health_url=dict(type="str", default=""),
-            request=dict(type="dict", default={}),
-            timeout=dict(type="float", default=600.0),
-            interval=dict(type="float", default=0.25),
-            log_tail_lines=dict(type="int", default=40),
-        )),
+    )
+    spec.update(
         wait_busy=dict(type="dict", options=dict(
             min_processes=dict(type="int", default=1),
             timeout=dict(type="float", default=600.0),
@@ -80,6 +67,7 @@ def argument_spec() -> t.Dict[str, t.Any]:
             owner=dict(type="str", required=True),
         )),
     )
+    return spec
 
 
 def _selector(p: t.Mapping[str, t.Any], **over: t.Any) -> t.Dict[str, t.Any]:
@@ -117,6 +105,8 @@ def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
         return "wait_clean: timeout and poll_interval must be greater than 0 seconds, got %s and %s" % (
             g["timeout"], g["poll_interval"])
     r = p["wait_ready"]
+    if not r:
+        return "wait_ready: set health_url or request (a restart ends with a server that answers)"
     err = _server.ready_input_error(r["health_url"], r["request"], r["timeout"], r["interval"])
     if err:
         return "wait_ready: " + err

@@ -36,6 +36,29 @@ class ServerError(Exception):
 
 # ---------------------------------------------------------------- launch
 
+def launch_argspec(**extra: t.Any) -> t.Dict[str, t.Any]:
+    """Options of a launch, shared by server_launch and server_restart (doc fragment gpufleet.serving._launch)."""
+    spec: t.Dict[str, t.Any] = dict(
+        name=dict(type="str", required=True),
+        command=dict(type="list", elements="str", required=True),
+        env=dict(type="dict", default={}),
+        env_passthrough=dict(type="list", elements="str", default=[], no_log=False),
+        user=dict(type="str", default="root"),
+        workdir=dict(type="path", default="/"),
+        log_path=dict(type="path", required=True),
+        tag_name=dict(type="str", default="GPUFLEET_SERVICE"),
+        wait_ready=dict(type="dict", options=dict(
+            health_url=dict(type="str", default=""),
+            request=dict(type="dict", default={}),
+            timeout=dict(type="float", default=600.0),
+            interval=dict(type="float", default=0.25),
+            log_tail_lines=dict(type="int", default=40),
+        )),
+    )
+    spec.update(extra)
+    return spec
+
+
 def validate_env(env: t.Mapping[str, t.Any], field: str = "env") -> t.Dict[str, str]:
     out = {}
     for k, v in env.items():

@@ -22,11 +22,13 @@ description:
     and launches nothing when they are not; the failure lists every holder. The gate and the launch run in one
     process, so no other task runs between the check and the launch.
   - With O(wait_ready), it then waits until the server is ready, as C(gpufleet.serving.server_ready) does (a
-    health URL and/or a real request, failing at once with the log tail if the server dies during start-up).
+    health URL and/or a real request, failing at once with the log tail if the server dies during start-up), also
+    when it found the server already running.
   - Both cost no extra task (each ansible task start costs about 0.4 s; the gate about 10 ms on an idle GPU).
 author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
+  - gpufleet.serving._launch
 attributes:
   check_mode:
     support: full
@@ -37,44 +39,10 @@ attributes:
     support: full
     details: A second run finds the server running and reports no change.
 options:
-  name:
-    description: Service name; the value of the launch tag.
-    type: str
-    required: true
-  command:
-    description: Argument vector to execute (no shell).
-    type: list
-    elements: str
-    required: true
-  env:
-    description: Environment variables for the server (names must match C(^[A-Za-z_][A-Za-z0-9_]*$)).
-    type: dict
-    default: {}
-  env_passthrough:
-    description: Names copied from the module's own environment (for example C(CUDA_HOME)).
-    type: list
-    elements: str
-    default: []
-  user:
-    description: User to run the server as.
-    type: str
-    default: root
-  workdir:
-    description: Working directory.
-    type: path
-    default: /
-  log_path:
-    description: File the server's stdout and stderr are appended to.
-    type: path
-    required: true
   pidfile:
     description: Pidfile to write (C(PID START_TIME)).
     type: path
     required: true
-  tag_name:
-    description: Name of the launch tag variable.
-    type: str
-    default: GPUFLEET_SERVICE
   wait_clean:
     version_added: 0.2.0
     description:
@@ -103,33 +71,6 @@ options:
         type: str
         choices: [auto, nvml, nvidia-smi]
         default: auto
-  wait_ready:
-    version_added: 0.2.0
-    description:
-      - After launching (or finding the server running), wait until it is ready.
-      - Not evaluated in check mode.
-    type: dict
-    suboptions:
-      health_url:
-        description: URL that must answer HTTP 200. Empty skips the health poll.
-        type: str
-        default: ""
-      request:
-        description: A real request that must succeed, as O(gpufleet.serving.server_ready#module:request). Empty skips it.
-        type: dict
-        default: {}
-      timeout:
-        description: Seconds to wait for readiness. Must be greater than 0.
-        type: float
-        default: 600
-      interval:
-        description: Seconds between polls. Must be greater than 0.
-        type: float
-        default: 0.25
-      log_tail_lines:
-        description: Lines of O(log_path) returned on failure.
-        type: int
-        default: 40
 seealso:
   - module: gpufleet.serving.gpu_wait
   - module: gpufleet.serving.server_ready
@@ -208,24 +149,9 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod, _
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec=dict(
-            name=dict(type="str", required=True),
-            command=dict(type="list", elements="str", required=True),
-            env=dict(type="dict", default={}),
-            env_passthrough=dict(type="list", elements="str", default=[], no_log=False),
-            user=dict(type="str", default="root"),
-            workdir=dict(type="path", default="/"),
-            log_path=dict(type="path", required=True),
+        argument_spec=_server.launch_argspec(
             pidfile=dict(type="path", required=True),
-            tag_name=dict(type="str", default="GPUFLEET_SERVICE"),
             wait_clean=dict(type="dict", options=_gpumod.clean_gate_argspec()),
-            wait_ready=dict(type="dict", options=dict(
-                health_url=dict(type="str", default=""),
-                request=dict(type="dict", default={}),
-                timeout=dict(type="float", default=600.0),
-                interval=dict(type="float", default=0.25),
-                log_tail_lines=dict(type="int", default=40),
-            )),
         ),
         supports_check_mode=True,
     )

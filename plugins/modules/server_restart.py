@@ -21,7 +21,8 @@ description:
     dirty GPU. The failure lists every holder."
   - "C(launch): start O(command) tagged, in its own session, as M(gpufleet.serving.server_launch) does."
   - "C(ready): wait for the health URL and a real request, failing at once with the log tail if the server dies
-    (C(startup)), as M(gpufleet.serving.server_ready) does."
+    (C(startup)), as M(gpufleet.serving.server_ready) does. O(wait_ready) must name a health URL or a request; without
+    one the module fails before anything is killed."
   - "C(busy): with O(wait_busy), wait until the workers hold the GPUs."
   - "C(verify_env): with O(verify_env), check that every GPU-holding worker carries the expected environment
     (and, with a log, what NCCL logged), as M(gpufleet.serving.process_env) does. Only the expected keys are read."
@@ -37,6 +38,7 @@ author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
   - gpufleet.serving._attributes.NVML
+  - gpufleet.serving._launch
 attributes:
   check_mode:
     support: full
@@ -47,44 +49,10 @@ attributes:
     support: none
     details: A restart always restarts; the gpu_server role calls it only when a restart is needed.
 options:
-  name:
-    description: Service name; the value of the launch tag.
-    type: str
-    required: true
-  command:
-    description: Argument vector to execute (no shell).
-    type: list
-    elements: str
-    required: true
-  env:
-    description: Environment variables for the server (names must match C(^[A-Za-z_][A-Za-z0-9_]*$)).
-    type: dict
-    default: {}
-  env_passthrough:
-    description: Names copied from the module's own environment.
-    type: list
-    elements: str
-    default: []
-  user:
-    description: User to run the server as.
-    type: str
-    default: root
-  workdir:
-    description: Working directory.
-    type: path
-    default: /
-  log_path:
-    description: File the server's stdout and stderr are appended to.
-    type: path
-    required: true
   pidfile:
     description: Pidfile of the server (C(PID START_TIME)); the old one selects what to kill, the new one is written.
     type: path
     required: true
-  tag_name:
-    description: Name of the launch tag variable.
-    type: str
-    default: GPUFLEET_SERVICE
   gpus:
     description: GPU indices the server uses, for the stray kill, the clean gate and the busy wait. Empty means all.
     type: list
@@ -144,31 +112,6 @@ options:
       max_used_mib:
         description: Highest used memory (MiB) that still counts as clean; unset picks the default of C(gpu_wait).
         type: int
-  wait_ready:
-    description: The readiness gate after the launch.
-    type: dict
-    required: true
-    suboptions:
-      health_url:
-        description: URL that must answer HTTP 200. Empty skips the health poll.
-        type: str
-        default: ""
-      request:
-        description: A real request that must succeed, as O(gpufleet.serving.server_ready#module:request). Empty skips it.
-        type: dict
-        default: {}
-      timeout:
-        description: Seconds to wait for readiness. Must be greater than 0.
-        type: float
-        default: 600
-      interval:
-        description: Seconds between polls. Must be greater than 0.
-        type: float
-        default: 0.25
-      log_tail_lines:
-        description: Lines of O(log_path) returned on failure.
-        type: int
-        default: 40
   wait_busy:
     description: Wait until the workers hold the GPUs. Unset skips the step.
     type: dict

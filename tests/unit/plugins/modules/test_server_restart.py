@@ -168,6 +168,7 @@ def test_check_mode_lists_what_it_would_kill_and_changes_nothing(server, run_mod
 
 @pytest.mark.parametrize("change, msg", [
     ({"wait_ready": {"health_url": "", "request": {}}}, "wait_ready: "),
+    ({"wait_ready": None}, "wait_ready: set health_url or request"),
     ({"kill": {"signals": ["TERM", "NOPE"]}}, "kill: signals: "),
     ({"kill": {"grace": -1}}, "kill: grace must be >= 0 seconds"),
     ({"env": {"BAD-NAME": "x"}}, "env: invalid variable name 'BAD-NAME'"),

@@ -1,0 +1,78 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This doc fragment is PRIVATE and should only be used by this collection.
+
+from __future__ import annotations
+
+
+class ModuleDocFragment(object):
+
+    # What a launch needs, shared by server_launch and server_restart (argument spec: _server.launch_argspec).
+    DOCUMENTATION = r"""
+options:
+  name:
+    description: Service name; the value of the launch tag.
+    type: str
+    required: true
+  command:
+    description: Argument vector to execute (no shell).
+    type: list
+    elements: str
+    required: true
+  env:
+    description: Environment variables for the server (names must match C(^[A-Za-z_][A-Za-z0-9_]*$)).
+    type: dict
+    default: {}
+  env_passthrough:
+    description: Names copied from the module's own environment (for example C(CUDA_HOME)).
+    type: list
+    elements: str
+    default: []
+  user:
+    description: User to run the server as.
+    type: str
+    default: root
+  workdir:
+    description: Working directory.
+    type: path
+    default: /
+  log_path:
+    description: File the server's stdout and stderr are appended to.
+    type: path
+    required: true
+  tag_name:
+    description: Name of the launch tag variable.
+    type: str
+    default: GPUFLEET_SERVICE
+  wait_ready:
+    version_added: 0.2.0
+    description:
+      - Wait until the server is ready, as M(gpufleet.serving.server_ready) does, failing at once with the log tail
+        if the server dies during start-up.
+      - Not evaluated in check mode.
+    type: dict
+    suboptions:
+      health_url:
+        description: URL that must answer HTTP 200. Empty skips the health poll.
+        type: str
+        default: ""
+      request:
+        description: A real request that must succeed, as O(gpufleet.serving.server_ready#module:request). Empty skips it.
+        type: dict
+        default: {}
+      timeout:
+        description: Seconds to wait for readiness. Must be greater than 0.
+        type: float
+        default: 600
+      interval:
+        description: Seconds between polls. Must be greater than 0.
+        type: float
+        default: 0.25
+      log_tail_lines:
+        description: Lines of O(log_path) returned on failure.
+        type: int
+        default: 40
+"""
