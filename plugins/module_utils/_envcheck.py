@@ -197,14 +197,23 @@ def _is_fork_copy(pid: int, procs: t.Mapping[int, _proc.Proc]) -> bool:
     return a is not None and a == b
 
 
+def normalize_expected(value: t.Any, field: str = "expected") -> t.Dict[str, str]:
+    """The expected variables as strings; raises EnvCheckError when they are invalid or empty."""
+    try:
+        expected = _envblock.normalize_env(value, field)
+    except _envblock.BlockError as e:
+        raise EnvCheckError(str(e))
+    if not expected:
+        raise EnvCheckError("%s must name at least one variable" % field)
+    return expected
+
+
 def run(module: t.Any) -> t.Dict[str, t.Any]:
     p = module.params
     try:
-        expected = _envblock.normalize_env(p["expected"], "expected")
-    except _envblock.BlockError as e:
+        expected = normalize_expected(p["expected"])
+    except EnvCheckError as e:
         module.fail_json(msg=str(e))
-    if not expected:
-        module.fail_json(msg="expected must name at least one variable")
     chosen, procs = _killmod.select_or_fail(module)
     selected = chosen["selected"]
     notes = list(chosen["notes"])

@@ -30,6 +30,14 @@ def clean_gate_argspec() -> t.Dict[str, t.Any]:
     )
 
 
+def gate_input_error(opts: t.Mapping[str, t.Any]) -> t.Optional[str]:
+    """What is wrong with a wait_clean option (clean_gate_argspec), or None."""
+    if opts["timeout"] <= 0 or opts["poll_interval"] <= 0:
+        return "wait_clean: timeout and poll_interval must be greater than 0 seconds, got %s and %s" % (
+            opts["timeout"], opts["poll_interval"])
+    return None
+
+
 @contextlib.contextmanager
 def backend_or_fail(module: t.Any, name: t.Optional[str] = None) -> t.Iterator[_nvml.Backend]:
     try:

@@ -77,20 +77,28 @@ def select_or_fail(module: t.Any) -> t.Tuple[t.Dict[str, t.Any], t.Mapping[int, 
         raise  # unreachable; keeps type checkers honest
 
 
-def run_kill(module: t.Any) -> t.Dict[str, t.Any]:
-    p = module.params
+def kill_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
+    """What is wrong with the signalling options (signals, grace, final_wait, poll_interval), or None."""
     for k in ("grace", "final_wait"):
         if p[k] < 0:
-            module.fail_json(msg="%s must be >= 0 seconds, got %s" % (k, p[k]))
+            return "%s must be >= 0 seconds, got %s" % (k, p[k])
     if p["poll_interval"] <= 0:
-        module.fail_json(msg="poll_interval must be > 0 seconds, got %s" % p["poll_interval"])
+        return "poll_interval must be > 0 seconds, got %s" % p["poll_interval"]
     try:
         for s in p["signals"]:
             _kill.parse_signal(s)
     except _kill.KillError as e:
-        module.fail_json(msg="signals: %s" % e)
+        return "signals: %s" % e
     if not p["signals"]:
-        module.fail_json(msg="signals must name at least one signal")
+        return "signals must name at least one signal"
+    return None
+
+
+def run_kill(module: t.Any) -> t.Dict[str, t.Any]:
+    p = module.params
+    err = kill_input_error(p)
+    if err:
+        module.fail_json(msg=err)
 
     chosen, procs = select_or_fail(module)
     sel = chosen["selected"]

@@ -21,7 +21,7 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _envblock, _envcheck, _gpumod, _kill, _killmod, _nvml, _proc, _server, _step)
+    _envcheck, _gpumod, _killmod, _nvml, _proc, _server, _step)
 
 Failed = _step.Failed
 
@@ -71,9 +71,9 @@ def argument_spec() -> t.Dict[str, t.Any]:
 
 
 def _selector(p: t.Mapping[str, t.Any], **over: t.Any) -> t.Dict[str, t.Any]:
-    sel = dict(tag=None, pidfile=None, pidfile_cmdline_regex=None, pids=[], cmdline_regex=None, user=None,
-               gpu_holders=[], include_descendants=True, include_groups=True,
-               exclude_regex=p["kill"]["exclude_regex"], backend=p["backend"])
+    """process_kill/process_env parameters: the selector's own defaults, this module's backend and excludes."""
+    sel = {k: v.get("default") for k, v in _killmod.selector_argspec().items()}
+    sel.update(exclude_regex=p["kill"]["exclude_regex"], backend=p["backend"])
     sel.update(over)
     return sel
 
@@ -87,23 +87,12 @@ def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
         _server.validate_env({p["tag_name"]: p["name"]}, field="tag_name")
     except _server.ServerError as e:
         return str(e)
-    k = p["kill"]
-    for key in ("grace", "final_wait"):
-        if k[key] < 0:
-            return "kill: %s must be >= 0 seconds, got %s" % (key, k[key])
-    if k["poll_interval"] <= 0:
-        return "kill: poll_interval must be > 0 seconds, got %s" % k["poll_interval"]
-    if not k["signals"]:
-        return "kill: signals must name at least one signal"
-    try:
-        for s in k["signals"]:
-            _kill.parse_signal(s)
-    except _kill.KillError as e:
-        return "kill: signals: %s" % e
-    g = p["wait_clean"]
-    if g["timeout"] <= 0 or g["poll_interval"] <= 0:
-        return "wait_clean: timeout and poll_interval must be greater than 0 seconds, got %s and %s" % (
-            g["timeout"], g["poll_interval"])
+    err = _killmod.kill_input_error(p["kill"])
+    if err:
+        return "kill: " + err
+    err = _gpumod.gate_input_error(p["wait_clean"])
+    if err:
+        return err
     r = p["wait_ready"]
     if not r:
         return "wait_ready: set health_url or request (a restart ends with a server that answers)"
@@ -113,13 +102,11 @@ def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     b = p["wait_busy"]
     if b and (b["timeout"] <= 0 or b["poll_interval"] <= 0 or b["min_processes"] < 1):
         return "wait_busy: timeout and poll_interval must be > 0 and min_processes >= 1"
-    v = p["verify_env"]
-    if v:
+    if p["verify_env"]:
         try:
-            if not _envblock.normalize_env(v["expected"], "verify_env.expected"):
-                return "verify_env: expected must name at least one variable"
-        except _envblock.BlockError as e:
-            return str(e)
+            _envcheck.normalize_expected(p["verify_env"]["expected"])
+        except _envcheck.EnvCheckError as e:
+            return "verify_env: %s" % e
     return None
 
 

@@ -165,9 +165,8 @@ def main() -> None:
         _server.validate_env({p["tag_name"]: p["name"]}, field="tag_name")
     except _server.ServerError as e:
         module.fail_json(msg=str(e))
-    if gate and (gate["timeout"] <= 0 or gate["poll_interval"] <= 0):
-        module.fail_json(msg="wait_clean: timeout and poll_interval must be greater than 0 seconds, got %s and %s"
-                         % (gate["timeout"], gate["poll_interval"]))
+    if gate and _gpumod.gate_input_error(gate):
+        module.fail_json(msg=_gpumod.gate_input_error(gate))
     if ready:
         err = _server.ready_input_error(ready["health_url"], ready["request"], ready["timeout"], ready["interval"])
         if err:

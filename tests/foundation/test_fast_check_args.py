@@ -35,3 +35,19 @@ def test_check_args_are_the_apply_args():
             assert var in check_site, "%s: %s is not used by the check" % (k, var)
     assert {k: " ".join(str(x).split()) for k, x in conf.items() if k != "backup"} == \
         {k: " ".join(str(x).split()) for k, x in v["_gpufleet_nccl_conf_args"].items()}
+
+
+def test_fast_check_asks_the_server_check_what_the_roles_check_asks():
+    """The rollout's one-call check (gpu_server tasks/up_to_date.yml) ends a host only when the roles' own check
+    (tasks/check.yml) would say no restart: it must pass the same server_state arguments with the same values."""
+    tasks = Path(__file__).resolve().parents[2] / "roles" / "gpu_server" / "tasks"
+    full = yaml.safe_load((tasks / "check.yml").read_text())[0]["gpufleet.serving.server_state"]
+    fast = yaml.safe_load((tasks / "up_to_date.yml").read_text())[0]["gpufleet.serving.server_state"]
+    # What only the roles' check needs: a launch is coming (launchable, keep_lock), or it waits for another run.
+    full_only = {"launchable", "keep_lock", "lock_wait"}
+    assert set(full) - full_only <= set(fast), set(full) - full_only - set(fast)
+    differ = {k: (full[k], fast[k]) for k in set(full) - full_only if full[k] != fast[k]}
+    # The run's owner id: the roles derive theirs from gpufleet_run_id (tasks/lock.yml).
+    assert set(differ) == {"lock_file", "owner"}, differ
+    assert fast["owner"] == "{{ gpufleet_run_id }}" and fast["lock_file"] == "{{ _gpufleet_server_lock_file }}"
+    assert set(fast) - set(full) == {"nccl_layers"}, set(fast) - set(full)
