@@ -234,6 +234,8 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
     excluded = [dict(pid=pid, reason=why, cmdline=procs[pid].command[:300]) for pid, why in sorted(chosen["excluded"].items())]
     result = dict(changed=False, expected_keys=sorted(expected), target=p["target"], selected=len(selected),
                   excluded=excluded, notes=notes, **res)
+    if "pidfile" in chosen:
+        result["pidfile"] = chosen["pidfile"]
     if not res["checked"]:
         if p["allow_empty"]:
             return result

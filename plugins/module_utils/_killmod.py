@@ -107,6 +107,8 @@ def run_kill(module: t.Any) -> t.Dict[str, t.Any]:
     result: t.Dict[str, t.Any] = dict(changed=bool(sel), processes=[described[k] for k in sorted(described)],
                                       signalled=len(sel), survivors=[], excluded=excluded,
                                       notes=chosen["notes"], elapsed_s=0.0)
+    if "pidfile" in chosen:
+        result["pidfile"] = chosen["pidfile"]
     if module.check_mode or not sel:
         return result
     t0 = time.monotonic()

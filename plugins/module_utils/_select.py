@@ -8,7 +8,7 @@
 
 """Process selection shared by process_kill and process_env.
 
-A selector is a union of criteria (tag, pidfile, pids, cmdline regex, user, GPU holders),
+A selector is a union of criteria (tag, confirmed pidfile, pids, cmdline regex, user, GPU holders),
 expanded with descendants and with the sessions/process groups the selected processes LEAD,
 then reduced by exclusions and by the protected set (pid 1, kernel threads, our own chain).
 """
@@ -73,32 +73,61 @@ def read_pidfile(path: str) -> t.Tuple[int, int | None]:
     return int(parts[0]), start
 
 
-def check_pidfile(path: str, procs: t.Mapping[int, _proc.Proc], cmdline_regex: str | None) -> t.Tuple[int | None, str]:
-    """Return (pid, reason). pid is None when the pidfile is missing or stale.
+def check_pidfile(path: str, procs: t.Mapping[int, _proc.Proc], cmdline_regex: str | None = None,
+                  tag: t.Tuple[str, str] | None = None, adopt_regex: str | None = None) -> t.Dict[str, t.Any]:
+    """What the pidfile names and whether that process is confirmed to be the server.
 
-    A pid is reused after its process dies, so the pidfile is never trusted blindly:
-    the recorded start time must match, or (foreign pidfile) the process must have
-    started before the pidfile was written and match the cmdline regex if given.
+    Returns {path, pid, status, reason, confirmed_by} (plus user and cmdline of a live process). status is
+    confirmed, unconfirmed, stale, not_running or missing; only a confirmed pid may be selected.
     """
+    out: t.Dict[str, t.Any] = dict(path=path, pid=None, status="missing", reason="", confirmed_by=None)
+
+    def done(status: str, reason: str, by: str | None = None) -> t.Dict[str, t.Any]:
+        out.update(status=status, reason=reason, confirmed_by=by)
+        return out
+
     try:
         pid, start = read_pidfile(path)
         mtime = os.stat(path).st_mtime
     except FileNotFoundError:
-        return None, "pidfile %s does not exist" % path
+        return done("missing", "pidfile %s does not exist" % path)
+    out["pid"] = pid
     p = procs.get(pid)
     if p is None or p.state in ("Z", "X"):
-        return None, "pidfile %s names pid %d, which is not running" % (path, pid)
+        return done("not_running", "pidfile %s names pid %d, which is not running" % (path, pid))
+    out.update(user=p.user(), cmdline=p.command[:300])
+    who = "%s, user %s" % (p.command[:120], out["user"])
+    # A pid is reused after its process dies, so a pid alone proves nothing: the file must record the start time
+    # (gpufleet's own 'PID START_TIME'), or the process must show it is the server (launch tag, adopt regex).
+    # A pidfile newer than an unrelated process names it as plausibly as the server's own pidfile would
+    # (a server stopped by hand, its pidfile then rewritten): only the checks below tell them apart.
     if start is not None and start != p.start_time:
-        return None, "pidfile %s is stale: pid %d now belongs to another process (%s)" % (path, pid, p.command[:120])
+        return done("stale", "pidfile %s is stale: pid %d now belongs to another process (%s)" % (path, pid, who))
     if start is None and _proc.start_epoch(p) > mtime + _PIDFILE_SLACK_S:
-        return None, "pidfile %s is stale: pid %d started after the pidfile was written (%s)" % (path, pid, p.command[:120])
+        return done("stale", "pidfile %s is stale: pid %d started after the pidfile was written (%s)" % (path, pid, who))
     if cmdline_regex and not re.search(cmdline_regex, p.command):
-        return None, "pidfile %s: pid %d does not match %r (%s)" % (path, pid, cmdline_regex, p.command[:120])
-    return pid, "pidfile %s names running pid %d" % (path, pid)
+        return done("unconfirmed", "pidfile %s is unconfirmed: pid %d does not match %r (%s); left alone"
+                    % (path, pid, cmdline_regex, who))
+    if start is not None:
+        by = "start_time"
+    elif tag is not None and _proc.environ_has(pid, tag[0], tag[1]):
+        by = "tag"
+    elif cmdline_regex:
+        by = "pidfile_cmdline_regex"
+    elif adopt_regex and re.search(adopt_regex, p.command):
+        by = "cmdline_regex"
+    else:
+        checks = ["no start time recorded"]
+        checks.append("no launch tag %s=%s" % tag if tag else "no launch tag given")
+        checks.append("no match for %r" % adopt_regex if adopt_regex else "no command line regex given")
+        return done("unconfirmed", "pidfile %s is unconfirmed: it names pid %d (%s) but %s; left alone"
+                    % (path, pid, who, ", ".join(checks)))
+    return done("confirmed", "pidfile %s names running pid %d (confirmed by %s)" % (path, pid, by), by)
 
 
 def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_pid: int | None = None) -> t.Dict[str, t.Any]:
-    """Return {'selected': {pid: [reasons]}, 'notes': [...], 'excluded': {pid: reason}}."""
+    """Return {'selected': {pid: [reasons]}, 'notes': [...], 'excluded': {pid: reason}}, and with a pidfile
+    'pidfile' (check_pidfile's report)."""
     if procs is None:
         procs = _proc.snapshot()
     me = os.getpid() if self_pid is None else self_pid
@@ -127,11 +156,12 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
             add(pid, "pid")
         else:
             notes.append("pid %d is not running" % pid)
+    pidfile = None
     if sel.pidfile:
-        pid, why = check_pidfile(sel.pidfile, procs, sel.pidfile_cmdline_regex)
-        notes.append(why)
-        if pid is not None:
-            add(pid, "pidfile")
+        pidfile = check_pidfile(sel.pidfile, procs, sel.pidfile_cmdline_regex, tag, sel.cmdline_regex)
+        notes.append(pidfile["reason"])
+        if pidfile["status"] == "confirmed":
+            add(pidfile["pid"], "pidfile")
     for pid in sel.gpu_holder_pids:
         if pid in procs:
             add(pid, "gpu_holder")
@@ -170,7 +200,10 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
         for pid in _proc.descendants(list(reasons), procs):
             add(pid, "descendant")
     drop_excluded()
-    return {"selected": reasons, "notes": notes, "excluded": excluded}
+    out: t.Dict[str, t.Any] = {"selected": reasons, "notes": notes, "excluded": excluded}
+    if pidfile is not None:
+        out["pidfile"] = pidfile
+    return out
 
 
 def _exclusion(p: _proc.Proc, protected: t.Set[int], excl: t.Sequence[t.Pattern[str]]) -> str | None:

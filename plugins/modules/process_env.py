@@ -137,6 +137,13 @@ notes:
   returned: always
   type: list
   elements: str
+pidfile:
+  version_added: 0.2.0
+  description:
+    - What O(pidfile) names and whether it was confirmed, as M(gpufleet.serving.process_kill) returns it; an
+      unconfirmed or stale pidfile selects nothing.
+  returned: when pidfile is set
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule

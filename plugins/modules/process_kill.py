@@ -17,6 +17,9 @@ description:
     then extended with their descendants and the members of the sessions and process groups they lead.
   - O(tag) finds every process whose exec-time environment has C(NAME=VALUE); a launch tag is inherited by
     all workers, so workers orphaned to PID 1 after their launcher died (a known SGLang/vLLM failure) are found.
+  - O(pidfile) selects its process only when something confirms it is the server (the start time the pidfile
+    records, O(tag), O(pidfile_cmdline_regex) or O(cmdline_regex)); a pidfile holding only a pid never gets an
+    unrelated process killed (RV(pidfile) says why it was left alone).
   - Each process is pinned by pid and start time (field 22 of C(/proc/PID/stat)) and signalled through a
     pidfd where the kernel has them, so a pid reused by another process is never signalled.
   - PID 1, kernel threads, this module's own process and its ancestors (the ssh/ansible chain) are never signalled;
@@ -106,10 +109,22 @@ excluded:
   type: list
   elements: dict
 notes:
-  description: Facts about the selection, such as a stale pidfile.
+  description: Facts about the selection, such as a stale or unconfirmed pidfile.
   returned: always
   type: list
   elements: str
+pidfile:
+  version_added: 0.2.0
+  description:
+    - What O(pidfile) names - C(path), C(pid), C(status), C(reason), C(confirmed_by) (V(start_time), V(tag),
+      V(pidfile_cmdline_regex) or V(cmdline_regex)), and the C(user) and C(cmdline) of a live process.
+    - C(status) is V(confirmed) (the process is selected), V(unconfirmed) (a live process nothing confirms, left
+      alone), V(stale) (the recorded start time differs, or the process started after the pidfile was written),
+      V(not_running) or V(missing).
+  returned: when pidfile is set
+  type: dict
+  sample: {path: /run/gpufleet/sglang.pid, pid: 4242, status: unconfirmed, confirmed_by: null, user: alice,
+           cmdline: "python3 train.py", reason: "pidfile /run/gpufleet/sglang.pid is unconfirmed: ..."}
 elapsed_s:
   description: Seconds from the first signal until every process was gone (or the wait ended).
   returned: always

@@ -14,8 +14,10 @@ description:
   - Runs the whole restart cycle of a server started by a process launcher in one module call, in this order,
     stopping at the first step that fails (RV(phase) names it).
   - "C(kill): every process carrying the launch tag O(tag_name)=O(name) (workers orphaned to PID 1 included), the
-    process O(pidfile) names and, with O(kill.cmdline_regex), an adopted server started before gpufleet; TERM,
-    grace, KILL, as M(gpufleet.serving.process_kill) does."
+    process O(pidfile) names when confirmed and, with O(kill.cmdline_regex), an adopted server started before
+    gpufleet; TERM, grace, KILL, as M(gpufleet.serving.process_kill) does. The pidfile's process is confirmed by the
+    start time the pidfile records, the launch tag or O(kill.cmdline_regex); a pidfile holding only the pid of an
+    unrelated process (a server stopped by hand) selects nothing and is reported in the C(pidfile) of RV(kill)."
   - "C(strays): with O(kill.gpu_strays), every other process holding one of O(gpus), minus O(kill.exclude_regex)."
   - "C(clean): wait until O(gpus) are clean, as M(gpufleet.serving.gpu_wait) does; nothing is launched onto a
     dirty GPU. The failure lists every holder."
@@ -50,7 +52,8 @@ attributes:
     details: A restart always restarts; the gpu_server role calls it only when a restart is needed.
 options:
   pidfile:
-    description: Pidfile of the server (C(PID START_TIME)); the old one selects what to kill, the new one is written.
+    description: Pidfile of the server (C(PID START_TIME)); the old one selects what to kill (when confirmed), the new
+      one is written.
     type: path
     required: true
   gpus:
@@ -211,7 +214,10 @@ EXAMPLES = r"""
 
 RETURN = r"""
 kill:
-  description: What the kill step selected and signalled, as M(gpufleet.serving.process_kill) returns it.
+  description:
+    - What the kill step selected and signalled, as M(gpufleet.serving.process_kill) returns it.
+    - Its C(pidfile) says what O(pidfile) named and whether it was confirmed (C(status) V(confirmed),
+      V(unconfirmed), V(stale), V(not_running) or V(missing)); only a confirmed process is killed through it.
   returned: always
   type: dict
 strays:

@@ -12,8 +12,9 @@ short_description: Decide whether a GPU server must be restarted, record what wa
 version_added: 0.1.0
 description:
   - O(action=check) is read-only. It compares the desired O(fingerprint) with the one recorded at the last
-    launch, checks that the launcher (pidfile) is alive, that processes carrying the launch tag hold the GPUs,
-    that no other process holds them, and that the GPU-holding workers carry O(expected_env).
+    launch, checks that the launcher (pidfile, confirmed as in RV(running)) is alive, that processes carrying the
+    launch tag hold the GPUs, that no other process holds them, and that the GPU-holding workers carry
+    O(expected_env).
     RV(needs_restart) is false only when all of that holds; RV(reasons) says why otherwise.
   - O(action=record) writes the state file (fingerprint, pid, timings) after a launch.
   - O(action=lock) and O(action=unlock) take and release a host-side lock so two rollouts never interleave
@@ -55,7 +56,9 @@ options:
     type: path
     required: true
   pidfile:
-    description: Pidfile written by the launcher (C(PID START_TIME)).
+    description:
+      - Pidfile written by the launcher (C(PID START_TIME)).
+      - A pidfile holding only a pid counts only when that process carries the launch tag (RV(running)).
     type: path
   fingerprint:
     description: Hash of the desired state (command, env, user, workdir, launcher, NCCL layers).
@@ -162,9 +165,24 @@ reasons:
   type: list
   elements: str
 running:
-  description: Whether the launcher named by the pidfile is alive.
+  description:
+    - Whether the process named by the pidfile is alive and confirmed to be the server, by the start time the
+      pidfile records (C(PID START_TIME), as gpufleet writes it) or by the launch tag in its environment.
+    - A pidfile holding only a pid of a process without the launch tag is never taken for the server; see RV(pidfile).
   returned: when action is check
   type: bool
+pidfile:
+  version_added: 0.2.0
+  description:
+    - With V(check) and O(pidfile), what the pidfile names - C(path), C(pid), C(status), C(reason), C(confirmed_by)
+      (V(start_time) or V(tag)), and the C(user) and C(cmdline) of a live process.
+    - C(status) is V(confirmed), V(unconfirmed) (a live process the pidfile cannot be trusted for), V(stale) (the
+      recorded start time differs, or the process started after the pidfile was written), V(not_running),
+      V(missing) or V(unreadable).
+  returned: when action is check and pidfile is set
+  type: dict
+  sample: {path: /run/gpufleet/sglang.pid, pid: 4242, status: unconfirmed, confirmed_by: null, user: alice,
+           cmdline: "python3 train.py", reason: "pidfile /run/gpufleet/sglang.pid is unconfirmed: ..."}
 fingerprint_recorded:
   description: Fingerprint stored at the last launch.
   returned: when action is check
@@ -213,10 +231,11 @@ state:
 """
 
 import os
+import typing as t
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod, _layercheck, _nvml, _proc, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod, _layercheck, _nvml, _proc, _select, _server
 
 
 def take_lock(module: AnsibleModule) -> dict:
@@ -278,14 +297,16 @@ def check_state(module: AnsibleModule) -> dict:
     p = module.params
     state = _server.read_state(p["state_file"])
     reasons = []
-    ident = _server.pidfile_identity(p["pidfile"]) if p["pidfile"] else None
-    running = bool(ident and _proc.is_alive(ident))
+    procs = _proc.snapshot()
+    pidfile = pidfile_state(p["pidfile"], procs, (p["tag_name"], p["name"])) if p["pidfile"] else None
+    # The same test as the kill's: a pidfile naming a live process the pidfile cannot confirm (a pid-only file
+    # naming an unrelated process) is not our server running.
+    running = bool(pidfile and pidfile["status"] == "confirmed")
     if not running:
         reasons.append("server is not running")
     recorded = state.get("fingerprint")
     if p["fingerprint"] and recorded != p["fingerprint"]:
         reasons.append("desired state changed (fingerprint %s -> %s)" % ((recorded or "none")[:12], p["fingerprint"][:12]))
-    procs = _proc.snapshot()
     tagged = sorted(pid for pid in procs if _proc.environ_has(pid, p["tag_name"], p["name"]))
     holders = {}
     if p["require_gpu_holders"]:
@@ -323,9 +344,21 @@ def check_state(module: AnsibleModule) -> dict:
             "pid %s: %s" % (k, " ".join(v)) for k, v in sorted(env_problems.items())))
     workers = [dict(pid=pid, ppid=procs[pid].ppid, cmdline=procs[pid].command[:300], holds_gpu=pid in holder_pids)
                for pid in tagged if pid in procs]
-    return dict(changed=False, needs_restart=bool(reasons), reasons=reasons, running=running,
-                fingerprint_recorded=recorded, workers=workers, strays=strays, env_problems=env_problems,
-                gpu_holders={str(k): v for k, v in holders.items()})
+    res = dict(changed=False, needs_restart=bool(reasons), reasons=reasons, running=running,
+               fingerprint_recorded=recorded, workers=workers, strays=strays, env_problems=env_problems,
+               gpu_holders={str(k): v for k, v in holders.items()})
+    if pidfile is not None:
+        res["pidfile"] = pidfile
+    return res
+
+
+def pidfile_state(path: str, procs: t.Mapping[int, _proc.Proc], tag: t.Tuple[str, str]) -> t.Dict[str, t.Any]:
+    """_select.check_pidfile's report; an unreadable pidfile is reported, not fatal (the check is read-only)."""
+    try:
+        return _select.check_pidfile(path, procs, tag=tag)
+    except (_select.SelectError, OSError) as e:
+        return dict(path=path, pid=None, status="unreadable", reason="pidfile %s is unreadable: %s" % (path, e),
+                    confirmed_by=None)
 
 
 def main() -> None:

@@ -144,10 +144,13 @@ def test_foreign_pidfile_older_than_its_pid_kills_nothing(sleeper, tmp_path):
     assert res["selected"] == {} and rep == {}
     assert "started after the pidfile was written" in res["notes"][0]
     assert innocent.poll() is None
-    # The same foreign pidfile written after the process started is trusted.
+    # Written after the process started, it is still not trusted on its own (issue 13): nothing confirms it.
     os.utime(pf, None)
     res = select(pidfile=str(pf))[0]
-    assert list(res["selected"]) == [innocent.pid]
+    assert res["selected"] == {} and res["pidfile"]["status"] == "unconfirmed"
+    # A command line regex confirms it.
+    res = select(pidfile=str(pf), pidfile_cmdline_regex=r"time\.sleep")[0]
+    assert list(res["selected"]) == [innocent.pid] and res["pidfile"]["confirmed_by"] == "pidfile_cmdline_regex"
 
 
 def test_worker_in_our_session_does_not_pull_us_in(sleeper):

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""_select over synthetic process tables (tag and pidfile over real processes live in tests/foundation)."""
+"""_select over synthetic process tables, and pidfiles over real processes (tag and trees: tests/foundation)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 
 import pytest
@@ -142,19 +143,19 @@ def _now_ticks() -> int:
     return int((time.time() - _proc.boot_time()) * os.sysconf("SC_CLK_TCK"))
 
 
-@pytest.mark.parametrize("content,ok", [
-    ("600 1000\n", True),          # ours: exact start time
-    ("600 1001\n", False),         # ours, but pid 600 is now another process
-    ("600\n", True),               # foreign: started before the file was written
-    ("4242\n", False),             # not running
-    ("950 1000\n", False),         # zombie
+@pytest.mark.parametrize("content,status", [
+    ("600 1000\n", "confirmed"),      # ours: exact start time
+    ("600 1001\n", "stale"),          # ours, but pid 600 is now another process
+    ("600\n", "unconfirmed"),         # foreign: older than the file, but nothing says it is the server
+    ("4242\n", "not_running"),
+    ("950 1000\n", "not_running"),    # zombie
 ])
-def test_check_pidfile(tmp_path, content, ok):
+def test_check_pidfile(tmp_path, content, status):
     f = tmp_path / "srv.pid"
     f.write_text(content)
-    pid, why = _select.check_pidfile(str(f), table(), None)
-    assert (pid is not None) is ok, why
-    assert str(f) in why
+    r = _select.check_pidfile(str(f), table(), None)
+    assert r["status"] == status, r
+    assert str(f) in r["reason"]
 
 
 def test_foreign_pidfile_older_than_process(tmp_path):
@@ -163,21 +164,21 @@ def test_foreign_pidfile_older_than_process(tmp_path):
     f = tmp_path / "old.pid"
     f.write_text("600\n")
     os.utime(f, (time.time() - 3600, time.time() - 3600))       # written an hour ago
-    pid, why = _select.check_pidfile(str(f), procs, None)
-    assert pid is None and "started after the pidfile was written" in why
+    r = _select.check_pidfile(str(f), procs, None)
+    assert r["status"] == "stale" and "started after the pidfile was written" in r["reason"]
 
 
 def test_pidfile_cmdline_regex(tmp_path):
     f = tmp_path / "srv.pid"
     f.write_text("600 1000")
-    assert _select.check_pidfile(str(f), table(), r"sglang")[0] == 600
-    pid, why = _select.check_pidfile(str(f), table(), r"vllm")
-    assert pid is None and "does not match" in why
+    assert _select.check_pidfile(str(f), table(), r"sglang")["status"] == "confirmed"
+    r = _select.check_pidfile(str(f), table(), r"vllm")
+    assert r["status"] == "unconfirmed" and "does not match" in r["reason"]
 
 
 def test_pidfile_missing_and_garbage(tmp_path):
-    pid, why = _select.check_pidfile(str(tmp_path / "nope.pid"), table(), None)
-    assert pid is None and "does not exist" in why
+    r = _select.check_pidfile(str(tmp_path / "nope.pid"), table(), None)
+    assert r["status"] == "missing" and r["pid"] is None and "does not exist" in r["reason"]
     g = tmp_path / "garbage.pid"
     g.write_text("hello")
     with pytest.raises(_select.SelectError, match="does not start with a pid"):
@@ -196,3 +197,101 @@ def test_describe():
     d = _select.describe(600, table(), ["pid"])
     assert d == {"pid": 600, "ppid": 1, "start_time": 1000, "user": "root",
                  "cmdline": "python3 -m sglang.launch_server --port 30000", "matched_by": ["pid"]}
+
+
+# --- pidfiles over real processes (issue 13): a pidfile alone never selects a process ---
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def real_sleep():
+    """Start a real `sleep` (own session), optionally with extra environment or as another user (root only)."""
+    started = []
+
+    def start(env=None, uid=None):
+        if uid is not None and os.geteuid() != 0:
+            pytest.skip("starting another user's process needs root")
+
+        def demote():
+            if uid is not None:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+
+        e = dict(os.environ, **(env or {}))
+        po = subprocess.Popen(["sleep", "600"], env=e, start_new_session=True, preexec_fn=demote)
+        started.append(po)
+        p = _proc.read_proc(po.pid)
+        assert p is not None and p.cmdline == ["sleep", "600"], p
+        return p
+
+    yield start
+    for po in started:
+        po.kill()
+        po.wait()
+
+
+def _pidfile(tmp_path, text, age_s=0.0):
+    f = tmp_path / "srv.pid"
+    f.write_text(text)
+    if age_s:
+        os.utime(f, (time.time() - age_s, time.time() - age_s))
+    return str(f)
+
+
+@pytest.mark.parametrize("uid", [None, NOBODY], ids=["same-user", "other-user"])
+def test_pid_only_pidfile_newer_than_unrelated_process_selects_nothing(real_sleep, tmp_path, uid):
+    """The reported bug: server stopped by hand, its pidfile now holds only the pid of an older, unrelated process
+    (written after it started, so the age check passes). Nothing confirms it: not selected, reported unconfirmed."""
+    victim = real_sleep(uid=uid)
+    path = _pidfile(tmp_path, "%d\n" % victim.pid)
+    r = _select.select(_select.Selector(pidfile=path, tag="GPUFLEET_SERVICE=demo", cmdline_regex=r"demo_server\.py"))
+    assert victim.pid not in r["selected"], r
+    pf = r["pidfile"]
+    assert pf["pid"] == victim.pid and pf["status"] == "unconfirmed" and pf["path"] == path, pf
+    assert pf["confirmed_by"] is None and "left alone" in pf["reason"]
+    assert pf["user"] == _proc.user_name(victim.uid) and pf["cmdline"] == "sleep 600"
+    assert any("unconfirmed" in n and str(victim.pid) in n for n in r["notes"]), r["notes"]
+    assert _proc.is_alive(victim.identity)
+
+
+def test_pid_only_pidfile_older_than_process_is_stale(real_sleep, tmp_path):
+    victim = real_sleep()
+    path = _pidfile(tmp_path, "%d\n" % victim.pid, age_s=3600)
+    r = _select.select(_select.Selector(pidfile=path, pidfile_cmdline_regex="sleep"))
+    assert r["selected"] == {}
+    assert r["pidfile"]["status"] == "stale" and "started after the pidfile was written" in r["pidfile"]["reason"]
+
+
+@pytest.mark.parametrize("uid", [None, NOBODY], ids=["same-user", "other-user"])
+@pytest.mark.parametrize("how", ["start_time", "tag", "pidfile_cmdline_regex", "cmdline_regex"])
+def test_confirmed_pidfile_selects_its_process(real_sleep, tmp_path, how, uid):
+    env = {"GPUFLEET_SERVICE": "demo"} if how == "tag" else None
+    server = real_sleep(env=env, uid=uid)
+    text = "%d %d\n" % server.identity if how == "start_time" else "%d\n" % server.pid
+    kw = {"tag": ("GPUFLEET_SERVICE=demo", "GPUFLEET_SERVICE=other")[how != "tag"]}
+    if how == "pidfile_cmdline_regex":
+        kw["pidfile_cmdline_regex"] = r"^sleep 600$"
+    if how == "cmdline_regex":
+        kw["cmdline_regex"] = r"^sleep 600$"
+    r = _select.select(_select.Selector(pidfile=_pidfile(tmp_path, text), **kw))
+    assert "pidfile" in r["selected"].get(server.pid, []), r
+    assert r["pidfile"]["status"] == "confirmed" and r["pidfile"]["confirmed_by"] == how, r["pidfile"]
+
+
+def test_pidfile_start_time_mismatch_is_stale_even_with_a_matching_regex(real_sleep, tmp_path):
+    victim = real_sleep()
+    path = _pidfile(tmp_path, "%d %d\n" % (victim.pid, victim.start_time + 7))
+    r = _select.select(_select.Selector(pidfile=path, pidfile_cmdline_regex="sleep"))
+    assert r["selected"] == {} and r["pidfile"]["status"] == "stale"
+    assert "now belongs to another process" in r["pidfile"]["reason"]
+
+
+def test_pidfile_cmdline_regex_mismatch_is_unconfirmed(real_sleep, tmp_path):
+    """An explicit pidfile_cmdline_regex must match, even when the start time does."""
+    server = real_sleep()
+    r = _select.select(_select.Selector(pidfile=_pidfile(tmp_path, "%d %d\n" % server.identity),
+                                        pidfile_cmdline_regex="vllm"))
+    assert r["selected"] == {} and r["pidfile"]["status"] == "unconfirmed"
+    assert "does not match" in r["pidfile"]["reason"]

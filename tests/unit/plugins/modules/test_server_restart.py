@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -111,6 +112,28 @@ def test_full_cycle_kills_the_old_server_relaunches_verifies_records_and_unlocks
     assert set(state["timings"]) == {"kill_s", "clean_s", "launch_s", "ready_s", "cycle_s"} == set(r["timings"])
     assert r["timings"]["cycle_s"] >= r["timings"]["ready_s"]
     assert r["lock_released"] is True and not os.path.exists(a["release_lock"]["lock_file"])
+
+
+def test_pid_only_pidfile_of_an_unrelated_process_is_left_alone(server, run_module):
+    """Issue 13: the server stopped by hand, its pidfile rewritten with only the pid of an older, unrelated process
+    (the pidfile is newer than it): nothing confirms it, so the restart leaves it alone, says so, and launches."""
+    a = server
+    unrelated = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        ident = _proc.read_proc(unrelated.pid).identity
+        os.makedirs(os.path.dirname(a["pidfile"]))
+        with open(a["pidfile"], "w") as f:
+            f.write("%d\n" % unrelated.pid)
+        r = run_module(server_restart.main, a)
+        assert "failed" not in r, r.get("msg")
+        assert unrelated.pid not in [p["pid"] for p in r["kill"]["processes"]] and _proc.is_alive(ident)
+        pf = r["kill"]["pidfile"]
+        assert pf["pid"] == unrelated.pid and pf["status"] == "unconfirmed" and pf["confirmed_by"] is None, pf
+        assert any("unconfirmed" in n for n in r["kill"]["notes"]), r["kill"]["notes"]
+        assert _server.pidfile_identity(a["pidfile"]) == (r["pid"], r["start_time"])
+    finally:
+        unrelated.kill()
+        unrelated.wait()
 
 
 def test_dirty_gpu_stops_at_the_gate_launches_nothing_records_nothing_and_still_unlocks(server, run_module, nvml):

@@ -296,3 +296,29 @@ def test_up_to_date_is_false_when_a_restart_is_needed_even_with_the_layers_right
     layer = {"path": str(tmp_path / "nccl.conf"), "env": {}, "state": "absent", "name": "nccl"}
     r = run_module(server_state.main, check_args(paths, nccl_layers={"nccl_conf": layer}))
     assert r["nccl_layers"]["up_to_date"] is True and r["needs_restart"] is True and r["up_to_date"] is False
+
+
+def test_pid_only_pidfile_is_the_server_only_with_the_launch_tag(servers, paths, run_module):
+    """Issue 13: a pidfile holding only a pid names the server only when that process carries the launch tag; an
+    unrelated process it names (the server stopped by hand) is never reported as the server running."""
+    s = running(servers, paths, run_module)
+    r = run_module(server_state.main, check_args(paths))
+    assert r["running"] is True and r["pidfile"]["confirmed_by"] == "start_time", r["pidfile"]
+    unrelated = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        s.kill()
+        Path(paths["pidfile"]).write_text("%d\n" % unrelated.pid)
+        r = run_module(server_state.main, check_args(paths))
+        assert r["running"] is False and "server is not running" in r["reasons"] and r["needs_restart"] is True
+        pf = r["pidfile"]
+        assert pf["pid"] == unrelated.pid and pf["status"] == "unconfirmed" and pf["cmdline"] == "sleep 600", pf
+        tagged = servers()
+        Path(paths["pidfile"]).write_text("%d\n" % tagged.pid)
+        r = run_module(server_state.main, check_args(paths))
+        assert r["running"] is True and r["pidfile"]["confirmed_by"] == "tag", r["pidfile"]
+        Path(paths["pidfile"]).write_text("garbage")
+        r = run_module(server_state.main, check_args(paths))
+        assert r["running"] is False and r["pidfile"]["status"] == "unreadable", r["pidfile"]
+    finally:
+        unrelated.kill()
+        unrelated.wait()
