@@ -66,6 +66,7 @@ def argument_spec() -> t.Dict[str, t.Any]:
         name=dict(type="str", default="gpufleet"),
         backup=dict(type="bool", default=False),
         nccl_names=dict(type="str", choices=["ignore", "warn", "fail"], default="warn"),
+        allow_vars=dict(type="list", elements="str", default=[]),
     )
 
 
@@ -79,7 +80,13 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
     except _envblock.BlockError as e:
         module.fail_json(msg=str(e))
     if present:
-        _ncclvars.apply_name_policy(module, env, p["nccl_names"])
+        # NCCL setenv()s every NAME=VALUE line of the file, NCCL_* or not, in each process that initialises it (and
+        # so in what that process starts later): the same names as sitecustomize_env, no more.
+        try:
+            _ncclvars.check_allowed(env, p["allow_vars"])
+        except _ncclvars.NotAllowed as e:
+            module.fail_json(msg=str(e), **e.extra)
+        _ncclvars.apply_name_policy(module, env, p["nccl_names"], p["allow_vars"])
     path = p["path"]
     real = path
     try:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import difflib
 import typing as t
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock
+
 KNOWN: t.FrozenSet[str] = frozenset("""
 NCCL_ALGO NCCL_ALLOC_P2P_NET_LL_BUFFERS NCCL_BUFFSIZE NCCL_CGA_CLUSTER_SIZE NCCL_CHECK_POINTERS
 NCCL_CHECKS_DISABLE NCCL_COLLNET_ENABLE NCCL_COLLNET_NODE_THRESHOLD NCCL_COMM_BLOCKING NCCL_COMM_ID
@@ -91,6 +93,83 @@ def auto_profile(nvlink_active: t.Optional[bool]) -> t.Tuple[str, t.Optional[str
     return "nvlink", "NVLink state is unknown (nvidia-smi backend?); auto chose nvlink, which sets no overrides"
 
 
+# Variables that change how every process on the host, the Python interpreter or the dynamic loader behaves. The
+# layers write host-wide (every Python process; nccl.conf: NCCL setenv()s every NAME=VALUE line, NCCL_* or not), so
+# these are refused even when listed in allow_vars: set them for one service instead (its launcher's environment).
+# The loader's list is glibc's "unsecure" variables, the ones it drops for setuid programs
+# (https://sourceware.org/git/?p=glibc.git;a=blob;f=sysdeps/generic/unsecvars.h).
+_LOADER = "the dynamic loader or the C library reads it in every program"
+_PYTHON = "the Python interpreter reads it when any Python process starts"
+_PROCESS = "every program or shell reads it for its command search, home, temporary files, locale or time zone"
+_RUNTIME = "another language runtime reads it to load code or options into each of its processes"
+_NETWORK = "it redirects the network traffic or the TLS trust of every program that honours it"
+
+FORBIDDEN_PREFIXES: t.Dict[str, str] = {
+    "LD_": _LOADER, "MALLOC_": _LOADER, "PYTHON": _PYTHON, "LC_": _PROCESS, "BASH_FUNC_": _PROCESS,
+}
+FORBIDDEN_NAMES: t.Dict[str, str] = dict(
+    [(n, _LOADER) for n in ("GLIBC_TUNABLES", "GCONV_PATH", "GETCONF_DIR", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH",
+                            "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR")]
+    + [(n, _PROCESS) for n in ("PATH", "HOME", "SHELL", "IFS", "ENV", "BASH_ENV", "CDPATH", "PS4", "TMPDIR", "TMP",
+                               "TEMP", "LANG", "LANGUAGE", "TZ", "USER", "LOGNAME")]
+    + [(n, _RUNTIME) for n in ("PERL5LIB", "PERL5OPT", "PERLLIB", "RUBYLIB", "RUBYOPT", "NODE_OPTIONS", "NODE_PATH",
+                               "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS")]
+    + [(n, _NETWORK) for n in ("HTTP_PROXY", "HTTPS_PROXY", "FTP_PROXY", "ALL_PROXY", "NO_PROXY", "SSL_CERT_FILE",
+                               "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")])
+
+ALLOW_OPTION = "allow_vars"
+
+
+def forbidden_reason(name: str) -> t.Optional[str]:
+    """Why `name` may never be written host-wide, or None. Case-insensitive: http_proxy is read as well as
+    HTTP_PROXY, and no lower-case spelling of the others is worth allowing."""
+    up = name.upper()
+    if up in FORBIDDEN_NAMES:
+        return FORBIDDEN_NAMES[up]
+    for prefix, why in FORBIDDEN_PREFIXES.items():
+        if up.startswith(prefix):
+            return why
+    return None
+
+
+class NotAllowed(Exception):
+    """Variable names the layers refuse to write host-wide; nothing has been changed when it is raised."""
+
+    def __init__(self, msg: str, forbidden: t.Dict[str, str], not_allowed: t.List[str], bad_allow: t.List[str]) -> None:
+        super().__init__(msg)
+        self.extra: t.Dict[str, t.Any] = dict(forbidden_vars=forbidden, not_allowed_vars=not_allowed,
+                                              bad_allow_vars=bad_allow)
+
+
+def _are(items: t.Sized) -> str:
+    return "is" if len(items) == 1 else "are"
+
+
+def check_allowed(names: t.Iterable[str], allow: t.Optional[t.Iterable[t.Any]], option: str = ALLOW_OPTION) -> None:
+    """Raise NotAllowed unless every name is NCCL_* or listed (exactly) in `allow`, and neither a name nor an allowed
+    one is forbidden. `option` names the allow-list in the message (the module option or the role variable)."""
+    allow = list(allow or [])
+    bad_allow = sorted({repr(a) for a in allow if not isinstance(a, str) or not _envblock.ENV_NAME_RE.fullmatch(a)})
+    allowed = {a for a in allow if isinstance(a, str)}
+    names = sorted(set(names))
+    forbidden = {n: why for n in sorted(set(names) | allowed) for why in [forbidden_reason(n)] if why}
+    not_allowed = [n for n in names if not n.startswith("NCCL_") and n not in allowed and n not in forbidden]
+    parts = []
+    if bad_allow:
+        parts.append("%s must list exact variable names (no patterns), got %s" % (option, ", ".join(bad_allow)))
+    if forbidden:
+        parts.append("%s %s never written host-wide, even when listed in %s; set %s in the service's own environment"
+                     % (", ".join("%s (%s)" % kv for kv in forbidden.items()), _are(forbidden), option,
+                        "it" if len(forbidden) == 1 else "them"))
+    if not_allowed:
+        parts.append("%s %s (NCCL_*); list each exact name in %s to write it host-wide"
+                     % (", ".join(not_allowed), "is not an NCCL variable" if len(not_allowed) == 1
+                        else "are not NCCL variables", option))
+    if parts:
+        raise NotAllowed("Refused variable name(s), nothing was changed: %s" % "; ".join(parts),
+                         forbidden, not_allowed, bad_allow)
+
+
 def suggest(name: str) -> t.List[str]:
     return difflib.get_close_matches(name, sorted(KNOWN), n=3, cutoff=0.75)
 
@@ -120,15 +199,17 @@ def unknown_message(name: str, close: t.Sequence[str]) -> str:
     return "%s is not a known NCCL environment variable%s" % (name, hint)
 
 
-def check_names(names: t.Iterable[str]) -> NameReport:
-    """Only NCCL_* names are judged; other variables (CUDA_*, TORCH_NCCL_*) pass untouched."""
+def check_names(names: t.Iterable[str], allow: t.Iterable[str] = ()) -> NameReport:
+    """Only NCCL_* names are judged; other variables (CUDA_*, TORCH_NCCL_*) pass untouched. A name in `allow` is
+    not called unknown (an NCCL variable newer than KNOWN)."""
     unknown: t.Dict[str, t.List[str]] = {}
     knobs: t.List[str] = []
     dep: t.Dict[str, str] = {}
+    allowed = set(allow)
     for n in sorted(set(names)):
         if not n.startswith("NCCL_"):
             continue
-        if n not in KNOWN:
+        if n not in KNOWN and n not in allowed:
             unknown[n] = suggest(n)
             continue
         if n in DEBUG_KNOBS:
@@ -138,9 +219,9 @@ def check_names(names: t.Iterable[str]) -> NameReport:
     return NameReport(unknown, knobs, dep)
 
 
-def apply_name_policy(module: t.Any, names: t.Iterable[str], policy: str) -> NameReport:
+def apply_name_policy(module: t.Any, names: t.Iterable[str], policy: str, allow: t.Iterable[str] = ()) -> NameReport:
     """policy ignore|warn|fail: warn emits module warnings; fail refuses unknown names (before any change)."""
-    report = check_names(names)
+    report = check_names(names, allow)
     if policy == "ignore":
         return report
     if policy == "fail" and report.unknown:

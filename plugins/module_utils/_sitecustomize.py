@@ -243,6 +243,7 @@ def argument_spec() -> t.Dict[str, t.Any]:
         backup=dict(type="bool", default=False),
         probe_env=dict(type="dict", default={}),
         nccl_names=dict(type="str", choices=["ignore", "warn", "fail"], default="ignore"),
+        allow_vars=dict(type="list", elements="str", default=[]),
     )
 
 
@@ -255,7 +256,13 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
     except _envblock.BlockError as e:
         module.fail_json(msg=str(e))
     if p["state"] == "present":
-        _ncclvars.apply_name_policy(module, env, p["nccl_names"])
+        # Every Python process on the host runs this file: only NCCL's names and the ones the user listed
+        # (never a loader or interpreter variable). Removal is never refused, so an old block can always go.
+        try:
+            _ncclvars.check_allowed(env, p["allow_vars"])
+        except _ncclvars.NotAllowed as e:
+            module.fail_json(msg=str(e), **e.extra)
+        _ncclvars.apply_name_policy(module, env, p["nccl_names"], p["allow_vars"])
 
     interps = list(dict.fromkeys(p["interpreters"] or []))
     if not interps:

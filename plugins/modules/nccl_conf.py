@@ -40,9 +40,25 @@ options:
     type: path
     default: /etc/nccl.conf
   env:
-    description: Variables to set. Names must match C(^[A-Za-z_][A-Za-z0-9_]*$); values must be strings or numbers.
+    description:
+      - Variables to set. Names must match C(^[A-Za-z_][A-Za-z0-9_]*$); values must be strings or numbers.
+      - NCCL sets every C(NAME=VALUE) line of the file in the process that reads it, C(NCCL_*) or not, so only
+        C(NCCL_*) names and the names listed in O(allow_vars) are accepted; anything else is refused, naming the
+        variable, before anything changes.
     type: dict
     default: {}
+  allow_vars:
+    version_added: 0.2.0
+    description:
+      - Exact names besides C(NCCL_*) that O(env) may set. Patterns are not accepted.
+      - A listed C(NCCL_*) name is not reported as unknown by O(nccl_names).
+      - Names that change how every program, the Python interpreter or the dynamic loader behaves (C(LD_*),
+        C(PYTHON*), C(PATH), ...) are refused even when listed; the full list is in the O(allow_vars) option of
+        M(gpufleet.serving.sitecustomize_env).
+      - Not checked with O(state=absent), so a block can always be removed.
+    type: list
+    elements: str
+    default: []
   state:
     description: V(present) writes the block, V(absent) removes it (and the file, when the module created it and nothing else is left).
     type: str
@@ -60,6 +76,7 @@ options:
     description:
       - V(warn) warns about unknown C(NCCL_*) names (with the closest known name), NCCL debugging knobs and deprecated
         names; V(fail) refuses unknown names before changing anything; V(ignore) checks nothing.
+      - Names that are not C(NCCL_*) are governed by O(allow_vars) whatever this option says.
     type: str
     choices: [ignore, warn, fail]
     default: warn

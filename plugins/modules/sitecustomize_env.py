@@ -27,6 +27,9 @@ description:
   - The block is delimited by C(# BEGIN gpufleet NAME) and C(# END gpufleet NAME); everything else in the file is
     kept byte for byte, and several blocks (different O(name)) can coexist. A file the module creates starts with
     a header line and is removed again when its last block is removed.
+  - Only NCCL's own variables (C(NCCL_*)) and the names listed in O(allow_vars) are written, and never a variable
+    that changes how every program, the Python interpreter or the dynamic loader behaves (C(LD_PRELOAD),
+    C(PYTHONPATH), C(PATH), ...), because every Python process on the host would export it.
   - Names and values are written as ASCII Python string literals, so no name or value can inject code; the block
     catches every C(Exception), because a failing C(sitecustomize) breaks every Python process on the host,
     Ansible included.
@@ -69,8 +72,30 @@ options:
     description:
       - Variables to export. Names must match C(^[A-Za-z_][A-Za-z0-9_]*$); values must be strings or numbers
         (numbers are exported as their decimal text; booleans, lists and dicts are refused).
+      - Every Python process of the interpreters exports them, so only NCCL's own variables (C(NCCL_*)) and the names
+        listed in O(allow_vars) are accepted; anything else is refused, naming the variable, before anything changes.
     type: dict
     default: {}
+  allow_vars:
+    version_added: 0.2.0
+    description:
+      - Exact names besides C(NCCL_*) that O(env) may set, such as C(TORCH_NCCL_ASYNC_ERROR_HANDLING),
+        C(NVSHMEM_DISABLE_NCCL) or C(TORCH_SYMM_MEM_DISABLE_MULTICAST). Patterns are not accepted.
+      - A listed C(NCCL_*) name is not reported as unknown by O(nccl_names) (a variable newer than the module's list).
+      - Names that change how every program, the Python interpreter or the dynamic loader behaves are refused even
+        when listed, upper or lower case; set them in the service's own environment instead. They are C(LD_*),
+        C(MALLOC_*), C(PYTHON*), C(LC_*), C(BASH_FUNC_*), glibc's other loader variables (C(GLIBC_TUNABLES),
+        C(GCONV_PATH), C(GETCONF_DIR), C(HOSTALIASES), C(LOCALDOMAIN), C(LOCPATH), C(NIS_PATH), C(NLSPATH),
+        C(RESOLV_HOST_CONF), C(RES_OPTIONS), C(TZDIR)), C(PATH), C(HOME), C(SHELL), C(IFS), C(ENV), C(BASH_ENV),
+        C(CDPATH), C(PS4), C(TMPDIR), C(TMP), C(TEMP), C(LANG), C(LANGUAGE), C(TZ), C(USER), C(LOGNAME), other
+        runtimes' code and option variables (C(PERL5LIB), C(PERL5OPT), C(PERLLIB), C(RUBYLIB), C(RUBYOPT),
+        C(NODE_OPTIONS), C(NODE_PATH), C(JAVA_TOOL_OPTIONS), C(_JAVA_OPTIONS), C(JDK_JAVA_OPTIONS)), and the proxy
+        and CA bundle variables (C(HTTP_PROXY), C(HTTPS_PROXY), C(FTP_PROXY), C(ALL_PROXY), C(NO_PROXY),
+        C(SSL_CERT_FILE), C(SSL_CERT_DIR), C(REQUESTS_CA_BUNDLE), C(CURL_CA_BUNDLE)).
+      - Not checked with O(state=absent), so a block can always be removed.
+    type: list
+    elements: str
+    default: []
   state:
     description: V(present) writes the block, V(absent) removes it.
     type: str
@@ -102,6 +127,7 @@ options:
     description:
       - How to treat C(NCCL_*) names in O(env). V(warn) warns about unknown names (with the closest known name),
         about NCCL debugging knobs and deprecated names; V(fail) refuses unknown names before changing anything.
+      - Names that are not C(NCCL_*) are governed by O(allow_vars) whatever this option says.
     type: str
     choices: [ignore, warn, fail]
     default: ignore

@@ -21,7 +21,8 @@ def _apply_args():
 def test_check_args_are_the_apply_args():
     v = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
     site, conf = _apply_args()
-    assert set(site) - {"backup"} == {"interpreters", "path", "env", "state", "mode", "name", "probe_env", "nccl_names"}
+    assert set(site) - {"backup"} == {"interpreters", "path", "env", "state", "mode", "name", "probe_env", "nccl_names",
+                                      "allow_vars"}
     check_site = v["_gpufleet_nccl_sitecustomize_args"]
     for k, expr in site.items():
         if k == "backup":

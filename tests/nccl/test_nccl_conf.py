@@ -81,3 +81,29 @@ def test_refusals_change_nothing(tmp_path):
     assert res["ty"]["failed"] and "NCCL_PROTOCOL is not a known NCCL environment variable (did you mean NCCL_PROTO?)" in res["ty"]["msg"]
     assert not res["tw"].get("failed") and any("did you mean NCCL_PROTO" in w for w in res["tw"]["warnings"])
     assert conf.read_text() == EXISTING + "NCCL_PROTO=Simple\n"
+
+
+def test_only_nccl_and_allow_listed_names_are_written(tmp_path):
+    # NCCL setenv()s every NAME=VALUE line of the file in each process that initialises it, NCCL_* or not.
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    conf = etc / "nccl.conf"
+    conf.write_text(EXISTING)
+    tasks = [
+        dict(task("Loader variable", "ld", path=str(conf), env={"LD_PRELOAD": "/tmp/evil.so"}, allow_vars=["LD_PRELOAD"]),
+             ignore_errors=True),
+        dict(task("Other variable", "foo", path=str(conf), env={"NCCL_PROTO": "LL", "FOO": "bar"}, nccl_names="fail"),
+             ignore_errors=True),
+    ]
+    proc, res = play(tmp_path, tasks, ["ld", "foo"])
+    assert proc.returncode == 0, proc.stdout
+    assert res["ld"]["failed"] and "LD_PRELOAD (the dynamic loader" in res["ld"]["msg"]
+    assert "even when listed in allow_vars" in res["ld"]["msg"]
+    assert res["foo"]["failed"] and "FOO is not an NCCL variable (NCCL_*); list each exact name in allow_vars" in res["foo"]["msg"]
+    assert conf.read_bytes() == EXISTING.encode() and os.listdir(etc) == ["nccl.conf"]
+
+    proc, res = play(tmp_path, [task("Allowed variable", "ok", path=str(conf), env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"},
+                                     allow_vars=["TORCH_NCCL_ASYNC_ERROR_HANDLING"], nccl_names="fail")], ["ok"], name="ok")
+    assert proc.returncode == 0, proc.stdout
+    assert res["ok"]["changed"] and res["ok"]["effective_conf"] == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    assert conf.read_text().startswith(EXISTING) and "\nTORCH_NCCL_ASYNC_ERROR_HANDLING=1\n" in conf.read_text()

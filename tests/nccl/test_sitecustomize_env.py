@@ -28,7 +28,7 @@ def task(title, register, check=None, **args):
 def test_check_real_idempotent_absent_on_a_symlinked_system_python_with_a_shadowing_venv(tmp_path, syspy):
     venv_py = syspy.venv(tmp_path / "venv")
     interps = [str(syspy.python), str(venv_py)]
-    args = dict(interpreters=interps, env=ENV, name="nccl")
+    args = dict(interpreters=interps, env=ENV, name="nccl", allow_vars=["GPUFLEET_ODD"])
     os.chmod(syspy.etc_file, 0o640)
     tasks = [
         task("Add the block (check mode)", "c1", check=True, **args),
@@ -121,12 +121,12 @@ def test_refusals_change_nothing(tmp_path, syspy):
     py = [str(syspy.python)]
     os.chmod(syspy.etc_dir, 0o777)
     tasks = [
-        dict(task("Writable target directory", "w", interpreters=py, env={"X": "1"}), ignore_errors=True),
+        dict(task("Writable target directory", "w", interpreters=py, env={"NCCL_DEBUG": "WARN"}), ignore_errors=True),
         dict(task("Boolean value", "b", interpreters=py, env={"NCCL_P2P_DISABLE": True}), ignore_errors=True),
         dict(task("Bad name", "n", interpreters=py, env={"NCCL PROTO": "LL"}), ignore_errors=True),
         dict(task("Unknown NCCL name refused", "u", interpreters=py, env={"NCCL_PROTOCOL": "LL"}, nccl_names="fail"),
              ignore_errors=True),
-        dict(task("Relative interpreter", "rel", interpreters=["python3"], env={"X": "1"}), ignore_errors=True),
+        dict(task("Relative interpreter", "rel", interpreters=["python3"], env={"NCCL_DEBUG": "WARN"}), ignore_errors=True),
     ]
     proc, res = play(tmp_path, tasks, ["w", "b", "n", "u", "rel"])
     assert proc.returncode == 0, proc.stdout
@@ -142,7 +142,7 @@ def test_a_file_that_fails_at_import_is_never_installed(tmp_path, syspy):
     # The existing file already raises at the end: site.py prints "Error in sitecustomize" and goes on.
     broken = ORIGINAL_SITECUSTOMIZE + "raise RuntimeError('already broken')\n"
     syspy.etc_file.write_text(broken)
-    proc, res = play(tmp_path, [dict(task("Add", "r", interpreters=[str(syspy.python)], env={"X": "1"}),
+    proc, res = play(tmp_path, [dict(task("Add", "r", interpreters=[str(syspy.python)], env={"NCCL_DEBUG": "WARN"}),
                                      ignore_errors=True)], ["r"])
     assert proc.returncode == 0, proc.stdout
     assert res["r"]["failed"] and "nothing was changed" in res["r"]["msg"] and "already broken" in res["r"]["stderr"]
@@ -154,7 +154,8 @@ def test_a_file_that_fails_at_import_is_never_installed(tmp_path, syspy):
 def test_default_interpreters_are_the_system_ones_check_mode_only(tmp_path):
     # Check mode: the host's python is only started, never written.
     before = {p: open(p, "rb").read() for p in ("/usr/bin/python3",)}
-    proc, res = play(tmp_path, [task("Resolve the system interpreters", "r", check=True, env={"GPUFLEET_T": "1"})],
+    proc, res = play(tmp_path, [task("Resolve the system interpreters", "r", check=True, env={"GPUFLEET_T": "1"},
+                                     allow_vars=["GPUFLEET_T"])],
                      ["r"])
     assert proc.returncode == 0, proc.stdout
     r = res["r"]
@@ -181,3 +182,46 @@ def test_existing_content_that_imports_from_dist_packages_keeps_working(tmp_path
     assert res["r"]["effective_env"] == {py: {"NCCL_ALGO": "Ring"}}
     assert syspy.etc_file.read_text().startswith(existing)
     assert syspy.env_of(py, ["FROM_HELPER", "NCCL_ALGO"]) == {"FROM_HELPER": "1", "NCCL_ALGO": "Ring"}
+
+
+def _tree_bytes(syspy):
+    """The system-like interpreter's sitecustomize (through its link) and everything beside it, byte for byte."""
+    return {str(p): (os.readlink(p) if p.is_symlink() else p.read_bytes())
+            for p in [syspy.link] + sorted(syspy.etc_dir.iterdir())}
+
+
+def test_only_nccl_and_allow_listed_names_are_written(tmp_path, syspy):
+    # Every Python process of the host runs this file: a loader or interpreter variable there changes them all.
+    py = [str(syspy.python)]
+    before = _tree_bytes(syspy)
+    refused = {
+        "ld": dict(env={"NCCL_PROTO": "LL", "LD_PRELOAD": "/tmp/evil.so"}),
+        "pypath": dict(env={"PYTHONPATH": "/tmp/evil"}, nccl_names="fail"),
+        "foo": dict(env={"FOO": "bar"}, nccl_names="fail"),
+        "ld_allowed": dict(env={"LD_PRELOAD": "/tmp/evil.so"}, allow_vars=["LD_PRELOAD"]),
+        "allow_pattern": dict(env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}, allow_vars=["TORCH_NCCL_*"]),
+    }
+    tasks = [dict(task("Refused %s" % k, k, interpreters=py, **a), ignore_errors=True) for k, a in refused.items()]
+    proc, res = play(tmp_path, tasks, list(refused))
+    assert proc.returncode == 0, proc.stdout
+    for k in refused:
+        assert res[k]["failed"] and "nothing was changed" in res[k]["msg"], (k, res[k])
+    assert "LD_PRELOAD (the dynamic loader or the C library reads it in every program) is never written host-wide, " \
+           "even when listed in allow_vars" in res["ld"]["msg"]
+    assert res["ld"]["forbidden_vars"] == {"LD_PRELOAD": "the dynamic loader or the C library reads it in every program"}
+    assert "PYTHONPATH (the Python interpreter reads it when any Python process starts)" in res["pypath"]["msg"]
+    assert "FOO is not an NCCL variable (NCCL_*); list each exact name in allow_vars" in res["foo"]["msg"]
+    assert res["foo"]["not_allowed_vars"] == ["FOO"]
+    assert "LD_PRELOAD (" in res["ld_allowed"]["msg"] and "even when listed in allow_vars" in res["ld_allowed"]["msg"]
+    assert "allow_vars must list exact variable names (no patterns), got 'TORCH_NCCL_*'" in res["allow_pattern"]["msg"]
+    assert _tree_bytes(syspy) == before
+    assert syspy.etc_file.read_text() == ORIGINAL_SITECUSTOMIZE
+
+    # Listed by name, a variable that belongs with NCCL's is written and exported.
+    extra = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+    proc, res = play(tmp_path, [task("Allowed", "ok", interpreters=py, env=dict(extra, NCCL_PROTO="LL"),
+                                     allow_vars=sorted(extra), nccl_names="fail")], ["ok"], name="allowed")
+    assert proc.returncode == 0, proc.stdout
+    want = dict(extra, NCCL_PROTO="LL")
+    assert res["ok"]["changed"] and res["ok"]["effective_env"] == {py[0]: want}
+    assert syspy.env_of(syspy.python, sorted(want)) == want

@@ -25,6 +25,7 @@ SITE_TASK = "Manage the NCCL block in the Python interpreters' sitecustomize.py"
 CONF_CHECK = "Check the nccl.conf layer before changing either layer"
 ASSERT = "Assert the NCCL tuning variables are valid"
 ARGSPEC = "Validating arguments against arg spec 'main' - NCCL tuning that reaches every spawned worker"
+NAMES = "Refuse variables the NCCL layers must not write host-wide"
 CONF_TEXT = "# site nccl.conf\nNCCL_DEBUG=WARN\n"
 
 
@@ -94,6 +95,29 @@ REFUSED: t.Dict[str, t.Tuple[t.Dict[str, t.Any], str, str]] = {
                                         "gpufleet_nccl_probe_env": {"PYTHONPATH": "@links"}}, SITE_TASK,
                                        "refusing to follow the symlink @links/sitecustomize.py: directory @world is writable by "
                                        "group or others"),
+    # Both layers write host-wide: only NCCL_* and exact allow-listed names, never loader/interpreter variables.
+    "host-wide-ld-preload-fail": ({"gpufleet_nccl_profile": "custom", "gpufleet_nccl_unknown_vars": "fail",
+                                   "gpufleet_nccl_env": {"NCCL_PROTO": "LL", "LD_PRELOAD": "@world/evil.so"}}, NAMES,
+                                  "LD_PRELOAD (the dynamic loader or the C library reads it in every program) is never "
+                                  "written host-wide, even when listed in gpufleet_nccl_allow_vars"),
+    "host-wide-pythonpath-warn": ({"gpufleet_nccl_profile": "custom", "gpufleet_nccl_unknown_vars": "warn",
+                                   "gpufleet_nccl_env": {"PYTHONPATH": "@world"}}, NAMES,
+                                  "PYTHONPATH (the Python interpreter reads it when any Python process starts) is never "
+                                  "written host-wide"),
+    "host-wide-ld-preload-allowed": ({"gpufleet_nccl_profile": "custom", "gpufleet_nccl_env": {"LD_PRELOAD": "@world/evil.so"},
+                                      "gpufleet_nccl_allow_vars": ["LD_PRELOAD"]}, NAMES,
+                                     "LD_PRELOAD (the dynamic loader or the C library reads it in every program) is never "
+                                     "written host-wide, even when listed in gpufleet_nccl_allow_vars"),
+    "host-wide-other-fail": ({"gpufleet_nccl_profile": "custom", "gpufleet_nccl_unknown_vars": "fail",
+                              "gpufleet_nccl_env": {"NCCL_PROTO": "LL", "FOO": "bar"}}, NAMES,
+                             "FOO in gpufleet_nccl_env is not an NCCL variable (NCCL_*): list each exact name in "
+                             "gpufleet_nccl_allow_vars"),
+    "host-wide-other-warn": ({"gpufleet_nccl_profile": "custom", "gpufleet_nccl_unknown_vars": "warn",
+                              "gpufleet_nccl_env": {"FOO": "bar", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}}, NAMES,
+                             "FOO, TORCH_NCCL_ASYNC_ERROR_HANDLING in gpufleet_nccl_env are not NCCL variables (NCCL_*)"),
+    "host-wide-allow-pattern": ({"gpufleet_nccl_profile": "custom", "gpufleet_nccl_env": {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"},
+                                 "gpufleet_nccl_allow_vars": ["TORCH_NCCL_*"]}, NAMES,
+                                "gpufleet_nccl_allow_vars must list exact variable names (no patterns), got \"TORCH_NCCL_*\""),
 }
 
 
@@ -197,6 +221,18 @@ def test_symlink_into_a_world_writable_directory_is_refused(refused, tree):
     _check(refused, tree, ["path-symlink-to-world-writable"])
 
 
+@pytest.mark.reliability(
+    section="input", case="Variables outside NCCL's for the host-wide layers (LD_PRELOAD, PYTHONPATH, FOO)",
+    provoked="profile custom, both layers, gpufleet_nccl_unknown_vars fail and warn: gpufleet_nccl_env with LD_PRELOAD, "
+             "PYTHONPATH, FOO or TORCH_NCCL_ASYNC_ERROR_HANDLING not allow-listed; LD_PRELOAD in "
+             "gpufleet_nccl_allow_vars; a pattern (TORCH_NCCL_*) in gpufleet_nccl_allow_vars",
+    outcome="refused in preflight, before any module runs, naming each variable and why (loader, interpreter) or the "
+            "option to list it in (gpufleet_nccl_allow_vars); LD_PRELOAD refused even when allow-listed; "
+            "sitecustomize.py and nccl.conf byte for byte unchanged")
+def test_variables_outside_nccl_are_refused_before_anything_is_written(refused, tree):
+    _check(refused, tree, [k for k in REFUSED if k.startswith("host-wide-")])
+
+
 # Values that would be code if they were pasted into Python source or a shell, and must stay data.
 HOSTILE = {
     "GPUFLEET_REL_QUOTES": "it's \"quoted\" and 'single'",
@@ -217,8 +253,10 @@ def applied(tree, tmp_path_factory):
     nl = {"GPUFLEET_REL_NEWLINE": "line1\nline2 = __import__('os').system('touch %s')" % pwned}
     syspy = tree["syspy"]
     conf = work / "nccl.conf"
+    # The hostile names are not NCCL's: listed by name in gpufleet_nccl_allow_vars, as a user would.
     base = {"gpufleet_nccl_profile": "custom", "gpufleet_nccl_interpreters": [str(syspy.python)],
-            "gpufleet_nccl_conf_path": str(conf), "gpufleet_nccl_unknown_vars": "fail"}
+            "gpufleet_nccl_conf_path": str(conf), "gpufleet_nccl_unknown_vars": "fail",
+            "gpufleet_nccl_allow_vars": sorted(env) + sorted(nl)}
     res = role_cases(work, "gpufleet.serving.nccl_tuning", base, [
         ("both-layers", {"gpufleet_nccl_env": env, "gpufleet_nccl_layers": ["sitecustomize", "nccl_conf"],
                          "gpufleet_nccl_block_name": "reldata"}),

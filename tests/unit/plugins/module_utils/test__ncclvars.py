@@ -64,3 +64,75 @@ def test_role_defaults_equal_argument_specs():
     assert set(defaults) == set(spec)
     for k, v in defaults.items():
         assert spec[k]["default"] == v, k
+
+
+# --- which names the layers may write host-wide (issue 13) ---------------------------------------------------------
+
+def test_nccl_names_pass_without_an_allow_list():
+    _ncclvars.check_allowed(["NCCL_PROTO", "NCCL_PROTOCOL", "NCCL_NET_PLUGIN"], [])
+
+
+@pytest.mark.parametrize("name", ["FOO", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "CUDA_DEVICE_MAX_CONNECTIONS", "nccl_proto"])
+def test_other_names_are_refused_unless_listed(name):
+    with pytest.raises(_ncclvars.NotAllowed) as e:
+        _ncclvars.check_allowed(["NCCL_PROTO", name], [])
+    assert "%s is not an NCCL variable (NCCL_*); list each exact name in allow_vars" % name in str(e.value)
+    assert "nothing was changed" in str(e.value)
+    assert e.value.extra == {"forbidden_vars": {}, "not_allowed_vars": [name], "bad_allow_vars": []}
+    _ncclvars.check_allowed(["NCCL_PROTO", name], [name])
+
+
+@pytest.mark.parametrize("name,why", [
+    ("LD_PRELOAD", "dynamic loader"), ("LD_LIBRARY_PATH", "dynamic loader"), ("ld_preload", "dynamic loader"),
+    ("GLIBC_TUNABLES", "dynamic loader"), ("MALLOC_ARENA_MAX", "C library"),
+    ("PYTHONPATH", "Python interpreter"), ("PYTHONSTARTUP", "Python interpreter"), ("PYTHONHOME", "Python interpreter"),
+    ("PATH", "every program or shell"), ("BASH_ENV", "every program or shell"), ("LC_ALL", "locale"),
+    ("NODE_OPTIONS", "runtime"), ("https_proxy", "network"), ("SSL_CERT_FILE", "TLS"),
+])
+def test_process_wide_names_are_refused_even_when_listed(name, why):
+    for allow in ([], [name]):
+        with pytest.raises(_ncclvars.NotAllowed) as e:
+            _ncclvars.check_allowed([name], allow)
+        msg = str(e.value)
+        assert "%s (" % name in msg and why in msg and "never written host-wide, even when listed in allow_vars" in msg
+        assert e.value.extra["forbidden_vars"] == {name: _ncclvars.forbidden_reason(name)}
+        assert e.value.extra["not_allowed_vars"] == []
+
+
+def test_a_forbidden_name_in_the_allow_list_alone_is_refused():
+    with pytest.raises(_ncclvars.NotAllowed, match="LD_PRELOAD .*never written host-wide"):
+        _ncclvars.check_allowed(["NCCL_PROTO"], ["LD_PRELOAD"])
+
+
+@pytest.mark.parametrize("entry", ["TORCH_NCCL_*", "NVSHMEM_.*", "A B", "", 3])
+def test_allow_list_takes_exact_names_only(entry):
+    with pytest.raises(_ncclvars.NotAllowed, match=r"allow_vars must list exact variable names \(no patterns\)"):
+        _ncclvars.check_allowed(["NCCL_PROTO"], [entry])
+
+
+def test_one_message_names_every_refused_variable_and_the_option():
+    with pytest.raises(_ncclvars.NotAllowed) as e:
+        _ncclvars.check_allowed(["NCCL_PROTO", "FOO", "BAR", "PYTHONPATH", "LD_PRELOAD"], ["X_*"],
+                                option="gpufleet_nccl_allow_vars")
+    msg = str(e.value)
+    assert "gpufleet_nccl_allow_vars must list exact variable names (no patterns), got 'X_*'" in msg
+    assert "LD_PRELOAD (the dynamic loader" in msg and "PYTHONPATH (the Python interpreter" in msg
+    assert "are never written host-wide" in msg
+    assert "BAR, FOO are not NCCL variables (NCCL_*); list each exact name in gpufleet_nccl_allow_vars" in msg
+
+
+def test_nccl_names_are_never_forbidden():
+    assert not any(_ncclvars.forbidden_reason(n) for n in _ncclvars.KNOWN)
+    assert _ncclvars.forbidden_reason("TORCH_SYMM_MEM_DISABLE_MULTICAST") is None
+    assert _ncclvars.forbidden_reason("PYTORCH_CUDA_ALLOC_CONF") is None
+
+
+def test_allow_listed_nccl_name_is_not_unknown():
+    assert "NCCL_NEWER_THAN_KNOWN" in _ncclvars.check_names(["NCCL_NEWER_THAN_KNOWN"]).unknown
+    assert _ncclvars.check_names(["NCCL_NEWER_THAN_KNOWN"], ["NCCL_NEWER_THAN_KNOWN"]).unknown == {}
+
+
+def test_role_forbidden_list_equals_the_module_utils_list():
+    groups = yaml.safe_load((ROOT / "roles" / "nccl_tuning" / "vars" / "main.yml").read_text())["_gpufleet_nccl_forbidden"]
+    assert {n: g["why"] for g in groups for n in g["names"]} == _ncclvars.FORBIDDEN_NAMES
+    assert {p: g["why"] for g in groups for p in g["prefixes"]} == _ncclvars.FORBIDDEN_PREFIXES
