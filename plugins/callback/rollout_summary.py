@@ -14,6 +14,13 @@ description:
   - Collects the C(gpufleet_server_result) fact that the C(gpufleet.serving.gpu_server) role sets on each host,
     plus failures and unreachable hosts, and prints one table at the end of the run.
   - It prints even when a failed batch stops the rollout, so the hosts left untouched are listed too.
+  - The table is titled after the collection's playbook that ran (C(GPUFLEET AUDIT SUMMARY) for
+    C(gpufleet.serving.audit), also when a C(site.yml) imports it); a playbook of the user's gets C(ROLLOUT).
+  - A host whose old server was killed counts as restarted, also when it failed afterwards; the C(restarted) column
+    then says C(killed, not relaunched) (failed before the new server was started) or C(killed, relaunch failed)
+    (started, but it died or never got ready), and the C(kill_s) column shows the kill's time. Those come from
+    the failed M(gpufleet.serving.server_restart) result (RV(gpufleet.serving.server_restart#module:killed),
+    RV(gpufleet.serving.server_restart#module:timings), RV(gpufleet.serving.server_restart#module:phase)).
   - When O(summary_dir) is set it also writes C(rollout-summary.json) and C(rollout-summary.md) there.
 requirements:
   - enable in ansible.cfg with C(callbacks_enabled = gpufleet.serving.rollout_summary)
@@ -30,9 +37,37 @@ options:
 
 import json
 import os
+import re
 import typing as t
 
 from ansible.plugins.callback import CallbackBase
+
+
+# The collection's playbooks, which name the table.
+PLAYBOOKS = ("rollout", "restart", "clean", "audit")
+# server_restart's steps before the new server is started, and those where it started but never got ready.
+BEFORE_LAUNCH = ("kill", "strays", "clean", "launch")
+NOT_READY = ("startup", "ready")
+
+
+def _count(v: t.Any) -> int:
+    try:
+        return int(v or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def restart_cell(status: t.Optional[str], restarted: bool, would: bool, phase: t.Optional[str]) -> str:
+    """The `restarted` column: whether the old server is gone, and whether a new one took its place."""
+    if would:
+        return "would"
+    if not restarted:
+        return "no"
+    if status != "ok" and phase in BEFORE_LAUNCH:
+        return "killed, not relaunched"
+    if status != "ok" and phase in NOT_READY:
+        return "killed, relaunch failed"
+    return "yes"
 
 
 def _fmt(v: t.Any) -> str:
@@ -52,10 +87,28 @@ class CallbackModule(CallbackBase):
     def __init__(self) -> None:
         super().__init__()
         self.hosts: t.Dict[str, t.Dict[str, t.Any]] = {}
+        # Stems of the playbook files that ran (the command line's first, then each play's), for the title.
+        self.playbook_names: t.List[str] = []
         self.inventory_hosts: t.List[str] = []
         self.batch: t.List[str] = []
 
+    def v2_playbook_on_start(self, playbook: t.Any) -> None:
+        self._note_playbook(getattr(playbook, "_file_name", None) or "")
+
+    def _note_playbook(self, path: str) -> None:
+        name = os.path.splitext(os.path.basename(re.sub(r":\d+$", "", path)))[0]  # a play's path ends with :LINE
+        if name and name not in self.playbook_names:
+            self.playbook_names.append(name)
+
+    def playbook(self) -> str:
+        return next((n for n in self.playbook_names if n in PLAYBOOKS), "rollout")
+
     def v2_playbook_on_play_start(self, play: t.Any) -> None:
+        try:
+            # A site.yml importing gpufleet.serving.audit: the play's own file names the playbook.
+            self._note_playbook(play.get_path())
+        except Exception:  # the summary must never break a run
+            pass
         try:
             vm = play.get_variable_manager()
             inv = vm._inventory
@@ -95,6 +148,11 @@ class CallbackModule(CallbackBase):
         h["status"] = "failed"
         h.setdefault("failure", str(result._result.get("msg", "failed"))[:400])
         h.setdefault("failed_task", result._task.get_name())
+        res = result._result
+        # A failed server_restart says what it did before the failing step: processes killed mean the old server
+        # is gone, whatever the role's rescue records afterwards.
+        if "killed" in res and "timings" in res:
+            h.update(killed=res["killed"], timings=res["timings"], phase=res.get("phase"))
 
     def v2_runner_on_unreachable(self, result: t.Any) -> None:
         h = self._host(result._host.get_name())
@@ -107,11 +165,17 @@ class CallbackModule(CallbackBase):
         for n in names:
             h = dict(self.hosts.get(n) or {"host": n, "status": "not run"})
             tm = h.get("timings") or {}
+            killed, would = _count(h.get("killed")), bool(h.get("would_restart"))
+            # Restarted whenever the old server was killed, also on a host that failed before a new one was ready.
+            restarted = bool(h.get("restarted")) or (killed > 0 and not would)
             out.append({
                 "host": n,
                 "status": h.get("status"),
-                "restarted": bool(h.get("restarted")),
-                "would_restart": bool(h.get("would_restart")),
+                "restarted": restarted,
+                "restart": restart_cell(h.get("status"), restarted, would, h.get("phase")),
+                "would_restart": would,
+                "killed": killed,
+                "phase": h.get("phase"),
                 "kill_s": tm.get("kill_s"),
                 "clean_s": tm.get("clean_s"),
                 "launch_s": tm.get("launch_s"),
@@ -126,8 +190,7 @@ class CallbackModule(CallbackBase):
         cols = ["host", "status", "restarted", "kill_s", "clean_s", "launch_s", "ready_s", "workers_verified", "failure"]
         table = [cols]
         for r in rows:
-            vals = [_fmt(r[c]) if c != "restarted" else ("yes" if r["restarted"] else ("would" if r["would_restart"] else "no"))
-                    for c in cols]
+            vals = [r["restart"] if c == "restarted" else _fmt(r[c]) for c in cols]
             table.append([v.replace("|", "/").replace("\n", " ") for v in vals])
         # Padded columns, so the table reads in a terminal and stays valid Markdown; the last (failure) is not padded.
         widths = [max(len(row[i]) for row in table) for i in range(len(cols) - 1)] + [0]
@@ -141,12 +204,12 @@ class CallbackModule(CallbackBase):
         rows = self.rows()
         if not any("restarted" in (self.hosts.get(r["host"]) or {}) or r["status"] != "ok" for r in rows):
             return  # not a gpufleet rollout
-        self._display.banner("GPUFLEET ROLLOUT SUMMARY")
+        self._display.banner("GPUFLEET %s SUMMARY" % self.playbook().upper())
         self._display.display(self.markdown(rows))
         d = self.get_option("summary_dir")
         if d:
             os.makedirs(d, exist_ok=True)
             with open(os.path.join(d, "rollout-summary.json"), "w") as f:
-                json.dump({"hosts": rows}, f, indent=1)
+                json.dump({"playbook": self.playbook(), "hosts": rows}, f, indent=1)
             with open(os.path.join(d, "rollout-summary.md"), "w") as f:
                 f.write(self.markdown(rows))

@@ -75,4 +75,13 @@ options:
         description: Lines of O(log_path) returned on failure.
         type: int
         default: 40
+      log_tail_path:
+        version_added: 0.2.0
+        description:
+          - The server's own log file, for a server that writes its log there (its C(--log) option, say) rather
+            than to its standard output and error, which O(log_path) captures. A start-up failure's log tail is
+            read from it when the server wrote to it since the launch, else from O(log_path).
+          - Unset, the tail comes from O(log_path); when that holds only gpufleet's launch line, the failure says
+            so and points here.
+        type: path
 """

@@ -136,19 +136,25 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
             _server.mark_lock(p["release_lock"]["lock_file"], p["release_lock"]["owner"], (me.pid, me.start_time))
 
     result["phase"] = "kill"
+    # What was signalled for real; a failed restart's summary shows from it that the old server is gone.
+    result["killed"] = 0
     # The tag finds every worker, orphans reparented to PID 1 included; the pidfile and an adopted command line
     # find a server started before gpufleet managed it.
     res = _kill_step(module, p, tag="%s=%s" % (p["tag_name"], p["name"]), pidfile=p["pidfile"],
                      cmdline_regex=p["kill"]["cmdline_regex"])
     result["kill"] = res
     result["changed"] = result["changed"] or res["changed"]
-    timings["kill_s"] = res["elapsed_s"]
+    if not module.check_mode:  # nothing was signalled: no time to report (a 0.00 would read as a kill)
+        result["killed"] = res["signalled"]
+        timings["kill_s"] = res["elapsed_s"]
 
     if p["kill"]["gpu_strays"]:
         result["phase"] = "strays"
         res = _kill_step(module, p, gpu_holders=_all_gpus(module, p))
         result["strays"] = res
         result["changed"] = result["changed"] or res["changed"]
+        if not module.check_mode:
+            result["killed"] += res["signalled"]
 
     if module.check_mode:
         result.update(changed=True, would_launch=True)
@@ -160,6 +166,8 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
     timings["clean_s"] = result["clean"]["waited_s"]
 
     result["phase"] = "launch"
+    r = p["wait_ready"]
+    tail_since = _server.log_stamp(r["log_tail_path"]) if r["log_tail_path"] else None
     t_launch = time.monotonic()
     try:
         proc = _server.start(p["name"], p["command"], _server.validate_env(p["env"]), p["env_passthrough"], p["user"],
@@ -170,10 +178,10 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
     timings["launch_s"] = result["launch_s"] = round(time.monotonic() - t_launch, 4)
 
     result["phase"] = "ready"
-    r = p["wait_ready"]
     try:
         result["ready"] = _server.wait_ready((proc.pid, proc.start_time), r["health_url"], r["request"], r["timeout"],
-                                             r["interval"], p["log_path"], r["log_tail_lines"])
+                                             r["interval"], p["log_path"], r["log_tail_lines"], r["log_tail_path"],
+                                             tail_since)
     except _server.ServerError as e:
         raise Failed(str(e), **e.details)
     timings["ready_s"] = result["ready"]["ready_s"]
@@ -220,5 +228,10 @@ def fail_result(result: t.Dict[str, t.Any], e: Failed) -> t.Dict[str, t.Any]:
         out[key] = details
     else:
         out.update(details)
+    if phase in ("kill", "strays"):
+        # A kill step that failed on survivors still signalled the others (only a real kill can fail so).
+        out["killed"] = out.get("killed", 0) + int(details.get("signalled") or 0)
+        if phase == "kill" and "elapsed_s" in details:
+            out["timings"] = dict(out.get("timings") or {}, kill_s=details["elapsed_s"])
     out["phase"] = details.get("phase") or phase
     return out

@@ -53,6 +53,7 @@ def launch_argspec(**extra: t.Any) -> t.Dict[str, t.Any]:
             timeout=dict(type="float", default=600.0),
             interval=dict(type="float", default=0.25),
             log_tail_lines=dict(type="int", default=40),
+            log_tail_path=dict(type="path"),
         )),
     )
     spec.update(extra)
@@ -177,6 +178,44 @@ def log_tail(path: str, lines: int = 40, max_bytes: int = 65536) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
+LAUNCH_LINE = "==== gpufleet launch "
+LogStamp = t.Tuple[int, int, int]
+
+
+def log_stamp(path: str) -> LogStamp:
+    """(inode, size, mtime) of a log, (0, 0, 0) when missing: taken at launch, it tells whether the server wrote since."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, 0, 0)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def failure_tail(log_path: str, lines: int, tail_path: t.Optional[str] = None,
+                 tail_since: t.Optional[LogStamp] = None) -> t.Tuple[str, str]:
+    """(tail, where) for a failed start: the server's own log (tail_path) when it has lines, else the launch log.
+
+    Older runs' lines never pass for this start's cause: in the launch log only the lines from gpufleet's last
+    launch line on count, and with `tail_since` (its stamp at launch) an own log the server did not write since
+    is passed over. A server that logs to its own file (its --log) leaves only that launch line in the launch log.
+    """
+    note = ""
+    if tail_path:
+        if tail_since is None or log_stamp(tail_path) != tail_since:
+            tail = log_tail(tail_path, lines)
+            if tail.strip():
+                return tail, tail_path
+        note = "; nothing new in %s" % tail_path
+    out = (log_tail(log_path, lines) if log_path else "").splitlines()
+    starts = [i for i, ln in enumerate(out) if ln.startswith(LAUNCH_LINE)]
+    if starts:
+        out = out[starts[-1]:]
+        if not tail_path and not any(ln.strip() for ln in out[1:]):
+            note = ("; the server wrote nothing to stdout/stderr: if it logs to a file of its own, name that file "
+                    "in log_tail_path (role: gpufleet_server_log_tail_path)")
+    return "\n".join(out), (log_path or "no log") + note
+
+
 def http(url: str, method: str = "GET", body: t.Optional[str] = None, headers: t.Optional[t.Mapping[str, str]] = None,
          timeout: float = 5.0) -> t.Tuple[int, str]:
     data = body.encode() if body is not None else None
@@ -204,8 +243,9 @@ def ready_input_error(health_url: str, request: t.Mapping[str, t.Any], timeout: 
 
 
 def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request: t.Mapping[str, t.Any],
-               timeout: float, interval: float, log_path: str, tail_lines: int = 40) -> t.Dict[str, t.Any]:
-    """Poll health (then a real request) until both pass; fail at once if the server dies."""
+               timeout: float, interval: float, log_path: str, tail_lines: int = 40, tail_path: t.Optional[str] = None,
+               tail_since: t.Optional[LogStamp] = None) -> t.Dict[str, t.Any]:
+    """Poll health (then a real request) until both pass; fail at once if the server dies (tail: failure_tail)."""
     t0 = time.monotonic()
     deadline = t0 + timeout
     last = "not polled yet"
@@ -213,13 +253,13 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
     attempts = 0
     while True:
         if identity is not None and not _proc.is_alive(identity):
-            tail = log_tail(log_path, tail_lines)
+            tail, where = failure_tail(log_path, tail_lines, tail_path, tail_since)
             # The last lines hold the cause (a traceback ends with it); keep them short enough for one-line summaries.
             last = " | ".join(ln.strip() for ln in tail.splitlines()[-3:] if ln.strip())
             if len(last) > 300:
                 last = "..." + last[-297:]
-            raise ServerError("server process %d exited during start-up after %.1f s; log tail: %s"
-                              % (identity[0], time.monotonic() - t0, last or "(empty)"),
+            raise ServerError("server process %d exited during start-up after %.1f s; log tail (%s): %s"
+                              % (identity[0], time.monotonic() - t0, where, last or "(empty)"),
                               log_tail=tail, phase="startup")
         attempts += 1
         try:
@@ -248,7 +288,8 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
             if health_ok_at is not None and request:
                 hint = " (/health answered 200 but the real request did not succeed: the server may be hung)"
             raise ServerError("server not ready after %.1f s: %s%s" % (timeout, last, hint),
-                              log_tail=log_tail(log_path, tail_lines), phase="ready", health_ok=health_ok_at is not None)
+                              log_tail=failure_tail(log_path, tail_lines, tail_path, tail_since)[0], phase="ready",
+                              health_ok=health_ok_at is not None)
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
 
 

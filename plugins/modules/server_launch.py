@@ -130,7 +130,7 @@ ready:
   returned: when wait_ready is set and evaluated
   type: dict
 log_tail:
-  description: Last lines of the server log when the readiness wait failed.
+  description: Last lines of the server log (O(wait_ready.log_tail_path) when set) when the readiness wait failed.
   returned: failure
   type: str
 phase:
@@ -173,6 +173,7 @@ def main() -> None:
             module.fail_json(msg="wait_ready: " + err)
 
     result: t.Dict[str, t.Any] = dict(changed=False, already_running=False, launch_s=0.0)
+    tail_since = None  # found running: whatever its own log holds is this server's
     ident = _server.pidfile_identity(p["pidfile"])
     if ident and _proc.is_alive(ident):
         result.update(pid=ident[0], start_time=ident[1], already_running=True)
@@ -181,6 +182,7 @@ def main() -> None:
     else:
         if gate:
             result["clean"] = _gpumod.wait_or_fail(module, gate, result_key="clean", phase="clean", changed=False)
+        tail_since = _server.log_stamp(ready["log_tail_path"]) if ready and ready["log_tail_path"] else None
         t0 = time.monotonic()
         try:
             proc = _server.start(p["name"], p["command"], env, p["env_passthrough"], p["user"], p["workdir"],
@@ -192,7 +194,8 @@ def main() -> None:
     if ready and not module.check_mode:
         try:
             result["ready"] = _server.wait_ready(ident, ready["health_url"], ready["request"], ready["timeout"],
-                                                 ready["interval"], p["log_path"], ready["log_tail_lines"])
+                                                 ready["interval"], p["log_path"], ready["log_tail_lines"],
+                                                 ready["log_tail_path"], tail_since)
         except _server.ServerError as e:
             details = dict(e.details)
             module.fail_json(msg=str(e), **dict(result, **details))

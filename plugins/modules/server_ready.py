@@ -50,6 +50,13 @@ options:
     description: Lines of log returned on failure.
     type: int
     default: 40
+  log_tail_path:
+    version_added: 0.2.0
+    description:
+      - The server's own log file, for a server that writes its log there (its C(--log) option, say) rather than
+        to the output that O(log_path) captures. The failure's log tail is read from it, and from O(log_path) when
+        it is missing or empty.
+    type: path
 """
 
 EXAMPLES = r"""
@@ -99,6 +106,7 @@ def main() -> None:
             interval=dict(type="float", default=0.25),
             log_path=dict(type="path", default=""),
             log_tail_lines=dict(type="int", default=40),
+            log_tail_path=dict(type="path"),
         ),
         supports_check_mode=True,
     )
@@ -113,7 +121,7 @@ def main() -> None:
         module.fail_json(msg="pidfile %s is missing or unreadable; was the server launched?" % p["pidfile"])
     try:
         res = _server.wait_ready(ident, p["health_url"], p["request"], p["timeout"], p["interval"],
-                                 p["log_path"], p["log_tail_lines"])
+                                 p["log_path"], p["log_tail_lines"], p["log_tail_path"])
     except _server.ServerError as e:
         module.fail_json(msg=str(e), **e.details)
     module.exit_json(changed=False, **res)

@@ -256,8 +256,19 @@ state:
   description: The state written.
   returned: when record is set and the step ran
   type: dict
+killed:
+  version_added: 0.2.0
+  description:
+    - Processes the kill and stray steps signalled; V(0) in check mode, where C(signalled) in RV(kill) counts
+      those it would signal.
+    - Also returned when a later step failed; above V(0), the old server is gone although no new one is ready.
+  returned: always, but for invalid options
+  type: int
 timings:
-  description: Seconds of C(kill_s), C(clean_s), C(launch_s), C(ready_s) and C(cycle_s) (first signal to ready).
+  description:
+    - Seconds of C(kill_s), C(clean_s), C(launch_s), C(ready_s) and C(cycle_s) (first signal to ready), for the
+      steps that ran; also returned on failure.
+    - In check mode nothing is signalled and no C(kill_s) is returned.
   returned: always
   type: dict
 would_launch:
@@ -269,7 +280,7 @@ lock_released:
   returned: when release_lock is set, outside check mode
   type: bool
 log_tail:
-  description: Last lines of the server log when the readiness wait failed.
+  description: Last lines of the server log (O(wait_ready.log_tail_path) when set) when the readiness wait failed.
   returned: failure in the ready step
   type: str
 phase:

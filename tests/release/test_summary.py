@@ -7,11 +7,12 @@ then fails like the role's rescue."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
 from helpers import PY
-from release_helpers import BIN, clean_env, private_collection, run
+from release_helpers import BIN, ROOT, clean_env, private_collection, run
 
 FAILURE = ("sglang: GPUs not clean after 30.0 s (GPU 0 20000 MiB used; threshold 16 MiB). "
            "Holders: GPU 0 pid 4242 (root, 20000 MiB): python3 -m stale | tail")
@@ -82,3 +83,108 @@ def test_json_and_markdown_files(summary_run):
     md = (out / "rollout-summary.md").read_text()
     terminal = r.stdout[r.stdout.index("GPUFLEET ROLLOUT SUMMARY"):]
     assert md.splitlines() == [ln for ln in terminal.splitlines() if ln.startswith("|")]
+
+
+# A failed server_restart as the module returns it: what it killed, the timings of the steps that ran, the phase.
+FAKE_RESTART = '''#!/usr/bin/python
+from ansible.module_utils.basic import AnsibleModule
+m = AnsibleModule(argument_spec=dict(phase=dict(type="str"), killed=dict(type="int"), timings=dict(type="dict")))
+m.fail_json(msg="demo: failed in step %s" % m.params["phase"], **m.params)
+'''
+FAILED_RESTARTS = """
+- name: Pretend rollout whose restarts fail after the kill
+  hosts: all
+  gather_facts: false
+  vars:
+    restart:
+      hclean: {phase: clean, killed: 3, timings: {kill_s: 2.5}}
+      hstartup: {phase: startup, killed: 3, timings: {kill_s: 1.25, clean_s: 0.1, launch_s: 0.02}}
+      henv: {phase: verify_env, killed: 3, timings: {kill_s: 1.0, clean_s: 0.1, launch_s: 0.02, ready_s: 4.0}}
+      hnothing: {phase: clean, killed: 0, timings: {kill_s: 0.0}}
+  tasks:
+    - name: Decide like the gpu_server role
+      ansible.builtin.set_fact:
+        gpufleet_server_result: {restarted: false, reasons: [forced], workers: 2, workers_verified: 0}
+
+    - name: Restart like the gpu_server role
+      block:
+        - name: Restart the server
+          fake_restart: "{{ restart[inventory_hostname] }}"
+      rescue:
+        - name: Record the failure like the role's rescue
+          ansible.builtin.set_fact:
+            gpufleet_server_result: "{{ gpufleet_server_result | combine({'failed': true, 'failure': ansible_failed_result.msg}) }}"
+
+        - name: Fail the host
+          ansible.builtin.fail:
+            msg: "{{ gpufleet_server_result.failure }}"
+"""
+
+
+def _play(tmp, playbook, hosts, *args):
+    base = private_collection(tmp / "collections")
+    out = tmp / "out"
+    env = clean_env(ANSIBLE_COLLECTIONS_PATH=str(base), ANSIBLE_CALLBACKS_ENABLED="gpufleet.serving.rollout_summary",
+                    GPUFLEET_SUMMARY_DIR=str(out), HOME=str(tmp))
+    r = run([str(BIN / "ansible-playbook"), "-i", ",".join(hosts) + ",", "-c", "local", "-e",
+             "ansible_python_interpreter=%s" % PY, str(playbook)] + list(args), cwd=tmp, env=env, timeout=120)
+    return r, json.loads((out / "rollout-summary.json").read_text())
+
+
+def _cells(stdout, title):
+    text = stdout[stdout.index(title):]
+    return {c[0]: c for c in ([x.strip() for x in ln.split("|")[1:-1]] for ln in text.splitlines()[1:]
+                              if ln.startswith("|"))}
+
+
+def test_a_host_that_failed_after_the_kill_shows_its_old_server_killed_and_the_kill_time(tmp_path):
+    (tmp_path / "library").mkdir()
+    (tmp_path / "library" / "fake_restart.py").write_text(FAKE_RESTART)
+    (tmp_path / "pb.yml").write_text(FAILED_RESTARTS)
+    r, data = _play(tmp_path, tmp_path / "pb.yml", ["hclean", "hstartup", "henv", "hnothing"])
+    assert r.returncode == 2, r.stdout
+    cells = _cells(r.stdout, "GPUFLEET ROLLOUT SUMMARY")
+    # host, status, restarted, kill_s, clean_s, launch_s, ready_s, workers_verified, failure
+    assert cells["hclean"][1:5] == ["failed", "killed, not relaunched", "2.50", "-"], cells["hclean"]
+    assert cells["hstartup"][1:6] == ["failed", "killed, relaunch failed", "1.25", "0.10", "0.02"], cells["hstartup"]
+    assert cells["henv"][1:7] == ["failed", "yes", "1.00", "0.10", "0.02", "4.00"], cells["henv"]
+    assert cells["hnothing"][1:3] == ["failed", "no"], cells["hnothing"]
+    assert cells["hclean"][8] == "demo: failed in step clean"
+    hosts = {h["host"]: h for h in data["hosts"]}
+    assert [(hosts[n]["restarted"], hosts[n]["killed"], hosts[n]["phase"]) for n in ("hclean", "hstartup", "hnothing")] == [
+        (True, 3, "clean"), (True, 3, "startup"), (False, 0, "clean")]
+
+
+AUDIT = """
+- name: Pretend audit
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Check like the gpu_server role's audit entry point
+      ansible.builtin.set_fact:
+        gpufleet_server_result: {restarted: false, reasons: [], workers: 2, workers_verified: 2}
+"""
+
+
+@pytest.mark.parametrize("entry", ["audit.yml", "site.yml"])
+def test_the_table_is_titled_after_the_playbook(tmp_path, entry):
+    (tmp_path / "audit.yml").write_text(AUDIT)
+    # CI's site.yml (gpufleet_ci, ansible-runner) imports the playbook: the play's own file names it.
+    (tmp_path / "site.yml").write_text("- name: gpufleet audit\n  ansible.builtin.import_playbook: audit.yml\n")
+    r, data = _play(tmp_path, tmp_path / entry, ["hosta"])
+    assert r.returncode == 0, r.stdout
+    assert "GPUFLEET AUDIT SUMMARY" in r.stdout and "ROLLOUT SUMMARY" not in r.stdout, r.stdout
+    assert data["playbook"] == "audit"
+
+
+def test_gpufleet_ci_renders_the_summarys_restart_wording():
+    sys.path.insert(0, str(ROOT / "tools"))
+    from gpufleet_ci.__main__ import render_markdown
+
+    hosts = [{"host": "h1", "status": "failed", "restarted": True, "restart": "killed, not relaunched", "kill_s": 2.5,
+              "failure": "GPUs not clean"},
+             {"host": "h2", "status": "ok", "restarted": False, "would_restart": True, "restart": "would"},
+             {"host": "h3", "status": "ok", "restarted": None}]  # no summary callback (stats only)
+    md = render_markdown({"playbook": "rollout", "ok": False, "rc": 2, "hosts": hosts})
+    assert "| h1 | failed | killed, not relaunched | 2.50 | - |" in md, md
+    assert "| h2 | ok | would | - |" in md and "| h3 | ok | - | - |" in md, md

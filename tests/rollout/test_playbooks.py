@@ -32,9 +32,34 @@ def test_rollout_in_check_mode_reports_would_restart_and_touches_nothing(stale):
         s = run.summary[h]
         assert s["status"] == "ok" and s["would_restart"] is True and s["restarted"] is False, s
         assert "server is not running" in s["reasons"]
-    assert "would" in run.out.split("GPUFLEET ROLLOUT SUMMARY")[1]
+        # Nothing was killed: no kill time (not 0.00).
+        assert s["kill_s"] is None and s["killed"] == 0, s
+    table = run.out.split("GPUFLEET ROLLOUT SUMMARY")[1]
+    assert "would" in table and "0.00" not in table, table
     unchanged(before, rf.snapshot())
     assert not any(rf.snapshot()[h]["sitecustomize_has_nccl"] for h in ALL)
+    rf.state = "stale"
+
+
+def test_audit_of_a_hand_started_server_says_what_answers_on_the_health_url(rf):
+    if rf.state != "stale":
+        rf.reset()
+        rf.start_stale()
+    before = rf.snapshot()
+
+    # host1 does not adopt the hand-started server; host2 and host3 do (the sandbox's definition).
+    run = rf.playbook("audit", host_vars={"host1": {"gpufleet_server_adopt_cmdline_regex": ""}})
+
+    assert run.rc == 2, run.tail()
+    found = "no gpufleet-launched server running, but something answers HTTP 200 on http://127.0.0.1:30000/health (%s)"
+    hint = {"host1": "an untagged server? adopt it with gpufleet_server_adopt_cmdline_regex"}
+    for h in ALL:
+        why = found % hint.get(h, "a server started outside gpufleet? the next rollout replaces it if "
+                                  "gpufleet_server_adopt_cmdline_regex matches its command line")
+        assert "%s drifted: %s; " % (h, why) in run.out, run.tail()
+        assert run.summary[h]["reasons"][0] == why, run.summary[h]
+    assert "GPUFLEET AUDIT SUMMARY" in run.out and "ROLLOUT SUMMARY" not in run.out
+    unchanged(before, rf.snapshot())
     rf.state = "stale"
 
 
@@ -114,5 +139,6 @@ def test_clean_kills_the_service_and_leaves_the_gpus_clean_without_launching(rol
         assert after.holders(h) == set()
         assert all(g["used_mib"] == 0 for g in after[h]["gpus"].values()), after[h]["gpus"]
         assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"]
-    assert "GPUFLEET ROLLOUT SUMMARY" not in run.out or all(run.summary[h]["restarted"] is False for h in ALL)
+    assert "GPUFLEET CLEAN SUMMARY" not in run.out or all(run.summary[h]["restarted"] is False for h in ALL)
+    assert "ROLLOUT SUMMARY" not in run.out
     rf.state = "down"

@@ -145,7 +145,11 @@ def test_a_dirty_gpu_fails_the_host_at_the_clean_gate_unlaunched_until_strays_ma
     assert after.tagged("host2") == [], "a server was launched onto a dirty GPU: %s" % after.tagged("host2")
     assert after.holders("host2") == {holder}, "the untagged holder is not the service's to kill"
     failure = run.summary["host2"]["failure"]
-    assert run.summary["host2"]["status"] == "failed" and run.summary["host2"]["restarted"] is False
+    s = run.summary["host2"]
+    # Its old server was killed before the gate: restarted, not relaunched, with the kill's time.
+    assert s["status"] == "failed" and s["restarted"] is True and s["restart"] == "killed, not relaunched", s
+    assert s["killed"] >= len(workers(before, "host2")) + 1 and s["kill_s"] > 0 and s["phase"] == "clean", s
+    assert "| killed, not relaunched |" in run.out.split("GPUFLEET ROLLOUT SUMMARY")[1]
     assert "not clean" in failure and "pid %d" % holder in failure, failure
     assert "pid %d" % holder in run.out
     assert after.state("host2") == before.state("host2"), "a failed host must not record a launch"
@@ -165,6 +169,57 @@ def test_a_dirty_gpu_fails_the_host_at_the_clean_gate_unlaunched_until_strays_ma
     for h in ("host1", "host3"):
         assert run.recap[h]["changed"] == 0 and after.identities(h) == before.identities(h)
     rf.state = "clean"
+
+
+def test_orphaned_workers_of_a_hand_started_server_fail_the_host_safely_until_strays_may_be_killed(rf):
+    # docs/runbook.md quotes this failure: a server started by hand whose launcher died leaves untagged spawn
+    # workers that the adopt regex (demo_server\.py) does not match.
+    rf.state = "unknown"
+    rf.reset()
+    snap = rf.start_stale(["host1"])
+    launcher = [p["pid"] for p in snap.procs("host1") if "demo_server.py" in " ".join(p["cmdline"])]
+    assert len(launcher) == 1, snap.procs("host1")
+    rf.kill("host1", launcher)
+    snap = rf.wait(lambda s: launcher[0] not in s.pids("host1"), 10, "the hand-started launcher gone")
+    orphans = snap.holders("host1")
+    assert len(orphans) == 2 and not snap.tagged("host1")
+
+    run = rf.playbook("rollout", "--limit", "host1")
+
+    assert run.rc == 2, run.tail()
+    s = run.summary["host1"]
+    assert s["status"] == "failed" and s["restarted"] is False and s["restart"] == "no", s
+    assert s["failure"].startswith("GPUs not clean after 4.0 s (GPU 0 20000 MiB used, GPU 1 20000 MiB used; "
+                                   "threshold 16 MiB). Holders: GPU 0 pid "), s["failure"]
+    for pid in orphans:
+        assert "pid %d (root, 20000 MiB): " % pid in s["failure"], s["failure"]
+    assert "--multiprocessing-fork" in s["failure"]
+    after = rf.snapshot()
+    assert after.holders("host1") == orphans and after.tagged("host1") == [], "nothing of theirs is killed"
+
+    run = rf.playbook("rollout", "--limit", "host1", vars_override={"gpufleet_server_kill_gpu_strays": True})
+
+    assert run.rc == 0, run.tail()
+    after = rf.snapshot()
+    assert not orphans & after.pids("host1")
+    assert_tuned_server(after, "host1")
+    assert run.summary["host1"]["restarted"] is True
+
+
+def test_a_server_that_logs_to_its_own_file_fails_with_that_files_tail(rolled_out):
+    rf = rolled_out("clean", "host1-down")
+    own = "/var/log/demo-own.log"
+    # The RuntimeError goes to --log only; the launch log (stdout/stderr) gets gpufleet's launch line.
+    cmd = rf.server_vars()["gpufleet_server_command"] + ["--fail-at-startup", "--log", own]
+
+    run = rf.playbook("rollout", "--limit", "host1",
+                      host_vars={"host1": {"gpufleet_server_command": cmd, "gpufleet_server_log_tail_path": own}})
+
+    assert run.rc == 2, run.tail()
+    failure = run.summary["host1"]["failure"]
+    assert "exited during start-up" in failure and "log tail (%s): " % own in failure, failure
+    assert "RuntimeError: demo failure at startup" in failure, failure
+    rf.state = "host1-down"
 
 
 def test_a_failed_canary_stops_the_rollout_and_leaves_the_other_hosts_untouched(rolled_out):

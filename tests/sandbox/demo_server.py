@@ -3,7 +3,7 @@
 """TEST DOUBLE: a small inference server of the SGLang shape, for GPU-less tests and the demo. Stdlib only.
 
     python3 demo_server.py --port 30000 --tp 2 --gpus 0,1 --mib 20000 [--host 0.0.0.0] [--state-dir DIR]
-        [--startup-delay S] [--fail-at-startup] [--hang-after-health] [--ignore-term] [--model NAME]
+        [--startup-delay S] [--fail-at-startup] [--hang-after-health] [--ignore-term] [--model NAME] [--log FILE]
 
 - The launcher starts one worker per TP rank with multiprocessing's 'spawn' context (like sglang's
   schedulers). Workers are non-daemonic and get no parent-death signal: when the launcher dies by
@@ -19,6 +19,8 @@
   (sglang#22779). `--fail-at-startup`: logs an error and exits 1. `--ignore-term`: the launcher and the
   workers ignore SIGTERM (only SIGKILL ends them). Without it, SIGTERM to the launcher stops the
   workers and exits 0; a worker dying unexpectedly makes the launcher stop the others and exit 1.
+- `--log FILE`: the launcher's messages (its errors included) are appended to FILE instead of stderr, as a
+  server with its own log file does; stdout/stderr (the launch log) then get none of them.
 - With NCCL_DEBUG=INFO, each worker writes to its log (the launcher's stderr) an IMITATION of the lines
   real NCCL logs when it reads its environment, in NCCL's format, e.g.
   `host1:4242:4242 [0] NCCL INFO NCCL_P2P_LEVEL set by environment to SYS` (NCCL's int64 parameters
@@ -45,8 +47,16 @@ NCCL_NOT_REPORTED = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
 NCCL_VERSION = "2.21.5+cuda12.4"
 
 
+LOG_FILE: t.Optional[str] = None  # --log
+
+
 def log(msg: str) -> None:
-    sys.stderr.write("[%s demo_server %d] %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), os.getpid(), msg))
+    line = "[%s demo_server %d] %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), os.getpid(), msg)
+    if LOG_FILE:
+        with open(LOG_FILE, "a") as f:
+            f.write(line)
+        return
+    sys.stderr.write(line)
     sys.stderr.flush()
 
 
@@ -256,6 +266,7 @@ def parse_args(argv: t.Optional[t.Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--fail-at-startup", action="store_true")
     ap.add_argument("--hang-after-health", action="store_true")
     ap.add_argument("--ignore-term", action="store_true")
+    ap.add_argument("--log", help="append the server's messages to this file instead of stderr")
     a = ap.parse_args(argv)
     if a.tp < 1:
         ap.error("--tp must be at least 1")
@@ -273,7 +284,9 @@ def parse_args(argv: t.Optional[t.Sequence[str]]) -> argparse.Namespace:
 
 
 def main(argv: t.Optional[t.Sequence[str]] = None) -> int:
+    global LOG_FILE
     a = parse_args(argv)
+    LOG_FILE = a.log
     if a.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     log("server_args: port=%d tp=%d gpus=%s mib=%d model=%s" % (a.port, a.tp, a.gpus, a.mib, a.model))

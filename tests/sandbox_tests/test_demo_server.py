@@ -116,6 +116,14 @@ def test_fail_at_startup_exits_nonzero_with_an_error_in_its_log(demo):
     assert "RuntimeError: demo failure at startup" in d.log.read_text()
 
 
+def test_log_option_sends_the_servers_messages_to_its_own_file_only(demo, tmp_path):
+    own = tmp_path / "own.log"
+    d = demo("--fail-at-startup", "--log", str(own))
+    assert d.proc.wait(10) == 1
+    assert "RuntimeError: demo failure at startup" in own.read_text()
+    assert d.log.read_text() == ""  # stdout/stderr: nothing
+
+
 def test_ignore_term_survives_sigterm_and_sigkill_leaves_orphans_holding_gpus(demo, fake_gpus):
     d = demo("--ignore-term")
     d.wait_healthy()

@@ -143,8 +143,11 @@ def render_markdown(report: t.Dict[str, t.Any]) -> str:
             v = h.get(k)
             return "-" if v is None else ("%.2f" % v if isinstance(v, float) else str(v))
         restarted = h.get("restarted")
+        # The summary callback's own wording ("killed, not relaunched" for a host whose old server is gone); a run
+        # without the callback's summary has no restart facts ("-").
+        cell = h.get("restart") or ("-" if restarted is None else ("yes" if restarted else ("would" if h.get("would_restart") else "no")))
         lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            h["host"], h["status"], "-" if restarted is None else ("yes" if restarted else ("would" if h.get("would_restart") else "no")),
+            h["host"], h["status"], cell,
             f("kill_s"), f("clean_s"), f("launch_s"), f("ready_s"), f("workers_verified"),
             (h.get("failure") or "").replace("|", "/").replace("\n", " ")[:200]))
     return "\n".join(lines) + "\n"

@@ -257,3 +257,38 @@ def test_a_zombie_server_counts_as_dead(tmp_path):
         assert e.value.details["phase"] == "startup"
     finally:
         p.wait()
+
+
+# ---------------------------------------------------------------- failure_tail
+
+LAUNCH = "==== gpufleet launch 2026-01-01T00:00:00+0000: demo --log /var/log/demo.log"
+
+
+def test_failure_tail_of_the_launch_log_starts_at_the_last_launch_line(tmp_path):
+    log = tmp_path / "launch.log"
+    log.write_text("==== gpufleet launch 2025-12-31T00:00:00+0000: demo\nRuntimeError: an older run's cause\n"
+                   + LAUNCH + "\nImportError: this run's cause\n")
+    assert _server.failure_tail(str(log), 40) == (LAUNCH + "\nImportError: this run's cause", str(log))
+
+
+def test_failure_tail_says_where_to_look_when_the_server_wrote_nothing_after_the_launch_line(tmp_path):
+    log = tmp_path / "launch.log"
+    log.write_text("RuntimeError: an older run's cause\n" + LAUNCH + "\n")
+    tail, where = _server.failure_tail(str(log), 40)
+    assert tail == LAUNCH
+    assert where == ("%s; the server wrote nothing to stdout/stderr: if it logs to a file of its own, name that file "
+                     "in log_tail_path (role: gpufleet_server_log_tail_path)" % log)
+
+
+def test_failure_tail_reads_the_servers_own_log_unless_it_was_not_written_since_the_launch(tmp_path):
+    log, own = tmp_path / "launch.log", tmp_path / "own.log"
+    log.write_text(LAUNCH + "\n")
+    own.write_text("RuntimeError: an older run's cause\n")
+    since = _server.log_stamp(str(own))
+    assert _server.failure_tail(str(log), 40, str(own), since) == (LAUNCH, "%s; nothing new in %s" % (log, own))
+    with open(own, "a") as f:
+        f.write("RuntimeError: this run's cause\n")
+    assert _server.failure_tail(str(log), 1, str(own), since) == ("RuntimeError: this run's cause", str(own))
+    # Without a stamp (server_ready, no launch to compare with): whatever the file holds.
+    assert _server.failure_tail(str(log), 1, str(own)) == ("RuntimeError: this run's cause", str(own))
+    assert _server.log_stamp(str(tmp_path / "missing.log")) == (0, 0, 0)

@@ -7,12 +7,14 @@ import pwd
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _server
 from ansible_collections.gpufleet.serving.plugins.modules import server_launch
 
+DEMO = Path(__file__).resolve().parents[3] / "sandbox" / "demo_server.py"
 SLEEPER = [sys.executable, "-c", "import sys, time; print('server up', flush=True); time.sleep(60)"]
 
 
@@ -194,6 +196,32 @@ def test_wait_ready_fails_at_once_with_the_log_tail_when_the_server_dies(tmp_pat
     assert "exited during start-up" in r["msg"] and "RuntimeError: weights not found" in r["msg"], r["msg"]
     assert "RuntimeError: weights not found" in r["log_tail"]
     assert time.monotonic() - t0 < 20
+
+
+def test_a_server_logging_to_its_own_file_fails_with_that_files_tail(tmp_path, run_module, launched):
+    # The demo server with --log writes its RuntimeError only to its own file: the launch log gets gpufleet's
+    # launch line and nothing else.
+    own = tmp_path / "demo-own.log"
+    cmd = [sys.executable, str(DEMO), "--port", str(_free_port()), "--fail-at-startup", "--log", str(own)]
+    ready = {"health_url": "http://127.0.0.1:9/", "timeout": 60}
+
+    r = run_module(server_launch.main, args(tmp_path, command=cmd, wait_ready=ready))
+    launched.append(r["pid"])
+    assert r["failed"] and r["phase"] == "startup"
+    assert "RuntimeError" not in r["msg"] and "name that file in log_tail_path" in r["msg"], r["msg"]
+
+    r = run_module(server_launch.main, args(tmp_path, command=cmd, wait_ready=dict(ready, log_tail_path=str(own))))
+    launched.append(r["pid"])
+    assert r["failed"] and r["phase"] == "startup"
+    assert "log tail (%s): " % own in r["msg"] and "RuntimeError: demo failure at startup" in r["msg"], r["msg"]
+    assert "RuntimeError: demo failure at startup" in r["log_tail"]
+
+    # A start that wrote nothing there: the file's old lines are not passed off as this start's cause.
+    quiet = [sys.executable, "-c", "import sys; print('ImportError: no module named torch', flush=True); sys.exit(1)"]
+    r = run_module(server_launch.main, args(tmp_path, command=quiet, wait_ready=dict(ready, log_tail_path=str(own))))
+    launched.append(r["pid"])
+    assert "nothing new in %s" % own in r["msg"] and "ImportError: no module named torch" in r["msg"], r["msg"]
+    assert "RuntimeError" not in r["msg"]
 
 
 @pytest.mark.parametrize("extra, msg", [

@@ -68,6 +68,20 @@ def test_server_dying_during_start_up_fails_at_once(srv, tmp_path, run_module):
     assert "RuntimeError: NCCL error" in r["log_tail"]
 
 
+def test_log_tail_path_names_the_servers_own_log(srv, tmp_path, run_module):
+    log, own = tmp_path / "launch.log", tmp_path / "own.log"
+    log.write_text("==== gpufleet launch 2026-01-01T00:00:00+0000: demo --log own.log\n")
+    p = subprocess.Popen([sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write('RuntimeError: no weights\\n'); "
+                          "sys.exit(1)", str(own)])
+    pf = pidfile_of(tmp_path, p)
+    p.wait()
+    r = run_module(server_ready.main, {"health_url": srv.url + "/health", "pidfile": pf, "log_path": str(log),
+                                       "log_tail_path": str(own)})
+    assert r["failed"] is True and r["phase"] == "startup"
+    assert "log tail (%s): RuntimeError: no weights" % own in r["msg"], r["msg"]
+    assert r["log_tail"] == "RuntimeError: no weights"
+
+
 def test_check_mode_polls_nothing(tmp_path, run_module):
     r = run_module(server_ready.main, {"health_url": "http://127.0.0.1:1/health", "pidfile": str(tmp_path / "none.pid"),
                                        "timeout": 60}, check_mode=True)

@@ -94,7 +94,7 @@ def test_full_cycle_kills_the_old_server_relaunches_verifies_records_and_unlocks
     _lock(a)
     r = run_module(server_restart.main, a)
     assert "failed" not in r, r.get("msg")
-    assert r["changed"] is True and r["kill"]["signalled"] == 2
+    assert r["changed"] is True and r["kill"]["signalled"] == 2 and r["killed"] == 2
     assert sorted(p["pid"] for p in r["kill"]["processes"]) == old
     assert not any(pid_alive(pid) for pid in old)
     new = _tagged(a)
@@ -150,6 +150,31 @@ def test_dirty_gpu_stops_at_the_gate_launches_nothing_records_nothing_and_still_
     assert r["lock_released"] is True and not os.path.exists(a["release_lock"]["lock_file"])
 
 
+def test_a_failure_after_the_kill_reports_what_was_killed_and_how_long_it_took(server, run_module, nvml):
+    # The rollout summary reads these: a host that failed at the gate no longer runs its old server.
+    a = server
+    run_module(server_restart.main, a)
+    old = _tagged(a)
+    stray = nvml.hold(gpu=0, mib=4096)
+    a["wait_clean"] = {"timeout": 0.3}
+    r = run_module(server_restart.main, a)
+    assert r["failed"] and r["phase"] == "clean", r
+    assert r["killed"] == len(old) == 2 and not any(pid_alive(pid) for pid in old)
+    assert r["timings"]["kill_s"] > 0 and "launch_s" not in r["timings"]
+    assert stray.poll() is None
+
+
+def test_a_server_logging_to_its_own_file_fails_with_that_files_tail(server, run_module, tmp_path):
+    a = server
+    own = tmp_path / "own.log"
+    demo = FAKE_NVML_DIR.parents[1] / "sandbox" / "demo_server.py"
+    a["command"] = [sys.executable, str(demo), "--port", "9", "--fail-at-startup", "--log", str(own)]
+    a["wait_ready"] = dict(a["wait_ready"], log_tail_path=str(own))
+    r = run_module(server_restart.main, a)
+    assert r["failed"] and r["phase"] == "startup", r
+    assert "log tail (%s): " % own in r["msg"] and "RuntimeError: demo failure at startup" in r["msg"], r["msg"]
+
+
 def test_gpu_strays_kills_the_untagged_holder_then_launches(server, run_module, nvml):
     a = server
     stray = nvml.hold(gpu=0, mib=4096)
@@ -183,6 +208,8 @@ def test_check_mode_lists_what_it_would_kill_and_changes_nothing(server, run_mod
     r = run_module(server_restart.main, a, check_mode=True)
     assert r["changed"] is True and r["would_launch"] is True and "lock_released" not in r
     assert sorted(p["pid"] for p in r["kill"]["processes"]) == old and r["kill"]["elapsed_s"] == 0
+    # Nothing was signalled: no kill to count or time (a 0.00 in the summary would read as a kill).
+    assert r["killed"] == 0 and "kill_s" not in r["timings"]
     assert _tagged(a) == old and all(pid_alive(p) for p in old)
     assert _server.pidfile_identity(a["pidfile"])[0] == first["pid"]
     assert open(a["record"]["state_file"]).read() == state_before
