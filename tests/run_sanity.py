@@ -4,6 +4,10 @@
 """Run `ansible-test sanity` on this checkout, offline (no Docker, no ci-files.testing.ansible.com).
 
     .venv/bin/python tests/run_sanity.py [--python 3.11] [--dir DIR] [ansible-test sanity options...]
+    .venv-core-newest/bin/python tests/run_sanity.py      # the newest ansible-core (scripts/setup)
+
+The ansible-test run is the one installed beside the interpreter that runs this script (its venv's bin/),
+and --python defaults to that interpreter's version: run it with a venv's python to test that venv's core.
 
 1. Copies the checkout (scripts/install-collection; a real copy, tests/ included) to
    DIR/ansible_collections/gpufleet/serving and commits it to a throw-away git repo there, so
@@ -63,6 +67,12 @@ def pip_bootstrap_version() -> str:
     return m.group(1)
 
 
+def core_version() -> str:
+    from ansible.release import __version__
+
+    return ".".join(__version__.split(".")[:2])
+
+
 def ensure_get_pip_stand_in() -> Path:
     version = pip_bootstrap_version()
     cache = Path.home() / ".ansible" / "test" / "cache" / ("get_pip_%s.py" % version.replace(".", "_"))
@@ -101,7 +111,9 @@ def copy_collection(base: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--python", default="%d.%d" % sys.version_info[:2])
-    ap.add_argument("--dir", default=str(Path.home() / ".cache" / "gpufleet-sanity"),
+    # One copy per ansible-core: its delegation venv belongs to that ansible-test, and two cores' runs
+    # must not wait on each other's lock.
+    ap.add_argument("--dir", default=str(Path.home() / ".cache" / ("gpufleet-sanity-%s" % core_version())),
                     help="where the copy (and ansible-test's cached delegation venv) lives; reused between runs")
     a, rest = ap.parse_known_args(argv)
     ensure_get_pip_stand_in()

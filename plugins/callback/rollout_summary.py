@@ -133,31 +133,33 @@ class CallbackModule(CallbackBase):
     def _host(self, name: str) -> t.Dict[str, t.Any]:
         return self.hosts.setdefault(name, {"host": name, "status": "ok"})
 
+    # result.result/.host/.task: the public CallbackTaskResult API, in every core we support (2.19+); core
+    # marks _result/_host/_task for deprecation (2.23).
     def v2_runner_on_ok(self, result: t.Any) -> None:
-        facts = result._result.get("ansible_facts") or {}
+        facts = result.result.get("ansible_facts") or {}
         if "gpufleet_server_result" in facts:
-            h = self._host(result._host.get_name())
+            h = self._host(result.host.get_name())
             h.update(facts["gpufleet_server_result"])
-        elif result._host.get_name() not in self.hosts:
-            self._host(result._host.get_name())
+        elif result.host.get_name() not in self.hosts:
+            self._host(result.host.get_name())
 
     def v2_runner_on_failed(self, result: t.Any, ignore_errors: bool = False) -> None:
         if ignore_errors:
             return
-        h = self._host(result._host.get_name())
+        h = self._host(result.host.get_name())
         h["status"] = "failed"
-        h.setdefault("failure", str(result._result.get("msg", "failed"))[:400])
-        h.setdefault("failed_task", result._task.get_name())
-        res = result._result
+        h.setdefault("failure", str(result.result.get("msg", "failed"))[:400])
+        h.setdefault("failed_task", result.task.get_name())
+        res = result.result
         # A failed server_restart says what it did before the failing step: processes killed mean the old server
         # is gone, whatever the role's rescue records afterwards.
         if "killed" in res and "timings" in res:
             h.update(killed=res["killed"], timings=res["timings"], phase=res.get("phase"))
 
     def v2_runner_on_unreachable(self, result: t.Any) -> None:
-        h = self._host(result._host.get_name())
+        h = self._host(result.host.get_name())
         h["status"] = "unreachable"
-        h["failure"] = str(result._result.get("msg", "unreachable"))[:400]
+        h["failure"] = str(result.result.get("msg", "unreachable"))[:400]
 
     def rows(self) -> t.List[t.Dict[str, t.Any]]:
         out = []

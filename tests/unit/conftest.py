@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from ansible.module_utils.common.parameters import PASS_VARS
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -54,6 +55,12 @@ except ImportError:  # pragma: no cover - ansible-core < 2.19
             yield
 
 
+# ansible-core 2.21+ returns `invocation` (the masked module args) only when the controller asks, as it does
+# with ANSIBLE_INJECT_INVOCATION=true; older cores always return it and refuse the unknown key. Ask, so the
+# no_log tests read the same invocation on every core.
+_ASKS_FOR_INVOCATION = "inject_invocation" in PASS_VARS
+
+
 @pytest.fixture
 def nvml(tmp_path, monkeypatch) -> FakeGpus:
     """Two fake H200s for in-process use; FAKE_NVML_CONFIG is set in this process's environment."""
@@ -70,6 +77,8 @@ def run_module(capsys) -> t.Callable[..., t.Dict[str, t.Any]]:
 
     def run(main: t.Callable[[], None], args: t.Dict[str, t.Any], check_mode: bool = False) -> t.Dict[str, t.Any]:
         a = dict(args)
+        if _ASKS_FOR_INVOCATION:
+            a["_ansible_inject_invocation"] = True
         if check_mode:
             a["_ansible_check_mode"] = True
         capsys.readouterr()
