@@ -91,6 +91,9 @@ class CallbackModule(CallbackBase):
         self.playbook_names: t.List[str] = []
         self.inventory_hosts: t.List[str] = []
         self.batch: t.List[str] = []
+        # Set by the rollout's batch gate (gpu_server tasks/batch_end.yml) when a batch failed beyond
+        # gpufleet_rollout_max_fail_percentage and the later batches were not started.
+        self.halted: t.Optional[t.Dict[str, t.Any]] = None
 
     def v2_playbook_on_start(self, playbook: t.Any) -> None:
         self._note_playbook(getattr(playbook, "_file_name", None) or "")
@@ -137,6 +140,8 @@ class CallbackModule(CallbackBase):
     # marks _result/_host/_task for deprecation (2.23).
     def v2_runner_on_ok(self, result: t.Any) -> None:
         facts = result.result.get("ansible_facts") or {}
+        if facts.get("gpufleet_rollout_halted"):  # {} at the start of each batch
+            self.halted = dict(facts["gpufleet_rollout_halted"])
         if "gpufleet_server_result" in facts:
             h = self._host(result.host.get_name())
             h.update(facts["gpufleet_server_result"])
@@ -160,6 +165,19 @@ class CallbackModule(CallbackBase):
         h = self._host(result.host.get_name())
         h["status"] = "unreachable"
         h["failure"] = str(result.result.get("msg", "unreachable"))[:400]
+
+    def _halted_by_ansible(self) -> None:
+        """A batch in which every host failed ends the play inside ansible-core, before the batch gate can run:
+        say it the gate's way when hosts of later batches were not started."""
+        not_run = [n for n in self.inventory_hosts if n not in self.hosts]
+        failed = [n for n in self.batch if (self.hosts.get(n) or {}).get("status") in ("failed", "unreachable")]
+        if self.halted is not None or not not_run or not failed:
+            return
+        self.halted = {
+            "msg": "rollout halted: %d of %d host(s) of the batch failed (%s); %d host(s) of later batches were not "
+                   "touched: %s" % (len(failed), len(self.batch), ", ".join(failed), len(not_run), ", ".join(not_run)),
+            "batch": list(self.batch), "failed": failed, "not_started": not_run,
+        }
 
     def rows(self) -> t.List[t.Dict[str, t.Any]]:
         out = []
@@ -203,15 +221,20 @@ class CallbackModule(CallbackBase):
     def v2_playbook_on_stats(self, stats: t.Any) -> None:
         if not self.hosts and not any(h for h in self.inventory_hosts):
             return
+        self._halted_by_ansible()
         rows = self.rows()
         if not any("restarted" in (self.hosts.get(r["host"]) or {}) or r["status"] != "ok" for r in rows):
             return  # not a gpufleet rollout
         self._display.banner("GPUFLEET %s SUMMARY" % self.playbook().upper())
         self._display.display(self.markdown(rows))
+        if self.halted:
+            self._display.display(str(self.halted.get("msg", "rollout halted")).strip(), color="red", stderr=False)
         d = self.get_option("summary_dir")
         if d:
             os.makedirs(d, exist_ok=True)
             with open(os.path.join(d, "rollout-summary.json"), "w") as f:
-                json.dump({"playbook": self.playbook(), "hosts": rows}, f, indent=1)
+                json.dump({"playbook": self.playbook(), "hosts": rows, "halted": self.halted}, f, indent=1)
             with open(os.path.join(d, "rollout-summary.md"), "w") as f:
                 f.write(self.markdown(rows))
+                if self.halted:
+                    f.write("\n**%s**\n" % str(self.halted.get("msg", "rollout halted")).strip())

@@ -100,7 +100,12 @@ options:
     type: dict
     default: {}
   lock_file:
-    description: With V(lock)/V(unlock), the lock file.
+    description:
+      - With V(lock)/V(unlock), the lock file.
+      - With V(check) and O(owner), the lock to take (see O(keep_lock)).
+      - With V(check) and no O(owner), only looked at, never taken or changed; a lock of another run that is not
+        past its expiry makes RV(up_to_date) false and is returned in RV(lock_holder) (a host that another run may be
+        restarting is not "already right").
     type: path
   owner:
     description: With V(lock)/V(unlock), an id of this run (controller host, pid, time).
@@ -220,6 +225,11 @@ launch_problems:
   returned: failure
   type: list
   elements: str
+lock_holder:
+  version_added: 0.2.0
+  description: With V(check), O(lock_file) and no O(owner), the owner id of the run that holds the lock (not expired).
+  returned: when such a lock exists
+  type: str
 holder:
   description: On failure to lock, the owner id of the run that holds the lock.
   returned: when the lock is held by another run
@@ -286,6 +296,11 @@ def check(module: AnsibleModule) -> dict:
         if locking:
             _server.release_lock(p["lock_file"], p["owner"])
         raise
+    if p["lock_file"] and not p["owner"]:
+        holder = _server.lock_holder(p["lock_file"])
+        if holder is not None:
+            res["lock_holder"] = holder
+            res["up_to_date"] = False
     if locking:
         res["locked"] = True
         if not res["needs_restart"] and not p["keep_lock"]:

@@ -44,11 +44,11 @@ def test_fast_check_asks_the_server_check_what_the_roles_check_asks():
     tasks = Path(__file__).resolve().parents[2] / "roles" / "gpu_server" / "tasks"
     full = yaml.safe_load((tasks / "check.yml").read_text())[0]["gpufleet.serving.server_state"]
     fast = yaml.safe_load((tasks / "up_to_date.yml").read_text())[0]["gpufleet.serving.server_state"]
-    # What only the roles' check needs: a launch is coming (launchable, keep_lock), or it waits for another run.
-    full_only = {"launchable", "keep_lock", "lock_wait"}
+    # What only the roles' check needs: it takes the lock for the restart to come (owner, ttl, keep_lock, lock_wait);
+    # the fast check only looks at the lock.
+    full_only = {"owner", "lock_ttl", "keep_lock", "lock_wait"}
     assert set(full) - full_only <= set(fast), set(full) - full_only - set(fast)
     differ = {k: (full[k], fast[k]) for k in set(full) - full_only if full[k] != fast[k]}
-    # The run's owner id: the roles derive theirs from gpufleet_run_id (tasks/lock.yml).
-    assert set(differ) == {"lock_file", "owner"}, differ
-    assert fast["owner"] == "{{ gpufleet_run_id }}" and fast["lock_file"] == "{{ _gpufleet_server_lock_file }}"
+    assert set(differ) == {"lock_file"}, differ
+    assert fast["lock_file"] == "{{ _gpufleet_server_lock_file }}" and "owner" not in fast
     assert set(fast) - set(full) == {"nccl_layers"}, set(fast) - set(full)

@@ -76,7 +76,10 @@ def _tasks_from_uses():
 # The rollout's fast path (playbooks/rollout.yml) only reads: it ends a host only when the recorded fingerprint (written
 # after the main entry point validated the same definition) and the layer modules' own checks agree, and any error
 # sends the host through the validated main entry point. Validating there too would cost a task per host and run.
-READ_ONLY_UNVALIDATED = {("nccl_tuning", "desired"), ("gpu_server", "up_to_date")}
+# The batch bookkeeping of the rollout playbooks (gpu_server tasks/batch_begin.yml, batch_end.yml) takes no role
+# variables: it reads the play's batch and gpufleet_rollout_max_fail_percentage, which batch_begin checks itself.
+READ_ONLY_UNVALIDATED = {("nccl_tuning", "desired"), ("gpu_server", "up_to_date"), ("gpu_server", "batch_begin"),
+                         ("gpu_server", "batch_end")}
 
 
 def test_tasks_from_entry_points_are_validated():

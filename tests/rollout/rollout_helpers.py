@@ -171,6 +171,20 @@ class Run:
         return self.out[-n:]
 
 
+def tasks_run(out: str, host: str) -> t.List[str]:
+    """Names of the tasks (TASK [...] headers of the default callback) that ran on `host` (ok, changed or failed)."""
+    names, task = [], None
+    for line in out.splitlines():
+        m = re.match(r"^TASK \[(.*)\] \**$", line)
+        if m:
+            task = m.group(1)
+            continue
+        m = re.match(r"^(ok|changed|fatal): \[([^\]]+)\]", line)
+        if m and task is not None and m.group(2).split(" ")[0] == host and (not names or names[-1] != task):
+            names.append(task)
+    return names
+
+
 def parse_recap(out: str) -> t.Dict[str, t.Dict[str, int]]:
     """PLAY RECAP lines -> {host: {ok, changed, unreachable, failed, skipped, rescued, ignored}}."""
     recap: t.Dict[str, t.Dict[str, int]] = {}

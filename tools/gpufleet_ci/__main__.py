@@ -8,7 +8,7 @@ Lays out an ansible-runner private_data_dir:
     inventory/              the given inventory (copied)
     env/envvars             collections path, summary callback, ssh settings
     env/extravars           --extra-vars
-    env/cmdline             --check / --diff / --limit
+    env/cmdline             --check / --diff / --limit / --vault-password-file
 and exits non-zero when the run failed, a host failed or was unreachable, or a host was not run.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -65,6 +66,9 @@ def prepare(args: argparse.Namespace) -> str:
         cmd.append("--diff")
     if args.limit:
         cmd += ["--limit", args.limit]
+    if args.vault_password_file:
+        # The file's path only: the password stays out of the private data dir (and its artifacts).
+        cmd += ["--vault-password-file", shlex.quote(os.path.abspath(args.vault_password_file))]
     with open(os.path.join(pdd, "env", "cmdline"), "w") as f:
         f.write(" ".join(cmd))
     return pdd
@@ -107,9 +111,11 @@ def run(args: argparse.Namespace) -> int:
                            event_handler=Progress(sys.stdout))
     summary_path = os.path.join(pdd, "artifacts", "summary", "rollout-summary.json")
     hosts: t.List[t.Dict[str, t.Any]] = []
+    halted = None
     if os.path.exists(summary_path):
         with open(summary_path) as f:
-            hosts = json.load(f)["hosts"]
+            callback_summary = json.load(f)
+        hosts, halted = callback_summary["hosts"], callback_summary.get("halted")
     else:
         # Not a gpufleet_server run (e.g. audit): fall back to runner's per-host stats.
         stats = r.stats or {}
@@ -121,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             hosts.append({"host": n, "status": status, "restarted": None, "failure": None})
     bad = [h for h in hosts if h["status"] != "ok"]
     report = {"playbook": args.playbook, "status": r.status, "rc": r.rc, "ident": ident,
-              "artifacts": os.path.join(pdd, "artifacts", ident), "hosts": hosts,
+              "artifacts": os.path.join(pdd, "artifacts", ident), "hosts": hosts, "halted": halted,
               "ok": r.rc == 0 and r.status == "successful" and not bad}
     md = render_markdown(report)
     sys.stdout.write("\n" + md)
@@ -150,6 +156,8 @@ def render_markdown(report: t.Dict[str, t.Any]) -> str:
             h["host"], h["status"], cell,
             f("kill_s"), f("clean_s"), f("launch_s"), f("ready_s"), f("workers_verified"),
             (h.get("failure") or "").replace("|", "/").replace("\n", " ")[:200]))
+    if report.get("halted"):
+        lines += ["", "**%s**" % str(report["halted"].get("msg", "rollout halted")).strip()]
     return "\n".join(lines) + "\n"
 
 
@@ -161,6 +169,7 @@ def main(argv: t.Optional[t.List[str]] = None) -> int:
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--diff", action="store_true")
     ap.add_argument("--limit")
+    ap.add_argument("--vault-password-file", help="decrypts the inventory's vault-encrypted values (ansible-vault)")
     ap.add_argument("--forks", type=int, default=32)
     ap.add_argument("--json", help="write the per-host summary as JSON here")
     ap.add_argument("--markdown", help="write the per-host summary as a Markdown table here")

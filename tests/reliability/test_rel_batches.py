@@ -1,0 +1,259 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Batch semantics on a 4-host sandbox fleet: a batch that fails beyond gpufleet_rollout_max_fail_percentage stops
+the rollout, whatever phase the failing host failed in, and later batches are untouched.
+
+ansible-core ignores max_fail_percentage for a host that fails inside a rescue when the block also has an always
+(ansible/ansible#86574), and never counts unreachable hosts; the rollout's own batch gate must hold anyway. Each case
+fails host2, in the second batch of [1, 2, 1] (host1 | host2, host3 | host4), in one phase of the cycle, then checks:
+exit code 2, the summary's `halted` record, host4 not touched at all (same processes, files and sitecustomize, no
+lock), and no host left holding a lock of this run.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
+
+from rollout_helpers import LOCK_FILE, RolloutFleet  # noqa: E402
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
+
+HOSTS = ["host1", "host2", "host3", "host4"]
+SHAPE = [1, 2, 1]
+
+
+@pytest.fixture(scope="module")
+def rf4(sandbox_fleet_module, tmp_path_factory) -> RolloutFleet:
+    fleet = sandbox_fleet_module(hosts=4, gpus=2)
+    r = RolloutFleet(fleet, tmp_path_factory.mktemp("batches"))
+    r.rolled_out()
+    yield r
+    r.reset()
+
+
+@pytest.fixture
+def fleet4(rf4: RolloutFleet) -> RolloutFleet:
+    """Every host runs a tagged server (host2 may be down after an earlier case: a forced restart does not mind)."""
+    yield rf4
+    # Undo what a case provoked on host2.
+    rf4.fleet.ssh("host2", "umount /var/lib/gpufleet 2>/dev/null; rm -f %s; pkill -f fake_gpu.py; true" % LOCK_FILE)
+
+
+def _other_runs_lock(rf: RolloutFleet, host: str) -> str:
+    lock = {"owner": "other-controller:4242:0000", "acquired": time.time(), "expires": time.time() + 3600}
+    rf.fleet.ssh(host, "mkdir -p /run/gpufleet && cat > %s" % LOCK_FILE, input=json.dumps(lock), check=True)
+    return json.dumps(lock)
+
+
+def _holder(rf: RolloutFleet, host: str) -> str:
+    rf.start_holder(host, gpu=0, mib=1000)
+    return "GPUs not clean"
+
+
+def _read_only_state_dir(rf: RolloutFleet, host: str) -> str:
+    # The record step writes /var/lib/gpufleet/demo.json: a read-only mount there makes it fail with an OSError
+    # after the server is up (the case that must still release the lock).
+    rf.fleet.ssh(host, "mkdir -p /var/lib/gpufleet && mount -t tmpfs -o ro tmpfs /var/lib/gpufleet", check=True)
+    return "Read-only file system"
+
+
+# phase -> (host2's variables, set-up on host2 returning a text its failure must contain)
+CASES = {
+    "preflight": ({"gpufleet_server_start_timeout": -1}, lambda rf, h: "gpufleet_server_start_timeout must be > 0"),
+    "nccl": ({"gpufleet_nccl_env": {"NCCL_PROTOCOL": "LL"}, "gpufleet_nccl_unknown_vars": "fail"},
+             lambda rf, h: "NCCL_PROTOCOL"),
+    "lock": ({}, lambda rf, h: (_other_runs_lock(rf, h), "locked by another gpufleet run")[1]),
+    "clean": ({}, _holder),
+    "ready": ({"__extra_args": ["--fail-at-startup"]}, lambda rf, h: "exited during start-up"),
+    "verify_env": ({"gpufleet_server_expected_env": {"GPUFLEET_MUST_HAVE": "1"}}, lambda rf, h: "GPUFLEET_MUST_HAVE"),
+    "record": ({}, _read_only_state_dir),
+}
+
+
+def _host_vars(rf: RolloutFleet, over: dict) -> dict:
+    over = dict(over)
+    extra = over.pop("__extra_args", None)
+    if extra:
+        over["gpufleet_server_command"] = rf.server_vars()["gpufleet_server_command"] + extra
+    return over
+
+
+def _locks(rf: RolloutFleet, snap) -> dict:
+    return {h: snap[h]["files"]["lock"] for h in rf.hosts}
+
+
+HOW = ("batches [1, 2, 1] of 4 hosts, max_fail_percentage 0, a forced restart (gpufleet.serving.restart); host2 "
+       "(batch 2, with host3) fails ")
+HALTS = ("exit code 2; host2 failed with %s in the summary; the summary and stdout say 'rollout halted: 1 of 2 host(s) "
+         "of the batch failed (host2)', halted.not_started = [host4]; host1 restarted; host3 %s; host4 is untouched (no "
+         "task, same processes, files and sitecustomize); no lock of the run is left on any host")
+# Where host2 fails before any host of its batch changed (validation, NCCL layers), ansible-core stops host3 at its
+# next task; a failure inside host2's restart step comes when host3's restart is done.
+BEFORE_ANY_CHANGE = ("preflight", "nccl")
+PHASES = {
+    "preflight": ("in the validation before anything changes: gpufleet_server_start_timeout -1",
+                  "'gpufleet_server_start_timeout must be > 0'"),
+    "nccl": ("in the NCCL layer: gpufleet_nccl_env NCCL_PROTOCOL with gpufleet_nccl_unknown_vars fail", "NCCL_PROTOCOL"),
+    "lock": ("at the lock: another run's fresh lock file on host2",
+             "'locked by another gpufleet run' (the other run's lock left as it was)"),
+    "clean": ("at the clean gate: an untagged process holds GPU 0", "'GPUs not clean'"),
+    "ready": ("at start-up: the server exits (--fail-at-startup)", "'exited during start-up'"),
+    "verify_env": ("at the workers' environment check: gpufleet_server_expected_env GPUFLEET_MUST_HAVE=1",
+                   "GPUFLEET_MUST_HAVE"),
+    "record": ("when recording the state after a good launch: /var/lib/gpufleet mounted read-only (an OSError)",
+               "'Read-only file system' (and the lock still released)"),
+}
+
+
+@pytest.mark.parametrize("phase", [
+    pytest.param(ph, marks=pytest.mark.reliability(
+        section="fault", case="A batch fails beyond max_fail_percentage: at " + ph,
+        provoked=HOW + how, outcome=HALTS % (what, "stopped before any change (same processes)" if ph in BEFORE_ANY_CHANGE
+                                             else "restarted (its restart was done)")), id=ph)
+    for ph, (how, what) in PHASES.items()])
+def test_a_failed_batch_stops_the_rollout_whatever_phase_failed(fleet4, phase):
+    rf = fleet4
+    hv, provoke = CASES[phase]
+    expect = provoke(rf, "host2")
+    before = rf.snapshot()
+    assert before.tagged("host4") and before.state("host4"), before["host4"]
+
+    run = rf.playbook("restart", host_vars={"host2": _host_vars(rf, hv)},
+                      extra_vars={"gpufleet_rollout_serial": SHAPE, "gpufleet_rollout_max_fail_percentage": 0})
+
+    assert run.rc == 2, run.tail()
+    after = rf.snapshot()
+    # host2 failed, and says why.
+    assert run.summary["host2"]["status"] == "failed", run.summary["host2"]
+    assert expect in run.summary["host2"]["failure"], run.summary["host2"]
+    # The run says it halted, and why.
+    halted = json.loads((rf.workdir / ("summary-%d" % rf.runs) / "rollout-summary.json").read_text())["halted"]
+    assert halted and halted["failed"] == ["host2"] and halted["not_started"] == ["host4"], halted
+    assert "rollout halted: 1 of 2 host(s) of the batch failed (host2)" in run.out, run.tail()
+    # The canary was restarted; host3 too unless host2 failed before any host of the batch changed.
+    restarted = ("host1",) if phase in BEFORE_ANY_CHANGE else ("host1", "host3")
+    for h in restarted:
+        assert run.summary[h]["status"] == "ok" and run.summary[h]["restarted"] is True, run.summary[h]
+        assert after.tagged(h) and not {p["pid"] for p in after.tagged(h)} & {p["pid"] for p in before.tagged(h)}
+    if phase in BEFORE_ANY_CHANGE:
+        assert run.summary["host3"]["status"] == "stopped" and run.summary["host3"]["restarted"] is False
+        assert after.identities("host3") == before.identities("host3")
+        assert after["host3"]["sitecustomize_sha"] == before["host3"]["sitecustomize_sha"]
+    # The later batch was not touched at all: no task ran there, same processes, files and NCCL layer.
+    assert run.summary["host4"]["status"] == "not run", run.summary["host4"]
+    assert "host4" not in run.recap, run.recap
+    assert after.identities("host4") == before.identities("host4")
+    assert after["host4"]["files"] == before["host4"]["files"]
+    assert after["host4"]["sitecustomize_sha"] == before["host4"]["sitecustomize_sha"]
+    # No lock of this run is left anywhere; another run's lock is left as it was.
+    locks = _locks(rf, after)
+    if phase == "lock":
+        assert locks.pop("host2") == before["host2"]["files"]["lock"]
+    assert all(v is None for v in locks.values()), locks
+
+
+@pytest.mark.reliability(
+    section="fault", case="A batch fails within max_fail_percentage",
+    provoked="batches [1, 2, 1] of 4 hosts, max_fail_percentage 50, a forced restart; host2 (batch 2) exits at start-up",
+    outcome="1 of 2 is not above 50 %: host4 (batch 3) is restarted; no 'halted' record; exit code 2 (host2 failed); "
+            "no lock left")
+def test_a_batch_within_max_fail_percentage_lets_the_rollout_go_on(fleet4):
+    rf = fleet4
+    before = rf.snapshot()
+
+    # 1 of 2 hosts of batch 2 fails: 50 % is not above 50, so batch 3 runs.
+    run = rf.playbook("restart", host_vars={"host2": _host_vars(rf, CASES["ready"][0])},
+                      extra_vars={"gpufleet_rollout_serial": SHAPE, "gpufleet_rollout_max_fail_percentage": 50})
+
+    assert run.rc == 2, run.tail()  # a failed host still fails the run
+    assert run.summary["host2"]["status"] == "failed"
+    summary = json.loads((rf.workdir / ("summary-%d" % rf.runs) / "rollout-summary.json").read_text())
+    assert summary["halted"] is None and "rollout halted" not in run.out
+    after = rf.snapshot()
+    for h in ("host1", "host3", "host4"):
+        assert run.summary[h]["status"] == "ok" and run.summary[h]["restarted"] is True, run.summary[h]
+        assert after.identities(h) != before.identities(h)
+    assert all(v is None for v in _locks(rf, after).values())
+
+
+@pytest.mark.reliability(
+    section="fault", case="A failed batch in a plain rollout (the report: ansible/ansible#86574)",
+    provoked="4 hosts, serial [1, '50%'], max_fail_percentage 0, a fleet-wide NCCL change; host2's GPU 0 held by an "
+             "unrelated process (fails at the clean gate, inside the role's rescue/always block)",
+    outcome="exit code 2; host4 (batch 3) not run: same processes and sitecustomize; no lock left on any host")
+def test_the_reported_case_a_dirty_gpu_in_batch_two_of_a_canary_rollout_stops_batch_three(fleet4):
+    """The report: 4 hosts, serial [1, "50%"], max_fail 0, host2's GPU held by an unrelated process: batch 2 failed,
+    yet batch 3 ran and host4 was restarted. A plain (not forced) rollout, so the fast path runs first."""
+    rf = fleet4
+    rf.start_holder("host2", gpu=0, mib=1000)
+    before = rf.snapshot()
+
+    # A fleet-wide NCCL change: every host would restart.
+    run = rf.playbook("rollout", vars_override={"gpufleet_nccl_env": {"NCCL_NTHREADS": "256"}},
+                      extra_vars={"gpufleet_rollout_serial": [1, "50%"], "gpufleet_rollout_max_fail_percentage": 0})
+
+    assert run.rc == 2, run.tail()
+    assert "GPUs not clean" in run.summary["host2"]["failure"], run.summary["host2"]
+    assert run.summary["host4"]["status"] == "not run" and "host4" not in run.recap
+    after = rf.snapshot()
+    assert after.identities("host4") == before.identities("host4")
+    assert after["host4"]["sitecustomize_sha"] == before["host4"]["sitecustomize_sha"]
+    assert all(v is None for v in _locks(rf, after).values())
+
+
+@pytest.mark.reliability(
+    section="fault", case="A failed host beside an up-to-date one in a batch",
+    provoked="batches [1, 2, 1]; every host already right, then an unrelated GPU holder on host2; a plain rollout "
+             "(the fast path skips the roles on host1 and host3)",
+    outcome="host2 fails at the clean gate; the rollout halts before host4 (not run, same processes); host3 untouched")
+def test_an_up_to_date_host_does_not_hide_a_failed_one_in_its_batch(fleet4):
+    """Batch 2 = host2 (fails) + host3 (already right, skipped by the fast path): still halts before host4."""
+    rf = fleet4
+    rf.playbook("rollout", extra_vars={"gpufleet_rollout_serial": ["100%"]})  # every host right again
+    rf.start_holder("host2", gpu=0, mib=1000)  # host2 now needs a restart (an untagged GPU holder) and will fail
+    before = rf.snapshot()
+
+    run = rf.playbook("rollout", extra_vars={"gpufleet_rollout_serial": SHAPE,
+                                             "gpufleet_rollout_max_fail_percentage": 0})
+
+    assert run.rc == 2, run.tail()
+    assert run.summary["host2"]["status"] == "failed"
+    assert run.summary["host3"]["status"] == "ok" and run.summary["host3"]["restarted"] is False
+    assert run.summary["host4"]["status"] == "not run" and "host4" not in run.recap, run.summary
+    after = rf.snapshot()
+    assert after.identities("host4") == before.identities("host4")
+    assert after.identities("host3") == before.identities("host3")
+
+
+@pytest.mark.reliability(
+    section="input", case="Bad input on a host that is already right, and a name that is not a name",
+    provoked="every host already right; a plain rollout with gpufleet_server_start_timeout -1 on host2 and "
+             "gpufleet_server_name '../../tmp/evil' on host3 (the rollout's fast path would end an up-to-date host)",
+    outcome="host2 and host3 fail in the validation, before any host call: 'gpufleet_server_start_timeout must be > 0' "
+            "(only the broken rule), 'gpufleet_server_name must be a string of letters, digits...'; exit code 2; no lock "
+            "file anywhere (/run/gpufleet, /tmp), processes and files unchanged")
+def test_bad_input_fails_before_the_fast_path_and_takes_no_lock(fleet4):
+    rf = fleet4
+    rf.playbook("rollout", extra_vars={"gpufleet_rollout_serial": ["100%"]})  # every host right
+    before = rf.snapshot()
+
+    run = rf.playbook("rollout", host_vars={"host2": {"gpufleet_server_start_timeout": -1},
+                                            "host3": {"gpufleet_server_name": "../../tmp/evil"}},
+                      extra_vars={"gpufleet_rollout_serial": ["100%"]})
+
+    assert run.rc == 2, run.tail()
+    f2, f3 = run.summary["host2"]["failure"], run.summary["host3"]["failure"]
+    assert "gpufleet_server_start_timeout must be > 0" in f2 and "clean_timeout" not in f2, f2
+    assert "gpufleet_server_name must be a string of letters, digits" in f3, f3
+    assert run.recap["host2"]["changed"] == run.recap["host3"]["changed"] == 0
+    after = rf.snapshot()
+    for h in ("host2", "host3"):
+        assert after.identities(h) == before.identities(h)
+        assert after[h]["files"] == before[h]["files"]
+        listing = rf.fleet.ssh(h, "ls -A /run/gpufleet /tmp", check=True).stdout
+        assert ".lock" not in listing and "evil" not in listing, listing

@@ -1,0 +1,70 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""--tags and --skip-tags never change the desired state: a run that leaves the NCCL tuning out records the same
+fingerprint and checks the same worker environment as a full run, so tag runs and plain runs do not restart each
+other's hosts (docs/concepts.md, "Tags")."""
+from __future__ import annotations
+
+import pytest
+
+from rollout_helpers import PCIE_ONLY, nccl, workers
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
+
+ALL = ["host1", "host2", "host3"]
+# Every documented selection (docs/concepts.md "Tags").
+SELECTIONS = [("--tags", "gpufleet_server"), ("--skip-tags", "nccl_tuning"), ("--tags", "nccl_tuning"),
+              ("--skip-tags", "gpufleet_server"), ("--tags", "preflight")]
+
+
+def _unchanged(rf, before, run):
+    assert run.rc == 0, run.tail()
+    after = rf.snapshot()
+    for h in ALL:
+        assert run.recap[h]["changed"] == 0, (run.recap, run.tail())
+        assert after.identities(h) == before.identities(h), "%s was restarted" % h
+        assert after[h]["files"]["state"] == before[h]["files"]["state"]
+        assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"]
+
+
+@pytest.mark.parametrize("selection", SELECTIONS, ids=lambda s: "%s-%s" % (s[0].strip("-"), s[1]))
+def test_a_tag_selection_on_an_up_to_date_fleet_changes_nothing_and_a_plain_rollout_agrees(rolled_out, selection):
+    rf = rolled_out("clean")
+    before = rf.snapshot()
+
+    _unchanged(rf, before, rf.playbook("rollout", *selection))
+    # No flapping: a plain rollout after the tag run agrees that nothing is to be done.
+    _unchanged(rf, before, rf.playbook("rollout"))
+    rf.state = "clean"
+
+
+def test_a_tag_run_on_a_drifted_host_records_what_a_plain_rollout_records(rolled_out):
+    rf = rolled_out("clean")
+    before = rf.snapshot()
+    drift = {"host1": {"gpufleet_server_env": dict(rf.server_vars()["gpufleet_server_env"], DEMO_DRIFT="1")}}
+
+    run = rf.playbook("rollout", "--tags", "gpufleet_server", host_vars=drift)
+
+    assert run.rc == 0, run.tail()
+    assert run.summary["host1"]["restarted"] is True, run.summary
+    mid = rf.snapshot()
+    # The restarted workers were checked for, and carry, the tuning the tag run did not apply.
+    for w in workers(mid, "host1"):
+        assert nccl(w["env"]) == dict(PCIE_ONLY, NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,ENV"), w
+    for h in ("host2", "host3"):
+        assert mid.identities(h) == before.identities(h)
+
+    # A plain rollout with the same inventory: host1 already right (same fingerprint), nothing restarts.
+    again = rf.playbook("rollout", host_vars=drift)
+    assert again.rc == 0, again.tail()
+    assert all(again.recap[h]["changed"] == 0 for h in ALL), again.recap
+    after = rf.snapshot()
+    assert after.identities("host1") == mid.identities("host1")
+    assert after.state("host1")["fingerprint"] == mid.state("host1")["fingerprint"]
+
+    # And a forced restart that skips the tuning records that same fingerprint.
+    forced = rf.playbook("restart", "--skip-tags", "nccl_tuning", host_vars=drift)
+    assert forced.rc == 0, forced.tail()
+    final = rf.snapshot()
+    for h in ALL:
+        assert final.state(h)["fingerprint"] == after.state(h)["fingerprint"], h
+    rf.state = "host1-drift"
