@@ -70,6 +70,30 @@ def restart_cell(status: t.Optional[str], restarted: bool, would: bool, phase: t
     return "yes"
 
 
+# OpenSSH's warning banner (@@@@...@@@ lines, "@    WARNING: ...    @"): the @s carry no information, only length.
+_BANNER = re.compile(r"@{3,}|^@\s+|\s+@$")
+FAILURE_CHARS = 600
+
+
+def failure_text(res: t.Mapping[str, t.Any], limit: int = FAILURE_CHARS) -> str:
+    """One line saying why a task failed or a host was unreachable, with the cause kept.
+
+    A module that printed no JSON fails with "Module result deserialization failed" or "MODULE FAILURE": the cause
+    is in what it printed (module_stderr / module_stdout: "sudo: sorry, you must have a tty to run sudo", a
+    traceback's last line). An unreachable host's message ends with what to do (OpenSSH's "Offending ... key" and
+    "ssh-keygen -R" lines): a long text keeps its head and its end, not only its head."""
+    msg = str(res.get("msg") or "failed")
+    printed = " ".join(str(res.get(k) or "").strip() for k in ("module_stderr", "module_stdout")).strip()
+    if printed and printed not in msg:
+        msg = "%s: %s" % (msg.rstrip(". "), printed)
+    text = " ".join(_BANNER.sub(" ", ln.strip()) for ln in msg.splitlines())
+    text = " ".join(text.split())
+    if len(text) > limit:
+        head = limit // 4
+        text = text[:head] + " ... " + text[-(limit - head - 5):]
+    return text
+
+
 def _fmt(v: t.Any) -> str:
     if v is None or v == "":
         return "-"
@@ -153,7 +177,7 @@ class CallbackModule(CallbackBase):
             return
         h = self._host(result.host.get_name())
         h["status"] = "failed"
-        h.setdefault("failure", str(result.result.get("msg", "failed"))[:400])
+        h.setdefault("failure", failure_text(result.result))
         h.setdefault("failed_task", result.task.get_name())
         res = result.result
         # A failed server_restart says what it did before the failing step: processes killed mean the old server
@@ -164,7 +188,7 @@ class CallbackModule(CallbackBase):
     def v2_runner_on_unreachable(self, result: t.Any) -> None:
         h = self._host(result.host.get_name())
         h["status"] = "unreachable"
-        h["failure"] = str(result.result.get("msg", "unreachable"))[:400]
+        h["failure"] = failure_text(result.result)
 
     def _halted_by_ansible(self) -> None:
         """A batch in which every host failed ends the play inside ansible-core, before the batch gate can run:

@@ -188,3 +188,59 @@ def test_gpufleet_ci_renders_the_summarys_restart_wording():
     md = render_markdown({"playbook": "rollout", "ok": False, "rc": 2, "hosts": hosts})
     assert "| h1 | failed | killed, not relaunched | 2.50 | - |" in md, md
     assert "| h2 | ok | would | - |" in md and "| h3 | ok | - | - |" in md, md
+
+
+# What OpenSSH prints when a host key changed (the @-banner, then what to do), from a real `ssh` run.
+HOST_KEY_CHANGED = r"""@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@
+@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @
+@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@
+IT IS POSSIBLE THAT SOMEONE IS DOING SOMETHING NASTY!
+Someone could be eavesdropping on you right now (man-in-the-middle attack)!
+It is also possible that a host key has just been changed.
+The fingerprint for the ED25519 key sent by the remote host is
+SHA256:3b0mE7XfRfU4PjT5ZlQn7mJd0VdQ6u2xQw1oHq9r8sY.
+Please contact your system administrator.
+Add correct host key in /root/.ssh/known_hosts to get rid of this message.
+Offending ED25519 key in /root/.ssh/known_hosts:7
+  remove with:
+  ssh-keygen -f '/root/.ssh/known_hosts' -R 'gpu17'
+Host key for gpu17 has changed and you have requested strict checking.
+Host key verification failed."""
+
+
+def test_the_summary_keeps_the_cause_of_a_module_failure_and_of_an_unreachable_host(tmp_path):
+    """sudo with requiretty under pipelining: the module prints no JSON, only sudo's complaint; a changed host key:
+    OpenSSH's message ends with the offending line and its ssh-keygen -R fix. The summary shows both causes."""
+    (tmp_path / "library").mkdir()
+    (tmp_path / "library" / "sudo_says_no.py").write_text(
+        "#!/bin/sh\necho 'sudo: sorry, you must have a tty to run sudo' >&2\nexit 1\n")
+    fake_ssh = tmp_path / "fake_ssh"
+    fake_ssh.write_text("#!/bin/sh\ncat >&2 <<'EOF'\n%s\nEOF\nexit 255\n" % HOST_KEY_CHANGED)
+    fake_ssh.chmod(0o755)
+    (tmp_path / "pb.yml").write_text(
+        "- hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - name: Record a result like the gpu_server role\n"
+        "      ansible.builtin.set_fact:\n        gpufleet_server_result: {restarted: false}\n"
+        "      delegate_to: localhost\n      delegate_facts: false\n"
+        "    - name: A module behind sudo\n      sudo_says_no:\n")
+    (tmp_path / "inv.ini").write_text(
+        "sudohost ansible_connection=local ansible_python_interpreter=%s\n"
+        "gpu17 ansible_connection=ssh ansible_ssh_executable=%s ansible_host=127.0.0.1\n" % (PY, fake_ssh))
+    base = private_collection(tmp_path / "collections")
+    out = tmp_path / "out"
+    env = clean_env(ANSIBLE_COLLECTIONS_PATH=str(base), ANSIBLE_CALLBACKS_ENABLED="gpufleet.serving.rollout_summary",
+                    GPUFLEET_SUMMARY_DIR=str(out), HOME=str(tmp_path), ANSIBLE_LIBRARY=str(tmp_path / "library"))
+    r = run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "inv.ini"), str(tmp_path / "pb.yml")],
+            cwd=tmp_path, env=env, timeout=120)
+    assert r.returncode != 0, r.stdout
+    rows = {h["host"]: h for h in json.loads((out / "rollout-summary.json").read_text())["hosts"]}
+    sudo = rows["sudohost"]["failure"]
+    assert "sudo: sorry, you must have a tty to run sudo" in sudo, rows["sudohost"]
+    unreachable = rows["gpu17"]
+    assert unreachable["status"] == "unreachable", unreachable
+    for part in ("REMOTE HOST IDENTIFICATION HAS CHANGED", "Offending ED25519 key in /root/.ssh/known_hosts:7",
+                 "ssh-keygen -f '/root/.ssh/known_hosts' -R 'gpu17'", "Host key verification failed."):
+        assert part in unreachable["failure"], unreachable["failure"]
+    assert "@@@@" not in unreachable["failure"]
+    table = r.stdout[r.stdout.index("GPUFLEET"):]
+    assert "sudo: sorry, you must have a tty" in table and "ssh-keygen -f" in table, table

@@ -155,7 +155,7 @@ def render_markdown(report: t.Dict[str, t.Any]) -> str:
         lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             h["host"], h["status"], cell,
             f("kill_s"), f("clean_s"), f("launch_s"), f("ready_s"), f("workers_verified"),
-            (h.get("failure") or "").replace("|", "/").replace("\n", " ")[:200]))
+            (h.get("failure") or "").replace("|", "/").replace("\n", " ")))
     if report.get("halted"):
         lines += ["", "**%s**" % str(report["halted"].get("msg", "rollout halted")).strip()]
     return "\n".join(lines) + "\n"
