@@ -23,7 +23,12 @@ options:
     elements: str
     required: true
   env:
-    description: Environment variables for the server (names must match C(^[A-Za-z_][A-Za-z0-9_]*$)).
+    description:
+      - Environment variables for the server (names must match C(^[A-Za-z_][A-Za-z0-9_]*$)).
+      - The values are secret (C(no_log)), so an C(HF_TOKEN) or an API key belongs here. The output shows them
+        masked and returns none of them. A value of 8 characters or more is also masked anywhere else in the output
+        (a log tail the server printed it into); a shorter one is not, because ansible masks by substring and a
+        value like V(1) would mask every number of the result.
     type: dict
     default: {}
   env_passthrough:
@@ -63,6 +68,31 @@ options:
         description: A real request that must succeed, as O(gpufleet.serving.server_ready#module:request). Empty skips it.
         type: dict
         default: {}
+        suboptions:
+          url:
+            description: URL of the request. Required when any other key is set.
+            type: str
+          method:
+            description: HTTP method; C(POST) when unset.
+            type: str
+          body:
+            description: Request body.
+            type: str
+          headers:
+            description:
+              - Request headers.
+              - The values are secret (C(no_log)), as the values of O(gpufleet.serving.server_launch#module:env) are,
+                so an C(Authorization) header may hold a token.
+            type: dict
+          status:
+            description: Status the response must have; C(200) when unset.
+            type: int
+          expect_regex:
+            description: Regular expression the response body must match.
+            type: str
+          timeout:
+            description: Seconds per attempt; C(10) when unset.
+            type: float
       timeout:
         description: Seconds to wait for readiness. Must be greater than 0.
         type: float

@@ -36,12 +36,35 @@ class ServerError(Exception):
 
 # ---------------------------------------------------------------- launch
 
+def request_argspec() -> t.Dict[str, t.Any]:
+    """The readiness request (server_ready's request, wait_ready.request). Its headers are secret (Authorization).
+
+    No defaults here: an option left out stays None, so `compact_request` tells an empty request from a set one;
+    wait_ready applies the documented defaults (POST, status 200, 10 s).
+    """
+    return dict(
+        url=dict(type="str"),
+        method=dict(type="str"),
+        body=dict(type="str"),
+        headers=dict(type="dict", no_log=True),
+        status=dict(type="int"),
+        expect_regex=dict(type="str"),
+        timeout=dict(type="float"),
+    )
+
+
+def compact_request(request: t.Optional[t.Mapping[str, t.Any]]) -> t.Dict[str, t.Any]:
+    """The request's options that were set ({} when none was)."""
+    return {k: v for k, v in (request or {}).items() if v is not None}
+
+
 def launch_argspec(**extra: t.Any) -> t.Dict[str, t.Any]:
     """Options of a launch, shared by server_launch and server_restart (doc fragment gpufleet.serving._launch)."""
     spec: t.Dict[str, t.Any] = dict(
         name=dict(type="str", required=True),
         command=dict(type="list", elements="str", required=True),
-        env=dict(type="dict", default={}),
+        # The values are secret (HF_TOKEN, API keys): masked in every result (_nolog.NoLogModule).
+        env=dict(type="dict", default={}, no_log=True),
         env_passthrough=dict(type="list", elements="str", default=[], no_log=False),
         user=dict(type="str", default="root"),
         workdir=dict(type="path", default="/"),
@@ -49,7 +72,7 @@ def launch_argspec(**extra: t.Any) -> t.Dict[str, t.Any]:
         tag_name=dict(type="str", default="GPUFLEET_SERVICE"),
         wait_ready=dict(type="dict", options=dict(
             health_url=dict(type="str", default=""),
-            request=dict(type="dict", default={}),
+            request=dict(type="dict", default={}, options=request_argspec()),
             timeout=dict(type="float", default=600.0),
             interval=dict(type="float", default=0.25),
             log_tail_lines=dict(type="int", default=40),
@@ -231,6 +254,7 @@ def http(url: str, method: str = "GET", body: t.Optional[str] = None, headers: t
 
 def ready_input_error(health_url: str, request: t.Mapping[str, t.Any], timeout: float, interval: float) -> t.Optional[str]:
     """What is wrong with readiness options, or None."""
+    request = compact_request(request)
     if timeout <= 0:
         return "timeout must be greater than 0 seconds, got %s" % timeout
     if interval <= 0:
@@ -246,6 +270,7 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
                timeout: float, interval: float, log_path: str, tail_lines: int = 40, tail_path: t.Optional[str] = None,
                tail_since: t.Optional[LogStamp] = None) -> t.Dict[str, t.Any]:
     """Poll health (then a real request) until both pass; fail at once if the server dies (tail: failure_tail)."""
+    request = compact_request(request)
     t0 = time.monotonic()
     deadline = t0 + timeout
     last = "not polled yet"

@@ -142,13 +142,11 @@ phase:
 import time
 import typing as t
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod, _proc, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod, _nolog, _proc, _server
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = _nolog.NoLogModule(
         argument_spec=_server.launch_argspec(
             pidfile=dict(type="path", required=True),
             wait_clean=dict(type="dict", options=_gpumod.clean_gate_argspec()),

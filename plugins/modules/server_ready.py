@@ -26,11 +26,34 @@ options:
     default: ""
   request:
     description:
-      - A real request that must succeed, with keys C(url), C(method) (default POST), C(body), C(headers),
-        C(status) (default 200), C(expect_regex), C(timeout) (seconds per attempt, default 10).
-      - Empty skips it.
+      - A real request that must succeed. Empty skips it.
     type: dict
     default: {}
+    suboptions:
+      url:
+        description: URL of the request. Required when any other key is set.
+        type: str
+      method:
+        description: HTTP method; C(POST) when unset.
+        type: str
+      body:
+        description: Request body.
+        type: str
+      headers:
+        description:
+          - Request headers.
+          - The values are secret (C(no_log)), as the values of O(gpufleet.serving.server_launch#module:env) are,
+            so an C(Authorization) header may hold a token.
+        type: dict
+      status:
+        description: Status the response must have; C(200) when unset.
+        type: int
+      expect_regex:
+        description: Regular expression the response body must match.
+        type: str
+      timeout:
+        description: Seconds per attempt; C(10) when unset.
+        type: float
   pidfile:
     description: Pidfile (C(PID START_TIME)) of the server process to watch.
     type: path
@@ -91,16 +114,14 @@ phase:
   type: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.gpufleet.serving.plugins.module_utils import _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _nolog, _server
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = _nolog.NoLogModule(
         argument_spec=dict(
             health_url=dict(type="str", default=""),
-            request=dict(type="dict", default={}),
+            request=dict(type="dict", default={}, options=_server.request_argspec()),
             pidfile=dict(type="path"),
             timeout=dict(type="float", default=600.0),
             interval=dict(type="float", default=0.25),

@@ -292,13 +292,11 @@ phase:
 
 import typing as t
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.gpufleet.serving.plugins.module_utils import _restart
+from ansible_collections.gpufleet.serving.plugins.module_utils import _nolog, _restart
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=_restart.argument_spec(), supports_check_mode=True)
+    module = _nolog.NoLogModule(argument_spec=_restart.argument_spec(), supports_check_mode=True)
     p = module.params
     err = _restart.input_error(p)
     if err:

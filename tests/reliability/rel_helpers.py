@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shlex
 import subprocess
 import sys
@@ -108,6 +109,42 @@ def runner_play(workdir: Path, playbook: str, inventories: t.Sequence[Path], ext
     events = list(r.events)
     stdout = r.stdout.read() if hasattr(r.stdout, "read") else ""
     return RunResult(r.rc, r.status, events, stdout, wall, pdd / "artifacts" / ident)
+
+
+def vault_password_file(workdir: Path) -> Path:
+    """A fresh vault password in a 0600 file (ansible-vault --vault-password-file)."""
+    p = Path(workdir) / "vault-pass"
+    p.write_text(secrets.token_hex(16) + "\n")
+    os.chmod(p, 0o600)
+    return p
+
+
+def vaulted_yaml(data: t.Any, secret_values: t.Mapping[str, str], password_file: Path) -> str:
+    """YAML of `data` in which each string that is a key of `secret_values` becomes an inline `!vault |` value
+    (ansible-vault encrypt_string) of the string it maps to; the plaintext is given to ansible-vault on stdin."""
+    marks = {"@@VAULT%d@@" % i: (k, v) for i, (k, v) in enumerate(secret_values.items())}
+
+    def sub(x: t.Any) -> t.Any:
+        if isinstance(x, dict):
+            return {k: sub(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [sub(v) for v in x]
+        return next((m for m, (k, _v) in marks.items() if x == k), x) if isinstance(x, str) else x
+
+    out = []
+    for line in yaml.safe_dump(sub(data), sort_keys=False, width=1000).splitlines():
+        m = next((m for m in marks if m in line), None)
+        if m is None:
+            out.append(line)
+            continue
+        p = subprocess.run([str(VENV_BIN / "ansible-vault"), "encrypt_string", "--vault-password-file", str(password_file),
+                            "--stdin-name", "x"], input=marks[m][1], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, timeout=60, check=True)
+        body = [ln.strip() for ln in p.stdout.splitlines()[1:] if ln.strip()]
+        indent = len(line) - len(line.lstrip(" -")) + 2
+        out.append(line.replace("'%s'" % m, m).replace(m, "!vault |"))
+        out += [" " * indent + ln for ln in body]
+    return "\n".join(out) + "\n"
 
 
 def summary(run: RunResult) -> t.Dict[str, t.Dict[str, t.Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import socket
 import stat
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import PY, FakeGpus
-from rel_helpers import ROOT, local_play, runner_play
+from rel_helpers import ROOT, local_play, runner_play, vault_password_file, vaulted_yaml
 
 TAG = "relsec"
 
@@ -78,6 +79,12 @@ def _holder(fg: FakeGpus, secret: str) -> subprocess.Popen:
     p = subprocess.Popen([PY, "-c", code], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert p.stdout.readline().strip() == "ready"
     return p
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _grep(root: Path, needle: str) -> t.List[str]:
@@ -289,3 +296,88 @@ def test_sitecustomize_block_never_raises(written):
                            stderr=subprocess.PIPE, text=True, check=False)
         assert (r.returncode, r.stdout.strip()) == (0, "alive"), (name, r.stdout, r.stderr)
         assert "Error in sitecustomize" not in r.stderr and "Traceback" not in r.stderr, (name, r.stderr)
+
+
+MASK = "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"
+TOKEN_MARK, BEARER_MARK = "@token@", "@bearer@"
+
+
+def _modules_play(work: Path, port: int, closed: int) -> t.List[t.Dict[str, t.Any]]:
+    """The three modules that take a server environment or health-request headers, each also in a failing call.
+    TOKEN_MARK and BEARER_MARK become vault-encrypted values (rel_helpers.vaulted_yaml)."""
+    srv = [PY, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    launch = {"name": "relsec-srv", "command": srv, "env": "{{ srv_env }}", "workdir": str(work),
+              "log_path": str(work / "srv.log"), "pidfile": str(work / "srv.pid")}
+    ready = {"request": "{{ req }}", "timeout": 30}
+    return [{"name": "Server secrets probe", "hosts": "all", "gather_facts": False, "vars": {
+        "req": {"url": "http://127.0.0.1:%d/" % port, "method": "GET", "timeout": 2,
+                "headers": {"Authorization": BEARER_MARK, "Accept": "*/*"}},
+        "srv_env": {"HF_TOKEN": TOKEN_MARK, "HF_HUB_OFFLINE": "1", "NCCL_DEBUG": "INFO"}}, "tasks": [
+        {"name": "server_launch with env and a request with headers",
+         "gpufleet.serving.server_launch": dict(launch, wait_ready=ready)},
+        {"name": "server_ready with the request", "gpufleet.serving.server_ready": dict(
+            ready, timeout=10, pidfile=str(work / "srv.pid"), log_path=str(work / "srv.log"))},
+        {"name": "server_ready failing (nothing listens)", "ignore_errors": True, "gpufleet.serving.server_ready": {
+            "request": "{{ req | combine({'url': 'http://127.0.0.1:%d/'}) }}" % closed, "timeout": 0.5, "interval": 0.1}},
+        {"name": "server_restart with env and the request", "gpufleet.serving.server_restart": dict(
+            launch, kill={"grace": 2}, wait_clean={"timeout": 10}, wait_ready=ready,
+            record={"state_file": str(work / "state.json"), "fingerprint": "f1"})},
+        {"name": "server_launch failing (bad variable name, the secret in the env)", "ignore_errors": True,
+         "gpufleet.serving.server_launch": dict(launch, env="{{ srv_env | combine({'BAD NAME': 'x'}) }}",
+                                                pidfile=str(work / "other.pid"))},
+    ]}]
+
+
+@pytest.mark.reliability(
+    section="security", case="Server env values and health-request headers never leave the modules (-vvv, runner)",
+    provoked="server_launch, server_ready and server_restart on localhost with env {HF_TOKEN: hf_<random>, "
+             "HF_HUB_OFFLINE: '1', NCCL_DEBUG: INFO} and a readiness request with Authorization: Bearer sk-<random>, "
+             "both vault-encrypted in the play; a failing server_ready and a failing server_launch too; ansible-runner "
+             "at -vvv with ANSIBLE_LOG_PATH set",
+    outcome="the server gets HF_TOKEN (its /proc/PID/environ); in every job event the invocation shows the env values "
+            "and headers masked, and pids, counts and timings stay numbers (the value '1' masks nothing else); neither "
+            "secret appears in stdout, the ansible log, the job events, the server log or any other file of the run")
+def test_server_modules_keep_env_and_headers_secret(tmp_path, fake_gpus):
+    token, bearer = "hf_" + secrets.token_hex(17), "sk-" + secrets.token_hex(20)
+    pw = vault_password_file(tmp_path)
+    play = vaulted_yaml(_modules_play(tmp_path, _free_port(), _free_port()),
+                        {TOKEN_MARK: token, BEARER_MARK: "Bearer " + bearer}, pw)
+    log = tmp_path / "ansible.log"
+    inv = tmp_path / "hosts"
+    inv.write_text("localhost ansible_connection=local ansible_python_interpreter=%s\n" % PY)
+    try:
+        run = runner_play(tmp_path, play, [inv], cmdline="-vvv --vault-password-file %s" % pw, envvars={
+            "PYTHONPATH": fake_gpus.env["PYTHONPATH"], "FAKE_NVML_CONFIG": fake_gpus.env["FAKE_NVML_CONFIG"],
+            "ANSIBLE_LOG_PATH": str(log)})
+        assert run.rc == 0, run.stdout[-4000:]
+        pid = int((tmp_path / "srv.pid").read_text().split()[0])
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            environ = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    finally:
+        if (tmp_path / "srv.pid").exists():
+            try:
+                os.kill(int((tmp_path / "srv.pid").read_text().split()[0]), 9)
+            except ProcessLookupError:
+                pass
+    assert environ[b"HF_TOKEN"] == token.encode() and environ[b"HF_HUB_OFFLINE"] == b"1"
+    assert "<localhost> EXEC" in run.stdout  # really -vvv
+    names = ("server_launch with env and a request with headers", "server_ready with the request",
+             "server_ready failing (nothing listens)", "server_restart with env and the request",
+             "server_launch failing (bad variable name, the secret in the env)")
+    assert [run.task("localhost", n)["event"] for n in names] == ["runner_on_ok"] * 2 + ["runner_on_failed"] + \
+        ["runner_on_ok"] + ["runner_on_failed"]
+    launch, ready, ready_bad, restart, launch_bad = (run.res("localhost", n) for n in names)
+    for r in (launch, restart, launch_bad):
+        assert set(r["invocation"]["module_args"]["env"].values()) == {MASK}, r["invocation"]
+    for r in (launch, restart):
+        assert set(r["invocation"]["module_args"]["wait_ready"]["request"]["headers"].values()) == {MASK}, r["invocation"]
+    for r in (ready, ready_bad):
+        assert set(r["invocation"]["module_args"]["request"]["headers"].values()) == {MASK}, r["invocation"]
+    assert "not ready after" in ready_bad["msg"] and "BAD NAME" in launch_bad["msg"], (ready_bad, launch_bad)
+    # ansible masks a no_log value wherever it appears, by substring: the value "1" would turn every number into a mask.
+    assert isinstance(launch["pid"], int) and isinstance(launch["launch_s"], float)
+    assert isinstance(restart["pid"], int) and restart["kill"]["signalled"] == 1 and restart["state"]["pid"] == restart["pid"]
+    assert all(isinstance(v, (int, float)) for v in restart["timings"].values()), restart["timings"]
+    for needle in (token, bearer, token[3:19], bearer[3:19]):
+        assert needle not in run.stdout
+        assert _grep(tmp_path, needle) == [], needle

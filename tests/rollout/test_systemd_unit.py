@@ -1,15 +1,18 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The gpu_server role's systemd unit template, rendered by ansible's template module (no systemd is run).
+"""The gpu_server role's systemd unit and environment file templates, rendered by ansible's template module (no
+systemd is run; tests/reliability/test_rel_security_rollout.py runs them under a real systemd).
 
-The unit is checked with `systemd-analyze verify` when that exists, and parsed here with systemd's rules
-(specifiers, quoting, C escapes, $-substitution in ExecStart) to prove that the process would get exactly
-the argv and environment of the inventory.
+The unit is checked with `systemd-analyze verify` when that exists, and both are parsed here with systemd's rules
+(specifiers, quoting, C escapes, $-substitution in ExecStart, EnvironmentFile= parsing) to prove that the process
+would get exactly the argv and environment of the inventory, and that the unit holds none of the server's
+environment values (they are secret; the unit is world-readable).
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import typing as t
@@ -36,13 +39,18 @@ RENDER = """
         src: "{{ role_dir }}/templates/gpufleet-server.service.j2"
         dest: "{{ out }}/{{ _gpufleet_server_unit }}"
         mode: "0644"
+    - name: Render the environment file
+      ansible.builtin.template:
+        src: "{{ role_dir }}/templates/gpufleet-server.env.j2"
+        dest: "{{ out }}/{{ gpufleet_server_name }}.env"
+        mode: "0600"
 """
 
 # Values that need systemd quoting: spaces, quotes, backslashes, %, $ (ExecStart expands $VAR).
 COMMAND = ["/usr/bin/python3", "-m", "sglang.launch_server", "--model-path", "/models/Kimi K2.5", "--tp", "8",
            "--chat-template", 'say "hi" to 100% of $USER and ${HOME} \\n', "--api-key=$$secret", "-"]
 ENV = {"HF_HUB_OFFLINE": "1", "NCCL_DEBUG_FILE": "/var/log/gpufleet/nccl.%h.%p.log", "QUOTED": 'a "b" \\ c $X',
-       "NCCL_PROTO": "Simple"}
+       "NCCL_PROTO": "Simple", "HF_TOKEN": "hf_s3cr3t-value", "API_KEY": " sp$ce `x` ${HOME} 'q' #not-a-comment \\n"}
 NCCL = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_MAX_NCHANNELS": "16"}
 
 
@@ -143,8 +151,33 @@ def parse_unit(text: str) -> t.Dict[str, t.List[t.Tuple[str, str]]]:
     return sections
 
 
+def parse_env_file(text: str) -> t.Dict[str, str]:
+    """systemd's EnvironmentFile= parsing of the lines we emit: NAME="VALUE" with backslash escapes of backslash,
+    double quote, $ and backtick (any other backslash stays), comments, no expansion."""
+    env: t.Dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith(("#", ";")):
+            continue
+        m = re.match(r'^([A-Za-z_][A-Za-z0-9_]*)="(.*)"\s*$', line)
+        assert m, "not a NAME=\"VALUE\" line: %r" % line
+        raw, out, i = m.group(2), [], 0
+        while i < len(raw):
+            c = raw[i]
+            if c == "\\":
+                nxt = raw[i + 1]
+                out.append(nxt if nxt in '"\\`$' else "\\" + nxt)
+                i += 2
+                continue
+            assert c != '"', "unescaped quote in %r" % line
+            out.append(c)
+            i += 1
+        env[m.group(1)] = "".join(out)
+    return env
+
+
 def test_unit_renders_valid_syntax_with_exact_argv_and_environment(tmp_path):
-    unit = parse_unit(render(tmp_path))
+    text = render(tmp_path)
+    unit = parse_unit(text)
     assert list(unit) == ["Unit", "Service", "Install"]
     svc = unit["Service"]
     one = {k: v for k, v in svc if k != "Environment"}
@@ -160,8 +193,18 @@ def test_unit_renders_valid_syntax_with_exact_argv_and_environment(tmp_path):
             for w in words(specifiers(v)):
                 name, value = w.split("=", 1)
                 env[name] = value
-    # the tag, the NCCL tuning as a layer under the server's own env (the inventory wins)
-    assert env == dict(NCCL, **ENV, GPUFLEET_SERVICE="sglang")
+    # The unit (world-readable, and `systemctl show` prints Environment= to every user): the tag and the NCCL
+    # tuning the server's env does not override; none of the server's env.
+    assert env == {"GPUFLEET_SERVICE": "sglang", "NCCL_ALGO": "Ring", "NCCL_MAX_NCHANNELS": "16"}
+    assert one["EnvironmentFile"] == "/etc/gpufleet/sglang.env"
+    for value in ENV.values():
+        if len(value) > 1:
+            assert value not in text, value
+    # systemd reads EnvironmentFile= after Environment= and its values win: the NCCL tuning as a layer under the
+    # server's own env (the inventory wins), the tag set last.
+    file_env = parse_env_file((tmp_path / "sglang.env").read_text())
+    assert file_env == ENV
+    assert dict(env, **file_env) == dict(NCCL, **ENV, GPUFLEET_SERVICE="sglang")
     assert unit["Install"] == [("WantedBy", "multi-user.target")]
 
 
@@ -195,3 +238,50 @@ def test_example_inventory_units_render(tmp_path):
     svc = dict(kv for kv in parse_unit(text)["Service"] if kv[0] != "Environment")
     assert [exec_substitute(w) for w in words(specifiers(svc["ExecStart"]))] == inv["gpufleet_server_command"]
     assert svc["User"] == "serve" and svc["WorkingDirectory"] == "/srv/serve"
+
+
+FILES = """
+- name: Write the systemd files of the gpu_server role
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Write them
+      ansible.builtin.include_role:
+        name: gpufleet.serving.gpu_server
+        tasks_from: systemd_files
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the role writes the files as root:root")
+def test_systemd_files_keep_the_env_root_only_and_out_of_the_output(tmp_path):
+    """The role's tasks that write the unit and its EnvironmentFile= (paths moved under tmp_path), at -vvv with
+    --diff and ANSIBLE_LOG_PATH, twice (the second time with a new secret)."""
+    pb = tmp_path / "files.yml"
+    pb.write_text(FILES)
+    etc = tmp_path / "etc" / "gpufleet"
+    log = tmp_path / "ansible.log"
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(private_collections()), ANSIBLE_LOG_PATH=str(log))
+    tokens = ["hf_" + secrets.token_hex(17), "hf_" + secrets.token_hex(17)]
+    outs = []
+    for i, token in enumerate(tokens):
+        ev = tmp_path / ("vars-%d.json" % i)
+        ev.write_text(json.dumps({
+            "ansible_python_interpreter": PY, "gpufleet_server_name": "sglang", "gpufleet_server_command": COMMAND,
+            "gpufleet_server_env": {"HF_TOKEN": token, "HF_HUB_OFFLINE": "1"}, "gpufleet_nccl_effective_env": NCCL,
+            "_gpufleet_server_env_file": str(etc / "sglang.env"), "_gpufleet_server_unit_path": str(tmp_path / "unit"),
+            "gpufleet_server_log_dir": str(tmp_path / "log")}))
+        os.chmod(ev, 0o600)
+        r = run_playbook(pb, "-vvv", "--diff", "-e", "@%s" % ev, env=env, timeout=120)
+        assert r.returncode == 0, r.stdout[-4000:]
+        assert "changed: [localhost]" in r.stdout
+        outs.append(r.stdout)
+        assert parse_env_file((etc / "sglang.env").read_text()) == {"HF_TOKEN": token, "HF_HUB_OFFLINE": "1"}
+    st = (etc / "sglang.env").stat()
+    assert (st.st_uid, st.st_gid, oct(st.st_mode & 0o777)) == (0, 0, "0o600")
+    assert oct(etc.stat().st_mode & 0o777) == "0o755" and oct((tmp_path / "unit").stat().st_mode & 0o777) == "0o644"
+    unit = (tmp_path / "unit").read_text()
+    assert "EnvironmentFile=%s\n" % (etc / "sglang.env") in unit
+    for token in tokens:
+        assert token not in unit
+        assert not [o for o in outs if token in o or token[3:19] in o]
+        assert token not in log.read_text() and token[3:19] not in log.read_text()

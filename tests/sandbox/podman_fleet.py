@@ -246,8 +246,13 @@ class PodmanFleet(_fleet.Fleet):
         for h in state["host_info"]:
             ctr = self.container(h["name"])
             # Until systemd finished booting (running, or degraded when some unit failed).
-            left = max(1.0, deadline - time.monotonic())
-            p = podman("exec", ctr, "systemctl", "is-system-running", "--wait", check=False, timeout=left)
+            while True:
+                left = max(1.0, deadline - time.monotonic())
+                p = podman("exec", ctr, "systemctl", "is-system-running", "--wait", check=False, timeout=left)
+                # Right after `podman start`, systemd may not have opened its bus yet: ask again.
+                if "Failed to connect to bus" not in p.stderr or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
             if p.stdout.strip() not in ("running", "degraded"):
                 raise FleetError("systemd in %s did not boot: %s %s" % (ctr, p.stdout.strip(), p.stderr.strip()))
             while True:

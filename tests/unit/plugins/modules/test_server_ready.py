@@ -104,3 +104,14 @@ def test_missing_pidfile_says_so(tmp_path, run_module):
     assert r["failed"] is True and r["msg"] == "pidfile %s is missing or unreadable; was the server launched?" % (
         tmp_path / "none.pid")
     assert os.listdir(tmp_path) == []
+
+
+def test_request_headers_are_masked_and_an_unknown_request_key_fails(srv, run_module):
+    r = run_module(server_ready.main, {"request": {"url": srv.url + "/generate", "body": "{}", "expect_regex": "pong",
+                                                   "headers": {"Authorization": "Bearer sk-0123456789abcdef"}},
+                                       "timeout": 5, "interval": 0.05})
+    assert "failed" not in r and r["request_status"] == 200
+    assert r["invocation"]["module_args"]["request"]["headers"] == {"Authorization": "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"}
+    assert "sk-0123456789abcdef" not in str(r)
+    bad = run_module(server_ready.main, {"request": {"url": srv.url + "/generate", "expect_re": "pong"}, "timeout": 5})
+    assert bad["failed"] is True and "expect_re" in bad["msg"], bad
