@@ -50,7 +50,6 @@ def test_servers_inventory_is_sandbox_server_vars_of_the_fleet_python(tmp_path, 
                                        "Suites: bookworm-security\nComponents: main\n"}, "http://mirror.example/debian"),
     ({"sources.list": "# comment\ndeb http://security.example/debian-security bookworm-security main\n"
                       "deb [arch=amd64] http://one.example/debian/ bookworm main\n"}, "http://one.example/debian"),
-    ({"sources.list.d/other.list": "deb https://packages.example/apt stable main\n"}, "http://deb.debian.org/debian"),
 ])
 def test_apt_mirror_is_the_one_apt_uses_for_bookworm(tmp_path, files, mirror):
     for rel, text in files.items():
@@ -58,3 +57,11 @@ def test_apt_mirror_is_the_one_apt_uses_for_bookworm(tmp_path, files, mirror):
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(text)
     assert podman_fleet().apt_mirror(str(tmp_path)) == mirror
+
+
+def test_no_mirror_in_the_apt_sources_is_a_clear_error_not_a_guessed_host(tmp_path):
+    f = tmp_path / "etc" / "apt" / "sources.list.d" / "other.list"
+    f.parent.mkdir(parents=True)
+    f.write_text("deb https://packages.example/apt stable main\n")
+    with pytest.raises(RuntimeError, match=r"no Debian bookworm mirror in .*sources.list.*add a 'bookworm' source"):
+        podman_fleet().apt_mirror(str(tmp_path))

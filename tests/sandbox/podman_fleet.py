@@ -68,7 +68,6 @@ _KEY = hashlib.sha1((SUITE + ":" + PACKAGES).encode()).hexdigest()[:8]
 IMAGE = "localhost/gpufleet-sandbox-systemd:%s-%s" % (SUITE, _KEY)
 CACHE_DIR = ROOT / ".cache" / "podman"
 TARBALL = CACHE_DIR / ("gpufleet-sandbox-systemd-%s-%s.tar" % (SUITE, _KEY))
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # Trimmed from the rootfs: nothing in the tests reads them, and they double the import time.
 TRIM = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "var/cache/apt", "var/lib/apt/lists")
 # Global podman options that make containers run here (see the module docstring).
@@ -120,7 +119,10 @@ def image_exists() -> bool:
 
 
 def apt_mirror(root: str = "/") -> str:
-    """The Debian mirror apt uses for SUITE (deb822 .sources or one-line lists), else deb.debian.org."""
+    """The Debian mirror apt uses for SUITE (deb822 .sources or one-line lists).
+
+    Only the machine's own apt sources name a mirror: no registry host is written into this code. None there is
+    an error that says what to add."""
     etc = os.path.join(root, "etc", "apt")
     files = sorted(glob.glob(etc + "/sources.list.d/*.sources")) + [etc + "/sources.list"] + sorted(
         glob.glob(etc + "/sources.list.d/*.list"))
@@ -142,7 +144,9 @@ def apt_mirror(root: str = "/") -> str:
                 m = re.match(r"^\s*deb\s+(?:\[[^]]*\]\s+)?(\S+)\s+(\S+)", line)
                 if m and m.group(2) == SUITE and "security" not in m.group(1):
                     return m.group(1).rstrip("/")
-    return DEFAULT_MIRROR
+    raise RuntimeError("no Debian %s mirror in %s/sources.list or %s/sources.list.d/ (deb822 .sources or one-line .list): "
+                       "the systemd hosts' image is debootstrapped from the mirror apt uses; add a '%s' source"
+                       % (SUITE, etc, etc, SUITE))
 
 
 def ensure_image(rebuild: bool = False) -> str:
