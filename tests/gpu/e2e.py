@@ -7,8 +7,9 @@
 With one GPU, two workers share GPU 0 (a size-1 NCCL communicator each). With N > 1 GPUs (default: every GPU
 nvidia-smi lists), one worker a GPU in ONE communicator (world size N, NCCL all_reduce across GPUs), and the
 run also records what `gpu_info` says about NVLink/topology and which profile `auto` resolves to there.
-NCCL_NVLS_ENABLE=0 (NVLink multicast off) is in every environment this run starts: the stale server's, the
-server's, and the sitecustomize block.
+NVLink multicast is off in every environment this run starts (the stale server's and the server's carry
+NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1, checked in every worker; the
+sitecustomize block carries NCCL_NVLS_ENABLE=0 for any other Python process).
 
 Needs: an NVIDIA GPU, torch with NCCL, nvidia-ml-py, ansible-core importable by this python3.
 Steps (each recorded in DIR/e2e.json, the playbook outputs in DIR/*.log):
@@ -39,8 +40,10 @@ PY = sys.executable
 PORT = 30000
 TUNED = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
          "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
-# Always set, by the block too: NVLink multicast can take a shared host's GPUs out of service.
-SAFE = {"NCCL_NVLS_ENABLE": "0"}
+# Always set: NVLink multicast can take a shared host's GPUs out of service. All three in every environment this
+# run starts; the NCCL one in the sitecustomize block too (the layers write NCCL names only).
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+SAFE = {k: v for k, v in MULTICAST_OFF.items() if k.startswith("NCCL_")}
 EXPECTED = dict(TUNED, **SAFE)
 AUTO_PLAY = """
 - name: What the auto profile resolves to here, and what gpu_info reports
@@ -138,6 +141,32 @@ def nccl_lines(log_path, pids):
     return got
 
 
+def group_vars(server_cmd: list, ngpu: int) -> dict:
+    """The inventory's gpufleet_servers variables (tests/gpu/test_harness.py checks the multicast-off variables)."""
+    server_env = dict(MULTICAST_OFF, GPUFLEET_TEST_GPUS=str(ngpu))
+    gv = {
+        "gpufleet_nccl_profile": "pcie_only",
+        "gpufleet_nccl_env": SAFE,
+        "gpufleet_nccl_layers": ["sitecustomize"],
+        "gpufleet_server_name": "gpu-e2e",
+        "gpufleet_server_command": server_cmd,
+        # NCCL's own file per process: stdout to a file is block-buffered, so lines there show up late.
+        "gpufleet_server_env": dict(server_env, NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,ENV",
+                                    NCCL_DEBUG_FILE="/var/log/gpufleet/nccl.%h.%p.log"),
+        "gpufleet_server_health_url": "http://127.0.0.1:%d/health" % PORT,
+        "gpufleet_server_health_request": {"url": "http://127.0.0.1:%d/generate" % PORT, "method": "POST",
+                                           "body": "{}", "timeout": 60, "expect_regex": "pong"},
+        "gpufleet_server_adopt_cmdline_regex": r"real_server\.py",
+        "gpufleet_server_start_timeout": 300,
+        "gpufleet_server_kill_grace": 10,
+        "gpufleet_server_clean_timeout": 30,
+        "gpufleet_server_nccl_log": "/var/log/gpufleet/nccl.*.log",
+        # The workers must carry the two that are not NCCL's (the NCCL one is checked with the tuning).
+        "gpufleet_server_expected_env": {k: v for k, v in MULTICAST_OFF.items() if k not in SAFE},
+    }
+    return gv
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -147,7 +176,7 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=0, help="GPUs to use (default: every GPU nvidia-smi lists)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    os.environ.update(SAFE)
+    os.environ.update(MULTICAST_OFF)
     ngpu = a.gpus or len([ln for ln in sh(["nvidia-smi", "-L"]).stdout.splitlines() if ln.startswith("GPU ")])
     multi = ngpu > 1
     workers = ngpu if multi else a.workers
@@ -175,32 +204,15 @@ def main() -> int:
             "ansible_connection": "local", "ansible_python_interpreter": PY}}}}, f)
     server_cmd = [PY, srv_dir + "/real_server.py", "--port", str(PORT), "--workers", str(workers), "--gib", str(a.gib)]
     server_cmd += ["--one-communicator"] if multi else []
-    server_env = dict(SAFE, GPUFLEET_TEST_GPUS=str(ngpu))
-    gv = {
-        "gpufleet_nccl_profile": "pcie_only",
-        "gpufleet_nccl_env": SAFE,
-        "gpufleet_nccl_layers": ["sitecustomize"],
-        "gpufleet_server_name": "gpu-e2e",
-        "gpufleet_server_command": server_cmd,
-        # NCCL's own file per process: stdout to a file is block-buffered, so lines there show up late.
-        "gpufleet_server_env": dict(server_env, NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,ENV",
-                                    NCCL_DEBUG_FILE="/var/log/gpufleet/nccl.%h.%p.log"),
-        "gpufleet_server_health_url": "http://127.0.0.1:%d/health" % PORT,
-        "gpufleet_server_health_request": {"url": "http://127.0.0.1:%d/generate" % PORT, "method": "POST",
-                                           "body": "{}", "timeout": 60, "expect_regex": "pong"},
-        "gpufleet_server_adopt_cmdline_regex": r"real_server\.py",
-        "gpufleet_server_start_timeout": 300,
-        "gpufleet_server_kill_grace": 10,
-        "gpufleet_server_clean_timeout": 30,
-        "gpufleet_server_nccl_log": "/var/log/gpufleet/nccl.*.log",
-    }
+    gv = group_vars(server_cmd, ngpu)
     with open(os.path.join(inv_dir, "group_vars", "gpufleet_servers.json"), "w") as f:
         json.dump(gv, f, indent=1)
 
     # 2. the seed's situation: a server started by hand, untuned, untagged.
     t0 = time.monotonic()
     stale = subprocess.Popen(server_cmd, stdout=open(os.path.join(a.out, "stale-server.log"), "w"),
-                             stderr=subprocess.STDOUT, start_new_session=True, cwd="/", env=dict(os.environ, **server_env))
+                             stderr=subprocess.STDOUT, start_new_session=True, cwd="/",
+                             env=dict(os.environ, **MULTICAST_OFF, GPUFLEET_TEST_GPUS=str(ngpu)))
     while not health() and time.monotonic() - t0 < 240:
         time.sleep(0.5)
     ev["stale_server"] = {"pid": stale.pid, "ready_s": round(time.monotonic() - t0, 2), "healthy": health(),

@@ -14,7 +14,8 @@ python3 scripts/install-collection collections >/dev/null || exit 1
 python3 -c 'import ansible, pynvml, torch; print("ansible", ansible.__version__, "torch", torch.__version__, "nccl", torch.cuda.nccl.version())'
 ls -la /usr/lib/python3*/sitecustomize.py /etc/python3*/sitecustomize.py 2>&1
 rc=0
-export NCCL_NVLS_ENABLE=0  # NVLink multicast off in everything started here
+# NVLink multicast off in everything started here (the device's KINDS.md: all three).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 tests/gpu/e2e.py --out /tmp/e2e "$@" 2>&1 | tee "$OUT/e2e.txt" || rc=1
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 # At most 8 files come back: e2e.txt, e2e.json, e2e.tgz (all of /tmp/e2e + server and NCCL logs), the benchmarks.

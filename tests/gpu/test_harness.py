@@ -1,0 +1,43 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The real-GPU harness keeps NVLink multicast off in everything it starts (the device's rule: all three variables),
+checked here on any machine, without a GPU."""
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_device_script_exports_all_three_before_anything_starts():
+    text = (HERE / "run_on_device.sh").read_text()
+    export = re.search(r"^export (NCCL_NVLS_ENABLE=.*)$", text, re.M)
+    assert export, "run_on_device.sh does not export the multicast-off variables"
+    assert dict(kv.split("=", 1) for kv in export.group(1).split()) == MULTICAST_OFF
+    assert text.index(export.group(0)) < text.index("tests/gpu/e2e.py")
+
+
+def test_the_server_the_e2e_launches_carries_them_and_its_workers_are_checked_for_them():
+    e2e = _load(HERE / "e2e.py")
+    assert e2e.MULTICAST_OFF == MULTICAST_OFF
+    gv = e2e.group_vars(["python3", "real_server.py"], 2)
+    env = gv["gpufleet_server_env"]
+    assert {k: env.get(k) for k in MULTICAST_OFF} == MULTICAST_OFF
+    # The workers are verified: the non-NCCL two as expected env, the NCCL one through the tuning's block.
+    assert gv["gpufleet_server_expected_env"] == {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    assert gv["gpufleet_nccl_env"] == {"NCCL_NVLS_ENABLE": "0"}
+
+
+def test_the_allreduce_benchmark_starts_every_rank_with_them():
+    bench = _load(ROOT / "bench" / "allreduce_bw.py")
+    assert bench.ALWAYS == MULTICAST_OFF
