@@ -42,8 +42,11 @@ def test_fast_check_asks_the_server_check_what_the_roles_check_asks():
     """The rollout's one-call check (gpu_server tasks/up_to_date.yml) ends a host only when the roles' own check
     (tasks/check.yml) would say no restart: it must pass the same server_state arguments with the same values."""
     tasks = Path(__file__).resolve().parents[2] / "roles" / "gpu_server" / "tasks"
-    full = yaml.safe_load((tasks / "check.yml").read_text())[0]["gpufleet.serving.server_state"]
-    fast = yaml.safe_load((tasks / "up_to_date.yml").read_text())[0]["gpufleet.serving.server_state"]
+    def state_call(name: str) -> dict:  # the file's first server_state task
+        return next(t["gpufleet.serving.server_state"] for t in yaml.safe_load((tasks / name).read_text())
+                    if "gpufleet.serving.server_state" in t)
+
+    full, fast = state_call("check.yml"), state_call("up_to_date.yml")
     # What only the roles' check needs: it takes the lock for the restart to come (owner, ttl, keep_lock, lock_wait);
     # the fast check only looks at the lock.
     full_only = {"owner", "lock_ttl", "keep_lock", "lock_wait"}
