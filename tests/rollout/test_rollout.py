@@ -253,6 +253,8 @@ def test_a_failed_canary_stops_the_rollout_and_leaves_the_other_hosts_untouched(
         assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"]
         assert after.holders(h) == before.holders(h)
     assert after.tagged("host1") == [] and after.holders("host1") == set()
+    # The canary's record keeps the previous fingerprint: it changes only after a verified launch.
+    assert after["host1"]["files"]["state"] == before["host1"]["files"]["state"]
     rf.state = "host1-down"
 
 

@@ -68,3 +68,21 @@ def test_a_tag_run_on_a_drifted_host_records_what_a_plain_rollout_records(rolled
     for h in ALL:
         assert final.state(h)["fingerprint"] == after.state(h)["fingerprint"], h
     rf.state = "host1-drift"
+
+
+def test_the_auto_profile_without_the_tuning_role_is_refused_before_the_lock_and_the_kill(rolled_out):
+    """profile auto resolves on the host (gpu_info, in the nccl_tuning role): a selection that leaves the role out
+    cannot know the NCCL variables the fingerprint needs, so the check refuses instead of recording a wrong one."""
+    rf = rolled_out("clean")
+    before = rf.snapshot()
+
+    run = rf.playbook("rollout", "--tags", "gpufleet_server", vars_override={"gpufleet_nccl_profile": "auto"})
+
+    assert run.rc == 2, run.tail()
+    for h in ALL:
+        assert "this run does not know its NCCL variables" in run.summary[h]["failure"], run.summary[h]
+    after = rf.snapshot()
+    for h in ALL:
+        assert after.identities(h) == before.identities(h)
+        assert after[h]["files"] == before[h]["files"]  # state, pidfile, and no lock
+    rf.state = "clean"
