@@ -26,17 +26,20 @@ FAIL_HOST = "Fail the host"  # the role's rescue, re-raising a failure of its lo
 
 # id -> (variables, task that must fail, text the message must contain)
 CASES: t.Dict[str, t.Tuple[t.Dict[str, t.Any], str, str]] = {
-    "command-empty-list": ({"gpufleet_server_command": []}, ASSERT_DEF, "command must be a non-empty argv list"),
-    "command-empty-executable": ({"gpufleet_server_command": [""]}, ASSERT_DEF, "command must be a non-empty argv list"),
-    "start-timeout-zero": ({"gpufleet_server_start_timeout": 0}, ASSERT_DEF, "start/clean timeouts must be > 0"),
-    "start-timeout-negative": ({"gpufleet_server_start_timeout": -5}, ASSERT_DEF, "start/clean timeouts must be > 0"),
-    "clean-timeout-zero": ({"gpufleet_server_clean_timeout": 0}, ASSERT_DEF, "start/clean timeouts must be > 0"),
-    "kill-grace-negative": ({"gpufleet_server_kill_grace": -1}, ASSERT_DEF, "kill grace >= 0"),
-    # The argument spec turns a list into its text for a str option; the name rule then refuses it.
-    "name-list-for-string": ({"gpufleet_server_name": ["a", "b"]}, ASSERT_DEF, "name must match ^[A-Za-z0-9_.-]+$ (got ['a', 'b'])"),
+    "command-empty-list": ({"gpufleet_server_command": []}, ASSERT_DEF,
+                                 "gpufleet_server_command must not be empty and its first element must be the executable"),
+    "command-empty-executable": ({"gpufleet_server_command": [""]}, ASSERT_DEF,
+                                 "gpufleet_server_command must not be empty and its first element must be the executable"),
+    "start-timeout-zero": ({"gpufleet_server_start_timeout": 0}, ASSERT_DEF, "gpufleet_server_start_timeout must be > 0."),
+    "start-timeout-negative": ({"gpufleet_server_start_timeout": -5}, ASSERT_DEF, "gpufleet_server_start_timeout must be > 0."),
+    "clean-timeout-zero": ({"gpufleet_server_clean_timeout": 0}, ASSERT_DEF, "gpufleet_server_clean_timeout must be > 0."),
+    "kill-grace-negative": ({"gpufleet_server_kill_grace": -1}, ASSERT_DEF, "gpufleet_server_kill_grace must be >= 0."),
+    # The argument spec turns a list into its text for a str option; the name rule then refuses it, saying the type.
+    "name-list-for-string": ({"gpufleet_server_name": ["a", "b"]}, ASSERT_DEF,
+                             'gpufleet_server_name must be a string of letters, digits, "_", "." and "-" (got list ["a", "b"])'),
     "timeout-string-for-number": ({"gpufleet_server_start_timeout": "soon"}, ARGSPEC, "gpufleet_server_start_timeout"),
     "gpus-string-for-list-of-int": ({"gpufleet_server_gpus": "zero"}, ARGSPEC, "gpufleet_server_gpus"),
-    "name-trailing-newline": ({"gpufleet_server_name": NAME + "\n"}, ASSERT_DEF, "name must match"),
+    "name-trailing-newline": ({"gpufleet_server_name": NAME + "\n"}, ASSERT_DEF, "gpufleet_server_name must be a string of"),
     "env-name-space": ({"gpufleet_server_env": {"BAD NAME": "1"}}, ASSERT_ENV, 'invalid variable name(s) "BAD NAME"'),
     "env-name-equals": ({"gpufleet_server_env": {"A=B": "1"}}, ASSERT_ENV, 'invalid variable name(s) "A=B"'),
     "env-name-quote": ({"gpufleet_server_env": {'Q"X': "1"}}, ASSERT_ENV, "invalid variable name(s) "),
@@ -124,6 +127,8 @@ def _check(outcome, ids):
         assert r["failed"] is True, "%s was accepted:\n%s" % (cid, res["_stdout"][-3000:])
         assert r["task"] == task, (cid, r)
         assert text in r["msg"], (cid, r["msg"])
+        if task == ASSERT_DEF:  # one message per broken rule: nothing about the rules that hold
+            assert r["msg"].count("; ") == 0 and r["msg"].count("gpufleet_server_") == 1, (cid, r["msg"])
     assert outcome["after"] == outcome["before"], "the host changed"
 
 
@@ -149,7 +154,8 @@ def test_wrong_types_fail_argument_validation(outcome):
 @pytest.mark.reliability(
     section="input", case="Empty command",
     provoked="gpufleet_server_command: [] and [\"\"]",
-    outcome="preflight fails: 'command must be a non-empty argv list'; nothing changed on the host")
+    outcome="preflight fails: 'gpufleet_server_command must not be empty and its first element must be the "
+            "executable' (that rule alone); nothing changed on the host")
 def test_empty_command_is_refused(outcome):
     _check(outcome, ["command-empty-list", "command-empty-executable"])
 
@@ -157,7 +163,8 @@ def test_empty_command_is_refused(outcome):
 @pytest.mark.reliability(
     section="input", case="Negative or zero timeouts",
     provoked="gpufleet_server_start_timeout 0 and -5, gpufleet_server_clean_timeout 0, gpufleet_server_kill_grace -1",
-    outcome="preflight fails naming the timeout rule; nothing changed on the host (module-level: gpu_wait/server_ready "
+    outcome="preflight fails naming only the broken rule ('gpufleet_server_start_timeout must be > 0.', "
+            "'gpufleet_server_kill_grace must be >= 0.'); nothing changed on the host (module-level: gpu_wait/server_ready "
             "refuse timeout <= 0 too, see test_rel_gpu_hosts.py)")
 def test_negative_or_zero_timeouts_are_refused(outcome):
     _check(outcome, ["start-timeout-zero", "start-timeout-negative", "clean-timeout-zero", "kill-grace-negative"])
