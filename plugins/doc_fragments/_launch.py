@@ -45,13 +45,26 @@ options:
     type: path
     default: /
   log_path:
-    description: File the server's stdout and stderr are appended to.
+    description:
+      - File the server's stdout and stderr are appended to.
+      - A log file this module creates is mode 0644 (owned by O(user)), and a missing directory on its path 0755,
+        whatever the umask of the connection. An existing file or directory keeps its mode.
     type: path
     required: true
   tag_name:
     description: Name of the launch tag variable.
     type: str
     default: GPUFLEET_SERVICE
+  umask:
+    version_added: 0.2.0
+    description:
+      - The server's umask, in octal (V(0022) or V(022)), set in the server process before it runs O(command);
+        its workers inherit it.
+      - The server never inherits the umask of whoever ran the rollout (C(umask 077) in root's shell would make
+        every file the server and its workers create private), so one definition gives the same file modes
+        wherever it is launched from. V(0022) is what a systemd service gets.
+    type: str
+    default: "0022"
   wait_ready:
     version_added: 0.2.0
     description:

@@ -247,6 +247,55 @@ def install(module: t.Any, real_path: str, tmp: str, existed: bool, backup: bool
     return backup_file
 
 
+def _mode(m: int) -> str:
+    return "%04o" % stat.S_IMODE(m)
+
+
+def access_fixes(real_path: str, links: t.Sequence[str] = ()) -> t.List[t.Dict[str, str]]:
+    """What keeps other users from reading the file: the file without read for group and others, its directory
+    (or a followed symlink's) without search for them. Each: path, kind, mode_before, mode_after, reason.
+
+    The file exists to reach every process on the host (a server run as an unprivileged user reads it as that
+    user), and root reads it whatever its mode, so a check run as root alone never notices. Only the directories
+    holding the file and its links are looked at: one above them that others cannot search locks them out of the
+    interpreter itself, and is not this file's to change.
+    """
+    out: t.List[t.Dict[str, str]] = []
+    seen: t.Set[str] = set()
+    for d in [os.path.dirname(real_path)] + [os.path.dirname(os.path.abspath(ln)) for ln in links]:
+        d = os.path.realpath(d)
+        if d in seen:
+            continue
+        seen.add(d)
+        try:
+            m = os.stat(d).st_mode
+        except FileNotFoundError:
+            continue
+        if m & 0o111 != 0o111:
+            out.append(dict(path=d, kind="directory", mode_before=_mode(m), mode_after=_mode(m | 0o111),
+                            reason="directory %s is not searchable by every user (mode %s)" % (d, _mode(m))))
+    try:
+        m = os.stat(real_path).st_mode
+    except FileNotFoundError:
+        return out  # created 0644 (install)
+    if m & 0o444 != 0o444:
+        out.append(dict(path=real_path, kind="file", mode_before=_mode(m), mode_after=_mode(m | 0o444),
+                        reason="%s is not readable by every user (mode %s)" % (real_path, _mode(m))))
+    return out
+
+
+def apply_access_fixes(fixes: t.Sequence[t.Mapping[str, str]]) -> None:
+    """Add read (file) and search (directory) for every user; nothing else of the mode changes."""
+    for f in fixes:
+        os.chmod(f["path"], stat.S_IMODE(os.stat(f["path"]).st_mode) | (0o444 if f["kind"] == "file" else 0o111))
+
+
+def access_diff(fixes: t.Sequence[t.Mapping[str, str]]) -> t.List[t.Dict[str, str]]:
+    """Diff entries for mode changes, one per path, as the file module shows them."""
+    return [{"before_header": "%s (mode)" % f["path"], "after_header": "%s (mode)" % f["path"],
+             "before": "mode: %s\n" % f["mode_before"], "after": "mode: %s\n" % f["mode_after"]} for f in fixes]
+
+
 def remove(module: t.Any, real_path: str, backup: bool) -> t.Optional[str]:
     backup_file = module.backup_local(real_path) if backup else None
     os.unlink(real_path)

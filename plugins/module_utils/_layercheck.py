@@ -56,6 +56,9 @@ def up_to_date(module: t.Any, layers: t.Mapping[str, t.Any]) -> t.Dict[str, t.An
             continue
         ok = not res["changed"] and not res.get("not_effective")
         out[key] = {"up_to_date": ok, "files": [f.get("path") for f in res.get("files", [])] or [res.get("path")]}
+        if res.get("access_fixes"):
+            # Root reads the file whatever its mode; a server run as another user would not (the roles fix it).
+            out[key]["access"] = [f["reason"] for f in res["access_fixes"]]
         if not ok:
             out["up_to_date"] = False
     return out

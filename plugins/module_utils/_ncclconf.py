@@ -95,6 +95,9 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
         old_block = _envblock.block_lines(_envblock.split_lines(current or ""), name, real)
         body = render_body(env) if present else None
         desired = _envblock.replace_block(current, name, body, HEADER, real)
+        # A file NCCL in the server's processes cannot read is a file without the block; nothing to keep readable
+        # once the block is removed.
+        fixes = _envblock.access_fixes(real, links) if present and desired is not None else []
     except _envblock.BlockError as e:
         module.fail_json(msg=str(e), path=path)
     except (OSError, ValueError) as e:
@@ -115,13 +118,16 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
         if still:
             module.warn("%s still sets %s outside the block" % (real, ", ".join(still)))
 
-    changed = desired != current
+    content_changed = desired != current
+    changed = content_changed or bool(fixes)
     result: t.Dict[str, t.Any] = dict(changed=changed, path=path, real_path=real, symlinks=links,
-                                      created=changed and current is None, removed=changed and desired is None,
-                                      backup_file=None, effective_conf=eff)
+                                      created=content_changed and current is None,
+                                      removed=content_changed and desired is None,
+                                      backup_file=None, effective_conf=eff, access_fixes=fixes)
     if changed and module._diff:
-        result["diff"] = _envblock.diff_entry(real, current, desired)
-    if changed and not module.check_mode:
+        diffs = ([_envblock.diff_entry(real, current, desired)] if content_changed else []) + _envblock.access_diff(fixes)
+        result["diff"] = diffs if len(diffs) > 1 else diffs[0]
+    if content_changed and not module.check_mode:
         try:
             if desired is None:
                 result["backup_file"] = _envblock.remove(module, real, p["backup"])
@@ -135,6 +141,13 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
         except OSError as e:
             hint = "; run as root (become: true)" if isinstance(e, PermissionError) else ""
             module.fail_json(msg="cannot write %s: %s%s" % (real, e.strerror or e, hint), path=real)
+    if fixes and not module.check_mode:
+        try:
+            _envblock.apply_access_fixes(fixes)
+        except OSError as e:
+            hint = "; run as root (become: true)" if isinstance(e, PermissionError) else ""
+            module.fail_json(msg="cannot make %s readable by every user: %s%s" % (real, e.strerror or e, hint),
+                             path=real)
     if not module.check_mode:
         written = parse_conf(_envblock.read_text(real) or "")
         got = {k: written[k][0] if k in written else None for k in keys}

@@ -85,6 +85,7 @@ def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     try:
         _server.validate_env(p["env"])
         _server.validate_env({p["tag_name"]: p["name"]}, field="tag_name")
+        _server.parse_umask(p["umask"])
     except _server.ServerError as e:
         return str(e)
     err = _killmod.kill_input_error(p["kill"])
@@ -171,7 +172,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
     t_launch = time.monotonic()
     try:
         proc = _server.start(p["name"], p["command"], _server.validate_env(p["env"]), p["env_passthrough"], p["user"],
-                             p["workdir"], p["log_path"], p["pidfile"], p["tag_name"])
+                             p["workdir"], p["log_path"], p["pidfile"], p["tag_name"], p["umask"])
     except _server.ServerError as e:
         raise Failed("launch of %s failed: %s" % (p["name"], e))
     result.update(changed=True, pid=proc.pid, start_time=proc.start_time)

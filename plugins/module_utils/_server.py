@@ -70,6 +70,7 @@ def launch_argspec(**extra: t.Any) -> t.Dict[str, t.Any]:
         workdir=dict(type="path", default="/"),
         log_path=dict(type="path", required=True),
         tag_name=dict(type="str", default="GPUFLEET_SERVICE"),
+        umask=dict(type="str", default="0022"),
         wait_ready=dict(type="dict", options=dict(
             health_url=dict(type="str", default=""),
             request=dict(type="dict", default={}, options=request_argspec()),
@@ -95,6 +96,32 @@ def validate_env(env: t.Mapping[str, t.Any], field: str = "env") -> t.Dict[str, 
             raise ServerError("%s: value of %s contains a NUL byte" % (field, k))
         out[k] = s
     return out
+
+
+_UMASK = re.compile(r"^0?[0-7]{3}$")
+
+
+def parse_umask(value: str) -> int:
+    """The server's umask from its octal spelling ("0022" or "022")."""
+    if not isinstance(value, str) or not _UMASK.match(value):
+        raise ServerError("umask must be an octal mode such as 0022 (three or four digits 0-7), got %r" % (value,))
+    return int(value, 8)
+
+
+def ensure_dir(path: str, mode: int = 0o755) -> None:
+    """Create `path` and any missing parent with exactly `mode`, whatever the umask of the connection (umask 077
+    in the operator's shell made them 0700). Directories that already exist are left as they are."""
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    if parent != path:
+        ensure_dir(parent, mode)
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        return  # made meanwhile by a concurrent run (or not a directory: the caller's open reports it)
+    os.chmod(path, mode)
 
 
 def launch_problems(executable: str, user: str, workdir: str) -> t.List[str]:
@@ -133,8 +160,7 @@ def base_env(user: str, passthrough: t.Sequence[str] = ()) -> t.Dict[str, str]:
 
 
 def write_pidfile(path: str, p: _proc.Proc) -> None:
-    d = os.path.dirname(path)
-    os.makedirs(d, mode=0o755, exist_ok=True)
+    ensure_dir(os.path.dirname(path))
     tmp = "%s.%d.tmp" % (path, os.getpid())
     with open(tmp, "w") as f:
         f.write("%d %d\n" % (p.pid, p.start_time))
@@ -142,9 +168,21 @@ def write_pidfile(path: str, p: _proc.Proc) -> None:
     os.rename(tmp, path)
 
 
+def open_log(log_path: str) -> int:
+    """The launch log, opened for appending; one gpufleet creates is 0644, whatever the umask of the connection."""
+    ensure_dir(os.path.dirname(log_path) or ".")
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+    except FileExistsError:
+        return os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    os.fchmod(fd, 0o644)
+    return fd
+
+
 def launch(argv: t.Sequence[str], env: t.Mapping[str, str], user: str, workdir: str, log_path: str,
-           pidfile: str) -> _proc.Proc:
-    """Start argv in a new session (setsid) as `user`, output appended to log_path; write 'PID START' pidfile."""
+           pidfile: str, umask: int = 0o022) -> _proc.Proc:
+    """Start argv in a new session (setsid) as `user` with `umask`, output appended to log_path; write 'PID START'
+    pidfile."""
     if not argv:
         raise ServerError("command must not be empty")
     try:
@@ -153,13 +191,15 @@ def launch(argv: t.Sequence[str], env: t.Mapping[str, str], user: str, workdir: 
         raise ServerError("user %r does not exist on this host" % user)
     if not os.path.isdir(workdir):
         raise ServerError("workdir %s does not exist" % workdir)
-    os.makedirs(os.path.dirname(log_path) or ".", mode=0o755, exist_ok=True)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    log_fd = open_log(log_path)
     if os.geteuid() == 0:
         os.fchown(log_fd, pw.pw_uid, pw.pw_gid)
     as_other = os.geteuid() == 0 and pw.pw_uid != 0
 
     def demote() -> None:  # runs in the child between fork and exec
+        # The server's own, not the operator's: the module inherits the umask of whoever ran the rollout (077 in
+        # root's shell), and the same definition must give the same file modes wherever it is launched from.
+        os.umask(umask)
         if as_other:
             os.setgroups([g.gr_gid for g in grp.getgrall() if pw.pw_name in g.gr_mem] + [pw.pw_gid])
             os.setgid(pw.pw_gid)
@@ -336,13 +376,13 @@ def record_state(state_file: str, name: str, fingerprint: str, pidfile: str, tim
 
 
 def start(name: str, command: t.Sequence[str], env: t.Mapping[str, str], passthrough: t.Sequence[str], user: str,
-          workdir: str, log_path: str, pidfile: str, tag_name: str) -> _proc.Proc:
+          workdir: str, log_path: str, pidfile: str, tag_name: str, umask: str = "0022") -> _proc.Proc:
     """Launch with the clean base environment, then `env`, then the launch tag (which every worker inherits)."""
     full = base_env(user, passthrough)
     full.update(env)
     full[tag_name] = name
     try:
-        return launch(command, full, user, workdir, log_path, pidfile)
+        return launch(command, full, user, workdir, log_path, pidfile, parse_umask(umask))
     except KeyError as e:
         raise ServerError(str(e))
 
@@ -358,7 +398,7 @@ def read_state(path: str) -> t.Dict[str, t.Any]:
 
 
 def write_json_atomic(path: str, data: t.Mapping[str, t.Any], mode: int = 0o644) -> None:
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    ensure_dir(os.path.dirname(path))
     tmp = "%s.%d.tmp" % (path, os.getpid())
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
@@ -383,7 +423,7 @@ def acquire_lock(path: str, owner: str, ttl: float, wait: float, poll: float = 0
     (same run) succeeds, another owner waits up to `wait` s, then fails naming the holder.
     """
     deadline = time.monotonic() + wait
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    ensure_dir(os.path.dirname(path))
     broke = None
     while True:
         now = time.time()
@@ -411,6 +451,14 @@ def acquire_lock(path: str, owner: str, ttl: float, wait: float, poll: float = 0
                               % (cur.get("owner"), time.strftime("%H:%M:%S", time.localtime(float(cur.get("expires", 0))))),
                               holder=cur.get("owner"))
         time.sleep(poll)
+
+
+def lock_holder(path: str) -> t.Optional[str]:
+    """Owner of a lock that is held and not past its expiry, without touching it (None: free, stale or corrupt)."""
+    cur = read_state(path)
+    if not cur or cur.get("corrupt") or float(cur.get("expires", 0)) < time.time():
+        return None
+    return str(cur.get("owner"))
 
 
 def mark_lock(path: str, owner: str, identity: t.Tuple[int, int]) -> bool:

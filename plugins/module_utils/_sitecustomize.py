@@ -270,7 +270,8 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
         if not interps:
             module.fail_json(msg="No interpreters given and no python3 found under %s" % ", ".join(DEFAULT_GLOBS))
 
-    result: t.Dict[str, t.Any] = dict(changed=False, interpreters=[], files=[], effective_env={}, shadowed=[])
+    result: t.Dict[str, t.Any] = dict(changed=False, interpreters=[], files=[], effective_env={}, shadowed=[],
+                                      access_fixes=[])
     try:
         infos = [probe(i, probe_env, sorted(env) if p["state"] == "present" else ()) for i in interps]
     except SiteError as e:
@@ -311,23 +312,32 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
             desired = new_text(current, name, env if present else None, p["mode"], real)
             if desired is not None and desired != current:
                 compile(_envblock.encode(desired), real, "exec", dont_inherit=True)
+            # A server run as another user imports no sitecustomize it cannot read (site.py skips it silently).
+            fixes = _envblock.access_fixes(real, links) if present and desired is not None else []
         except _envblock.BlockError as e:
             module.fail_json(msg=str(e), path=target)
         except SyntaxError as e:
             module.fail_json(msg="%s would not compile after the change (%s); nothing was changed" % (real, e), path=real)
         except (OSError, ValueError) as e:
             module.fail_json(msg="cannot read %s: %s" % (target, e), path=target)
-        changed = desired != current
+        content_changed = desired != current
+        changed = content_changed or bool(fixes)
         keys = sorted(env) if present else sorted(set(parse_body(old_block)) | set(env))
-        plans.append((target, real, links, members, current, desired, changed, keys))
-        if changed and module._diff:
+        plans.append((target, real, links, members, current, desired, content_changed, fixes, keys))
+        if content_changed and module._diff:
             diffs.append(_envblock.diff_entry(real, current, desired))
+        if module._diff:
+            diffs.extend(_envblock.access_diff(fixes))
 
-    for target, real, links, members, current, desired, changed, keys in plans:
+    for target, real, links, members, current, desired, content_changed, fixes, keys in plans:
+        changed = content_changed or bool(fixes)
         fentry: t.Dict[str, t.Any] = dict(path=target, real_path=real, symlinks=links, changed=changed,
-                                          created=changed and current is None, removed=changed and desired is None,
-                                          interpreters=[m["interpreter"] for m in members], backup_file=None)
-        if changed and not module.check_mode:
+                                          created=content_changed and current is None,
+                                          removed=content_changed and desired is None,
+                                          interpreters=[m["interpreter"] for m in members], backup_file=None,
+                                          access_fixes=fixes)
+        result["access_fixes"].extend(fixes)
+        if content_changed and not module.check_mode:
             try:
                 if desired is None:
                     fentry["backup_file"] = _envblock.remove(module, real, p["backup"])
@@ -349,6 +359,13 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
             except OSError as e:
                 hint = "; run as root (become: true)" if isinstance(e, PermissionError) else ""
                 module.fail_json(msg="cannot write %s: %s%s" % (real, e.strerror or e, hint), path=real)
+        if fixes and not module.check_mode:
+            try:
+                _envblock.apply_access_fixes(fixes)
+            except OSError as e:
+                hint = "; run as root (become: true)" if isinstance(e, PermissionError) else ""
+                module.fail_json(msg="cannot make %s readable by every user: %s%s" % (real, e.strerror or e, hint),
+                                 path=real)
         result["changed"] = result["changed"] or changed
         result["files"].append(fentry)
         # Prove it: start each interpreter like any process (probe_env only, normally empty) and read the keys back.

@@ -24,6 +24,11 @@ description:
     values and values over 1023 bytes are refused. The module refuses to write a block whose variable is already set
     earlier in the file outside the block, because NCCL would ignore the block's line.
   - The symlink, atomic write, backup, check and diff behaviour is the one of M(gpufleet.serving.sitecustomize_env).
+  - The file must be readable by every user, because NCCL reads it in the server's processes, as whatever user the server
+    runs as, and skips a file it cannot open without a word. With O(state=present), a file without read permission
+    for group and others (a C(chmod 0600)) gets it (V(0600) becomes V(0644)), and so does search permission on the
+    directory holding it and on the one holding a followed symlink; nothing else of their modes changes. This
+    counts as a change, in check mode and in the diff too (RV(access_fixes)).
 author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
@@ -137,6 +142,16 @@ effective_conf:
   returned: always
   type: dict
   sample: {"NCCL_PROTO": "LL"}
+access_fixes:
+  version_added: 0.2.0
+  description:
+    - The modes changed (in check mode, that would change) so that every user can read the file, as
+      RV(gpufleet.serving.sitecustomize_env#module:access_fixes) lists them; empty when nothing was in the way.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"path": "/etc/nccl.conf", "kind": "file", "mode_before": "0600", "mode_after": "0644",
+            "reason": "/etc/nccl.conf is not readable by every user (mode 0600)"}]
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -161,6 +161,7 @@ def main() -> None:
     try:
         env = _server.validate_env(p["env"])
         _server.validate_env({p["tag_name"]: p["name"]}, field="tag_name")
+        _server.parse_umask(p["umask"])
     except _server.ServerError as e:
         module.fail_json(msg=str(e))
     if gate and _gpumod.gate_input_error(gate):
@@ -184,7 +185,7 @@ def main() -> None:
         t0 = time.monotonic()
         try:
             proc = _server.start(p["name"], p["command"], env, p["env_passthrough"], p["user"], p["workdir"],
-                                 p["log_path"], p["pidfile"], p["tag_name"])
+                                 p["log_path"], p["pidfile"], p["tag_name"], p["umask"])
         except _server.ServerError as e:
             module.fail_json(msg="launch of %s failed: %s" % (p["name"], e), phase="launch", **result)
         ident = (proc.pid, proc.start_time)

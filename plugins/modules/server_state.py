@@ -213,7 +213,10 @@ up_to_date:
   type: bool
 nccl_layers:
   version_added: 0.2.0
-  description: With O(nccl_layers), per layer whether it is up to date (C(up_to_date), C(files), or C(error)).
+  description:
+    - With O(nccl_layers), per layer whether it is up to date (C(up_to_date), C(files), or C(error)).
+    - C(access) lists why a layer's file is not up to date although its content is, when other users cannot read it
+      (the file, or its directory, lacks read or search for group and others).
   returned: when nccl_layers is set
   type: dict
 locked:

@@ -36,6 +36,13 @@ description:
   - Writes are safe. The module renders the whole new file, compiles it, writes it to a temporary file in the same
     directory, runs that file with each target interpreter in a subprocess and checks the exported values, and
     only then moves it over the old file atomically, keeping its owner and mode (V(0644) for a new file).
+  - The file must be readable by every user, because it exists to reach every Python process on the host, a
+    server run as an unprivileged user included (C(site) skips a C(sitecustomize) it cannot read, silently). With
+    O(state=present), a managed file without read permission for group and others (a C(chmod 0600)) gets it
+    (V(0600) becomes V(0644)), and so does search permission on the directory holding it and on the one holding a
+    followed symlink (V(0700) becomes V(0711)); nothing else of their modes changes. This counts as a change, in
+    check mode and in the diff too, so an audit run in check mode reports such a file as drift (RV(access_fixes)).
+    Directories further up are left alone.
   - After writing, each interpreter is started with an empty environment and the managed variables it exports are
     returned as RV(effective_env); the module fails when they differ from what was asked (with O(state=absent),
     when they are still set).
@@ -48,7 +55,7 @@ attributes:
     details: Computes the change and reports the currently exported values; writes nothing.
   diff_mode:
     support: full
-    details: Returns the file before and after, one entry per file.
+    details: Returns the file before and after, one entry per file, and each mode it changes (RV(access_fixes)).
   idempotent:
     support: full
 options:
@@ -177,7 +184,8 @@ interpreters:
 files:
   description:
     - One entry per managed file with C(path), C(real_path) (after following a safe symlink), C(symlinks),
-      C(changed), C(created), C(removed), C(interpreters) and C(backup_file).
+      C(changed), C(created), C(removed), C(interpreters), C(backup_file) and C(access_fixes) (as RV(access_fixes),
+      for this file).
   returned: always
   type: list
   elements: dict
@@ -197,6 +205,18 @@ not_effective:
   returned: when any
   type: list
   elements: str
+access_fixes:
+  version_added: 0.2.0
+  description:
+    - The modes changed (in check mode, that would change) so that every user can read a managed file, one entry
+      per path with C(path), C(kind) (V(file) or V(directory)), C(mode_before), C(mode_after) and C(reason)
+      (for example C(/etc/python3.11/sitecustomize.py is not readable by every user) followed by the mode).
+    - Empty when every managed file and its directory were already readable and searchable by every user.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"path": "/etc/python3.11/sitecustomize.py", "kind": "file", "mode_before": "0600", "mode_after": "0644",
+            "reason": "/etc/python3.11/sitecustomize.py is not readable by every user (mode 0600)"}]
 shadowed:
   description: Warnings about C(sitecustomize.py) copies that are never imported because an earlier one wins.
   returned: always

@@ -107,3 +107,34 @@ def test_only_nccl_and_allow_listed_names_are_written(tmp_path):
     assert proc.returncode == 0, proc.stdout
     assert res["ok"]["changed"] and res["ok"]["effective_conf"] == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
     assert conf.read_text().startswith(EXISTING) and "\nTORCH_NCCL_ASYNC_ERROR_HANDLING=1\n" in conf.read_text()
+
+
+def test_a_file_other_users_cannot_read_is_made_readable_check_mode_and_diff_honest(tmp_path):
+    """Issue 16 item 4: NCCL in a server run as an unprivileged user skips an /etc/nccl.conf it cannot open; root (the
+    module) reads it whatever its mode. Same content, mode 0600 and its directory 0700: a change, in check mode too."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    conf = etc / "nccl.conf"
+    args = dict(path=str(conf), env={"NCCL_PROTO": "LL"}, name="nccl", nccl_names="ignore")
+    proc, res = play(tmp_path, [task("Create", "r0", **args)], ["r0"], name="create")
+    assert proc.returncode == 0, proc.stdout
+    text = conf.read_text()
+    os.chmod(conf, 0o600)
+    os.chmod(etc, 0o700)
+    tasks = [task("Fix (check mode)", "c1", check=True, **args), task("Fix", "r1", **args),
+             task("Fix again (check mode)", "c2", check=True, **args), task("Fix again", "r2", **args)]
+    proc, res = play(tmp_path, tasks, ["c1", "r1", "c2", "r2"], name="fix", diff=True)
+    assert proc.returncode == 0, proc.stdout
+    assert res["c1"]["changed"] and res["r1"]["changed"] and not res["c2"]["changed"] and not res["r2"]["changed"]
+    want = [dict(path=str(etc), kind="directory", mode_before="0700", mode_after="0711",
+                 reason="directory %s is not searchable by every user (mode 0700)" % etc),
+            dict(path=str(conf), kind="file", mode_before="0600", mode_after="0644",
+                 reason="%s is not readable by every user (mode 0600)" % conf)]
+    assert res["c1"]["access_fixes"] == res["r1"]["access_fixes"] == want and res["c2"]["access_fixes"] == []
+    # The diff shows the modes only: the content is as asked.
+    assert res["c1"]["diff"] == [{"before_header": "%s (mode)" % etc, "after_header": "%s (mode)" % etc,
+                                  "before": "mode: 0700\n", "after": "mode: 0711\n"},
+                                 {"before_header": "%s (mode)" % conf, "after_header": "%s (mode)" % conf,
+                                  "before": "mode: 0600\n", "after": "mode: 0644\n"}]
+    assert oct(os.stat(conf).st_mode & 0o7777) == "0o644" and oct(os.stat(etc).st_mode & 0o7777) == "0o711"
+    assert conf.read_text() == text

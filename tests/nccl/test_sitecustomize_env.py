@@ -29,7 +29,8 @@ def test_check_real_idempotent_absent_on_a_symlinked_system_python_with_a_shadow
     venv_py = syspy.venv(tmp_path / "venv")
     interps = [str(syspy.python), str(venv_py)]
     args = dict(interpreters=interps, env=ENV, name="nccl", allow_vars=["GPUFLEET_ODD"])
-    os.chmod(syspy.etc_file, 0o640)
+    # A mode other than 0644 is kept (one that locks other users out is not: see the test of access_fixes).
+    os.chmod(syspy.etc_file, 0o664)
     tasks = [
         task("Add the block (check mode)", "c1", check=True, **args),
         task("Add the block", "r1", **args),
@@ -65,7 +66,7 @@ def test_check_real_idempotent_absent_on_a_symlinked_system_python_with_a_shadow
     assert os.path.islink(syspy.link)
     text = syspy.etc_file.read_text()
     assert text.startswith(ORIGINAL_SITECUSTOMIZE) and text.count("# END gpufleet nccl") == 1
-    assert stat.S_IMODE(os.stat(syspy.etc_file).st_mode) == 0o640
+    assert stat.S_IMODE(os.stat(syspy.etc_file).st_mode) == 0o664
     assert not os.path.exists("/tmp/gpufleet-pwned")
     # Independent proof, outside the module: a fresh process of each interpreter, empty environment.
     for i in interps:
@@ -225,3 +226,30 @@ def test_only_nccl_and_allow_listed_names_are_written(tmp_path, syspy):
     want = dict(extra, NCCL_PROTO="LL")
     assert res["ok"]["changed"] and res["ok"]["effective_env"] == {py[0]: want}
     assert syspy.env_of(syspy.python, sorted(want)) == want
+
+
+def test_a_sitecustomize_other_users_cannot_read_is_made_readable_check_mode_and_diff_honest(tmp_path, syspy):
+    """Issue 16 item 4: `chmod 0600 /etc/python3.X/sitecustomize.py`: root (the module, its probes) still imports it,
+    a server run as an unprivileged user does not. The block already as asked, the file is still not as asked."""
+    args = dict(interpreters=[str(syspy.python)], env={"NCCL_PROTO": "LL"}, name="nccl")
+    proc, res = play(tmp_path, [task("Add", "r0", **args)], ["r0"], name="add")
+    assert proc.returncode == 0, proc.stdout
+    text = syspy.etc_file.read_text()
+    os.chmod(syspy.etc_file, 0o600)
+    os.chmod(syspy.etc_dir, 0o700)
+    tasks = [task("Fix (check mode)", "c1", check=True, **args), task("Fix", "r1", **args),
+             task("Fix again (check mode)", "c2", check=True, **args), task("Fix again", "r2", **args)]
+    proc, res = play(tmp_path, tasks, ["c1", "r1", "c2", "r2"], name="fix", diff=True)
+    assert proc.returncode == 0, proc.stdout
+    assert res["c1"]["changed"] and res["r1"]["changed"] and not res["c2"]["changed"] and not res["r2"]["changed"]
+    want = [dict(path=str(syspy.etc_dir), kind="directory", mode_before="0700", mode_after="0711",
+                 reason="directory %s is not searchable by every user (mode 0700)" % syspy.etc_dir),
+            dict(path=str(syspy.etc_file), kind="file", mode_before="0600", mode_after="0644",
+                 reason="%s is not readable by every user (mode 0600)" % syspy.etc_file)]
+    assert res["c1"]["access_fixes"] == res["r1"]["access_fixes"] == want and res["c2"]["access_fixes"] == []
+    assert res["c1"]["files"][0]["changed"] and res["c1"]["files"][0]["access_fixes"] == want
+    assert not res["c1"]["files"][0]["created"] and not res["c1"]["files"][0]["removed"]
+    assert [d["before_header"] for d in res["c1"]["diff"]] == ["%s (mode)" % syspy.etc_dir, "%s (mode)" % syspy.etc_file]
+    assert stat.S_IMODE(os.stat(syspy.etc_file).st_mode) == 0o644
+    assert stat.S_IMODE(os.stat(syspy.etc_dir).st_mode) == 0o711
+    assert syspy.etc_file.read_text() == text and os.path.islink(syspy.link)

@@ -285,3 +285,12 @@ def test_systemd_files_keep_the_env_root_only_and_out_of_the_output(tmp_path):
         assert token not in unit
         assert not [o for o in outs if token in o or token[3:19] in o]
         assert token not in log.read_text() and token[3:19] not in log.read_text()
+
+
+@pytest.mark.parametrize("umask", [None, "0027"])
+def test_unit_sets_the_servers_umask(tmp_path, umask):
+    """Issue 16 item 3: the systemd launcher's server gets gpufleet_server_umask too (default 0022), not systemd's
+    default by accident, so both launchers give one definition the same file modes."""
+    text = render(tmp_path, **({"gpufleet_server_umask": umask} if umask else {}))
+    svc = dict((k, v) for k, v in parse_unit(text)["Service"] if k != "Environment")
+    assert svc["UMask"] == (umask or "0022")

@@ -292,3 +292,84 @@ def test_failure_tail_reads_the_servers_own_log_unless_it_was_not_written_since_
     # Without a stamp (server_ready, no launch to compare with): whatever the file holds.
     assert _server.failure_tail(str(log), 1, str(own)) == ("RuntimeError: this run's cause", str(own))
     assert _server.log_stamp(str(tmp_path / "missing.log")) == (0, 0, 0)
+
+
+# ---------------------------------------------------------------- umask and file modes (issue 16 item 3)
+
+@pytest.fixture
+def operator_umask_077():
+    """The module runs in whatever umask the operator's shell had: `umask 077` in root's shell, here."""
+    old = os.umask(0o077)
+    yield
+    os.umask(old)
+
+
+def _umask_of(pid: int) -> str:
+    with open("/proc/%d/status" % pid) as f:
+        return [ln.split()[1] for ln in f if ln.startswith("Umask:")][0]
+
+
+def _mode(path) -> str:
+    return "%04o" % (os.stat(path).st_mode & 0o7777)
+
+
+# The server reports its own umask and that of a worker it starts, the way a spawn worker inherits it.
+UMASK_SERVER = r"""
+import os, subprocess, sys, time
+w = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+open(sys.argv[1] + ".tmp", "w").write("%d\n" % w.pid)
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("umask, want", [("0022", "0022"), ("027", "0027")])
+def test_launch_under_the_operators_umask_077_gives_the_server_its_own_umask_and_the_files_their_modes(
+        tmp_path, operator_umask_077, umask, want):
+    script = tmp_path / "server.py"
+    script.write_text(UMASK_SERVER)
+    log = tmp_path / "log" / "deep" / "demo.log"
+    pidfile = tmp_path / "run" / "demo.pid"
+    worker_file = tmp_path / "worker.pid"
+    p = _server.start("demo", [sys.executable, str(script), str(worker_file)], {}, [], "root", "/", str(log),
+                      str(pidfile), "GPUFLEET_TEST_UMASK", umask)
+    try:
+        deadline = time.monotonic() + 10
+        while not worker_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        worker = int(worker_file.read_text())
+        assert _umask_of(p.pid) == want and _umask_of(worker) == want
+        # Every directory gpufleet made (missing parents included) is 0755, its files 0644, whatever the umask.
+        for d in (tmp_path / "log", tmp_path / "log" / "deep", tmp_path / "run"):
+            assert _mode(d) == "0755", d
+        assert _mode(log) == "0644" and _mode(pidfile) == "0644"
+    finally:
+        os.killpg(p.pid, 9)
+        os.waitpid(p.pid, 0)  # the server is this process's child; its worker is not
+
+
+def test_an_existing_log_and_directory_keep_their_modes(tmp_path, operator_umask_077):
+    d = tmp_path / "log"
+    d.mkdir(mode=0o750)
+    os.chmod(d, 0o750)
+    log = d / "demo.log"
+    log.write_text("old\n")
+    os.chmod(log, 0o640)
+    _server.launch([sys.executable, "-c", "pass"], {}, "root", "/", str(log), str(tmp_path / "run" / "x.pid"))
+    assert _mode(d) == "0750" and _mode(log) == "0640" and log.read_text().startswith("old\n")
+
+
+def test_state_file_and_lock_under_umask_077(tmp_path, operator_umask_077):
+    state = tmp_path / "var" / "lib" / "gpufleet" / "demo.json"
+    _server.write_json_atomic(str(state), {"a": 1})
+    lock = tmp_path / "run" / "gpufleet" / "demo.lock"
+    assert _server.acquire_lock(str(lock), "me", 60, 0)["acquired"]
+    for d in (state.parent, state.parent.parent, lock.parent, lock.parent.parent):
+        assert _mode(d) == "0755", d
+    assert _mode(state) == "0644" and _mode(lock) == "0644"
+
+
+@pytest.mark.parametrize("value", ["22", "0o22", "0088", "00022", "", "u=rwx"])
+def test_a_bad_umask_is_refused(value):
+    with pytest.raises(_server.ServerError, match="umask must be an octal mode"):
+        _server.parse_umask(value)

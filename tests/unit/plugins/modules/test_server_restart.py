@@ -233,3 +233,41 @@ def test_bad_input_fails_before_anything_is_killed(server, run_module, change, m
     assert r["failed"] and msg in r["msg"], r["msg"]
     assert "kill" not in r and _tagged(a) == old
     assert all(pid_alive(p) for p in old)
+
+
+def _status_umask(pid):
+    with open("/proc/%d/status" % pid) as f:
+        return [ln.split()[1] for ln in f if ln.startswith("Umask:")][0]
+
+
+@pytest.mark.parametrize("umask, want", [(None, "0022"), ("0002", "0002")])
+def test_the_server_gets_its_own_umask_and_gpufleets_files_their_modes_under_the_operators_umask_077(
+        server, run_module, umask, want):
+    """Issue 16 item 3: a rollout run from a shell with `umask 077` launched a server (and workers) with umask 0077
+    and made the run, log and state directories 0700 and the log 0600."""
+    a = server
+    if umask is not None:
+        a["umask"] = umask
+    old = os.umask(0o077)
+    try:
+        r = run_module(server_restart.main, a)
+    finally:
+        os.umask(old)
+    assert "failed" not in r, r.get("msg")
+    tagged = _tagged(a)
+    assert r["pid"] in tagged and len(tagged) == 2
+    assert {pid: _status_umask(pid) for pid in tagged} == {pid: want for pid in tagged}
+    modes = {k: "%04o" % (os.stat(path).st_mode & 0o7777) for k, path in (
+        ("log_dir", os.path.dirname(a["log_path"])), ("log", a["log_path"]),
+        ("run_dir", os.path.dirname(a["pidfile"])), ("pidfile", a["pidfile"]),
+        ("state_dir", os.path.dirname(a["record"]["state_file"])), ("state", a["record"]["state_file"]))}
+    assert modes == dict(log_dir="0755", log="0644", run_dir="0755", pidfile="0644", state_dir="0755", state="0644")
+
+
+def test_a_bad_umask_fails_before_anything_is_killed(server, run_module):
+    a = server
+    first = run_module(server_restart.main, a)
+    assert "failed" not in first, first.get("msg")
+    r = run_module(server_restart.main, dict(a, umask="0o22"))
+    assert r["failed"] and "umask must be an octal mode" in r["msg"], r
+    assert first["pid"] in _tagged(a)

@@ -322,3 +322,22 @@ def test_pid_only_pidfile_is_the_server_only_with_the_launch_tag(servers, paths,
     finally:
         unrelated.kill()
         unrelated.wait()
+
+
+def test_an_nccl_layer_other_users_cannot_read_is_not_up_to_date(servers, paths, run_module, tmp_path):
+    """Issue 16 item 4: root reads a 0600 nccl.conf, the server's user does not; the fast check must not call such a
+    host up to date (the roles make the file readable)."""
+    from ansible_collections.gpufleet.serving.plugins.modules import nccl_conf
+
+    running(servers, paths, run_module)
+    conf = tmp_path / "nccl.conf"
+    layer = {"path": str(conf), "env": {"NCCL_P2P_LEVEL": "SYS"}, "name": "nccl", "nccl_names": "ignore"}
+    assert run_module(nccl_conf.main, layer)["changed"] is True
+    os.chmod(conf, 0o600)
+    r = run_module(server_state.main, check_args(paths, nccl_layers={"nccl_conf": layer}))
+    assert r["needs_restart"] is False and r["up_to_date"] is False, r
+    assert r["nccl_layers"]["nccl_conf"]["access"] == ["%s is not readable by every user (mode 0600)" % conf]
+    assert os.stat(conf).st_mode & 0o777 == 0o600  # the check writes nothing
+    assert run_module(nccl_conf.main, layer)["changed"] is True and os.stat(conf).st_mode & 0o777 == 0o644
+    r = run_module(server_state.main, check_args(paths, nccl_layers={"nccl_conf": layer}))
+    assert r["up_to_date"] is True and "access" not in r["nccl_layers"]["nccl_conf"], r
