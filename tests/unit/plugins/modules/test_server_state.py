@@ -341,3 +341,28 @@ def test_an_nccl_layer_other_users_cannot_read_is_not_up_to_date(servers, paths,
     assert run_module(nccl_conf.main, layer)["changed"] is True and os.stat(conf).st_mode & 0o777 == 0o644
     r = run_module(server_state.main, check_args(paths, nccl_layers={"nccl_conf": layer}))
     assert r["up_to_date"] is True and "access" not in r["nccl_layers"]["nccl_conf"], r
+
+
+def test_check_without_an_owner_only_looks_at_the_lock(servers, paths, run_module):
+    """The rollout's up-to-date check: an up-to-date host that another run holds is not "already right", and the
+    check neither takes, changes nor breaks the lock; a free or expired lock does not count."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _server
+
+    running(servers, paths, run_module)
+    free = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"]))
+    assert free["up_to_date"] is True and "lock_holder" not in free and "locked" not in free
+    assert not os.path.exists(paths["lock_file"])
+
+    _server.acquire_lock(paths["lock_file"], "ctl:9:z", 600, 0)
+    before = open(paths["lock_file"]).read()
+    held = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"]))
+    assert held["needs_restart"] is False and held["up_to_date"] is False and held["lock_holder"] == "ctl:9:z", held
+    assert open(paths["lock_file"]).read() == before
+
+    lock = json.loads(before)
+    lock["expires"] = 1.0  # long past
+    with open(paths["lock_file"], "w") as f:
+        json.dump(lock, f)
+    expired = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"]))
+    assert expired["up_to_date"] is True and "lock_holder" not in expired
+    assert json.load(open(paths["lock_file"]))["owner"] == "ctl:9:z"  # left for its owner or the next locker
