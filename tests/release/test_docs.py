@@ -193,7 +193,7 @@ def test_ci_private_data_dir_layout_is_what_gpufleet_ci_writes(tmp_path):
         assert (p.is_dir() and any(p.iterdir())) if path.endswith("/") else p.is_file(), "ci.md lists %s; missing" % path
     assert (pdd / "artifacts" / "docrun" / "status").read_text().strip() in ("failed", "successful")
     report = json.loads((tmp_path / "r.json").read_text())
-    assert set(report) == {"playbook", "status", "rc", "ident", "artifacts", "ok", "hosts"}
+    assert set(report) == {"playbook", "status", "rc", "ident", "artifacts", "ok", "halted", "hosts"}
     assert report["hosts"][0]["status"] == "unreachable" and report["ok"] is False
     documented_keys = re.search(r"\(per host: (.*?)\)", (DOCS / "ci.md").read_text(), re.S).group(1)
     for key in re.findall(r"`(\w+)`", documented_keys):
