@@ -42,6 +42,7 @@ def test_fast_check_asks_the_server_check_what_the_roles_check_asks():
     """The rollout's one-call check (gpu_server tasks/up_to_date.yml) ends a host only when the roles' own check
     (tasks/check.yml) would say no restart: it must pass the same server_state arguments with the same values."""
     tasks = Path(__file__).resolve().parents[2] / "roles" / "gpu_server" / "tasks"
+
     def state_call(name: str) -> dict:  # the file's first server_state task
         return next(t["gpufleet.serving.server_state"] for t in yaml.safe_load((tasks / name).read_text())
                     if "gpufleet.serving.server_state" in t)

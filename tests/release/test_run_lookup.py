@@ -37,7 +37,7 @@ def test_run_ids_name_this_playbook_process_and_liveness_is_known_only_for_this_
                           "ansible_python_interpreter=%s dead_pid=%d out=%s" % (PY, dead.pid, tmp_path / "out.json"),
                           str(tmp_path / "pb.yml")],
                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
-    out, _ = p.communicate(timeout=120)
+    out = p.communicate(timeout=120)[0]
     assert p.returncode == 0, out[-3000:]
     msg = json.loads((tmp_path / "out.json").read_text())
     host, pid, uid = msg["me"].split(":")

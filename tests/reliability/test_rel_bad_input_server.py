@@ -27,7 +27,7 @@ FAIL_HOST = "Fail the host"  # the role's rescue, re-raising a failure of its lo
 # id -> (variables, task that must fail, text the message must contain)
 CASES: t.Dict[str, t.Tuple[t.Dict[str, t.Any], str, str]] = {
     "command-empty-list": ({"gpufleet_server_command": []}, ASSERT_DEF,
-                                 "gpufleet_server_command must not be empty and its first element must be the executable"),
+                           "gpufleet_server_command must not be empty and its first element must be the executable"),
     "command-empty-executable": ({"gpufleet_server_command": [""]}, ASSERT_DEF,
                                  "gpufleet_server_command must not be empty and its first element must be the executable"),
     "start-timeout-zero": ({"gpufleet_server_start_timeout": 0}, ASSERT_DEF, "gpufleet_server_start_timeout must be > 0."),
