@@ -231,6 +231,10 @@ def import_test(interp: str, tmp: str, keys: t.Sequence[str], probe_env: t.Mappi
 
 # --- the module's work -----------------------------------------------------------------
 
+# The file names Python's site module imports at start-up (`import sitecustomize`, `import usercustomize`).
+HOOK_NAMES = ("sitecustomize.py", "usercustomize.py")
+
+
 def argument_spec() -> t.Dict[str, t.Any]:
     """Options of sitecustomize_env (also server_state's nccl_layers.sitecustomize)."""
     return dict(
@@ -263,6 +267,14 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
         except _ncclvars.NotAllowed as e:
             module.fail_json(msg=str(e), **e.extra)
         _ncclvars.apply_name_policy(module, env, p["nccl_names"], p["allow_vars"])
+
+    if p["path"]:
+        # Every Python process runs this file: it must be a Python start-up hook, never an arbitrary file (a path such
+        # as /etc/ld.so.preload would put the block where every program, Python or not, reads it).
+        bad = [q for q in (p["path"], os.path.realpath(p["path"])) if os.path.basename(q) not in HOOK_NAMES]
+        if bad:
+            module.fail_json(msg="path must name a %s file (got %s); nothing was changed" % (
+                " or ".join(HOOK_NAMES), " -> ".join(dict.fromkeys([p["path"], os.path.realpath(p["path"])]))))
 
     interps = list(dict.fromkeys(p["interpreters"] or []))
     if not interps:

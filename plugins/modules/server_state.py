@@ -12,9 +12,9 @@ short_description: Decide whether a GPU server must be restarted, record what wa
 version_added: 0.1.0
 description:
   - O(action=check) is read-only. It compares the desired O(fingerprint) with the one recorded at the last
-    launch, checks that the launcher (pidfile, confirmed as in RV(running)) is alive, that processes carrying the
-    launch tag hold the GPUs, that no other process holds them, and that the GPU-holding workers carry
-    O(expected_env).
+    launch, checks that the launcher (pidfile, confirmed as in RV(running)) is alive and is the launch recorded then
+    (a later launch whose checks failed is not), that processes carrying the launch tag hold the GPUs, that no other
+    process holds them, and that the GPU-holding workers carry O(expected_env).
     RV(needs_restart) is false only when all of that holds; RV(reasons) says why otherwise.
   - O(action=record) writes the state file (fingerprint, pid, timings) after a launch.
   - O(action=lock) and O(action=unlock) take and release a host-side lock so two rollouts never interleave
@@ -325,6 +325,14 @@ def check_state(module: AnsibleModule) -> dict:
     recorded = state.get("fingerprint")
     if p["fingerprint"] and recorded != p["fingerprint"]:
         reasons.append("desired state changed (fingerprint %s -> %s)" % ((recorded or "none")[:12], p["fingerprint"][:12]))
+    # The record names the launch that passed every check. A server launched after it whose launch failed (not ready,
+    # workers without the environment) runs under the same pidfile; it is not the recorded one, whatever the
+    # fingerprint says, and must be restarted.
+    if running and state.get("pid") is not None:
+        live = procs.get(pidfile["pid"])
+        if (pidfile["pid"], live.start_time if live else None) != (state.get("pid"), state.get("start_time")):
+            reasons.append("the running server (pid %s) is not the verified launch on record (pid %s)"
+                           % (pidfile["pid"], state.get("pid")))
     tagged = sorted(pid for pid in procs if _proc.environ_has(pid, p["tag_name"], p["name"]))
     holders = {}
     if p["require_gpu_holders"]:

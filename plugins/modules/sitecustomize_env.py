@@ -72,6 +72,8 @@ options:
     description:
       - Manage this file instead of the one the interpreters import (for example a C(sitecustomize.py) in a directory
         that the service puts on C(PYTHONPATH)).
+      - It must be named C(sitecustomize.py) or C(usercustomize.py), also after following links; any other file is
+        refused and nothing is changed.
       - The interpreters are still started to test and to verify the file, with O(probe_env), so O(probe_env) must make
         them import it.
     type: path

@@ -253,3 +253,27 @@ def test_a_sitecustomize_other_users_cannot_read_is_made_readable_check_mode_and
     assert stat.S_IMODE(os.stat(syspy.etc_file).st_mode) == 0o644
     assert stat.S_IMODE(os.stat(syspy.etc_dir).st_mode) == 0o711
     assert syspy.etc_file.read_text() == text and os.path.islink(syspy.link)
+
+
+def test_path_must_name_a_python_start_up_hook(tmp_path, syspy):
+    """A path option pointing anywhere else (a tester used /etc/ld.so.preload: every program, Python or not, then
+    read the block) is refused, also through a link, in check mode too, and nothing is written."""
+    preload = tmp_path / "ld.so.preload"
+    preload.write_text("")
+    disguised = tmp_path / "sitecustomize.py"
+    disguised.symlink_to(preload)
+    py = [str(syspy.python)]
+    tasks = [
+        dict(task("Not a hook", "p", interpreters=py, path=str(preload), env={"NCCL_DEBUG": "WARN"}), ignore_errors=True),
+        dict(task("A hook name linking to a non-hook", "l", interpreters=py, path=str(disguised),
+                  env={"NCCL_DEBUG": "WARN"}), ignore_errors=True),
+        dict(task("Not a hook, check mode", "c", check=True, interpreters=py, path=str(tmp_path / "os.py"),
+                  env={"NCCL_DEBUG": "WARN"}), ignore_errors=True),
+    ]
+    proc, res = play(tmp_path, tasks, ["p", "l", "c"])
+    assert proc.returncode == 0, proc.stdout
+    for k in ("p", "l", "c"):
+        assert res[k]["failed"] and "path must name a sitecustomize.py or usercustomize.py file" in res[k]["msg"], res[k]
+    assert "ld.so.preload" in res["l"]["msg"]
+    assert preload.read_text() == "" and not (tmp_path / "os.py").exists()
+    assert syspy.etc_file.read_text() == ORIGINAL_SITECUSTOMIZE

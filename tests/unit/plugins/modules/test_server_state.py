@@ -366,3 +366,21 @@ def test_check_without_an_owner_only_looks_at_the_lock(servers, paths, run_modul
     expired = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"]))
     assert expired["up_to_date"] is True and "lock_holder" not in expired
     assert json.load(open(paths["lock_file"]))["owner"] == "ctl:9:z"  # left for its owner or the next locker
+
+
+def test_a_server_that_is_not_the_verified_launch_on_record_needs_a_restart(servers, paths, run_module):
+    """A relaunch whose checks failed (not ready, workers without the environment) is not recorded; the server it
+    left running under the pidfile must not pass for the recorded one when the fingerprint goes back to the record."""
+    verified = running(servers, paths, run_module)
+    ok = run_module(server_state.main, check_args(paths, expected_env={}))
+    assert ok["needs_restart"] is False, ok["reasons"]
+    verified.kill()
+    unverified = servers()  # launched afterwards, its checks failed: the pidfile names it, the record does not
+    unverified.write_pidfile(Path(paths["pidfile"]))
+
+    r = run_module(server_state.main, check_args(paths, expected_env={}))
+
+    assert r["running"] is True and r["needs_restart"] is True, r
+    assert ("the running server (pid %d) is not the verified launch on record (pid %d)" % (unverified.pid, verified.pid)
+            in r["reasons"]), r["reasons"]
+    assert not [x for x in r["reasons"] if "fingerprint" in x or "not running" in x], r["reasons"]
