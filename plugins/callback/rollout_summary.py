@@ -210,13 +210,18 @@ class CallbackModule(CallbackBase):
             h = dict(self.hosts.get(n) or {"host": n, "status": "not run"})
             tm = h.get("timings") or {}
             killed, would = _count(h.get("killed")), bool(h.get("would_restart"))
-            # Restarted whenever the old server was killed, also on a host that failed before a new one was ready.
-            restarted = bool(h.get("restarted")) or (killed > 0 and not would)
+            # Restarted whenever the old server was killed, also on a host that failed before a new one was ready;
+            # a stop (the clean playbook) kills without meaning to relaunch.
+            stopped = bool(h.get("stopped"))
+            restarted = not stopped and (bool(h.get("restarted")) or (killed > 0 and not would))
+            cell = ("stopped" if killed > 0 else "nothing to stop") if stopped else \
+                restart_cell(h.get("status"), restarted, would, h.get("phase"))
             out.append({
                 "host": n,
                 "status": h.get("status"),
                 "restarted": restarted,
-                "restart": restart_cell(h.get("status"), restarted, would, h.get("phase")),
+                "stopped": stopped,
+                "restart": cell,
                 "would_restart": would,
                 "killed": killed,
                 "phase": h.get("phase"),

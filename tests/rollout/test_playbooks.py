@@ -139,6 +139,40 @@ def test_clean_kills_the_service_and_leaves_the_gpus_clean_without_launching(rol
         assert after.holders(h) == set()
         assert all(g["used_mib"] == 0 for g in after[h]["gpus"].values()), after[h]["gpus"]
         assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"]
-    assert "GPUFLEET CLEAN SUMMARY" not in run.out or all(run.summary[h]["restarted"] is False for h in ALL)
-    assert "ROLLOUT SUMMARY" not in run.out
+    # The summary says what a stop did: each host's server stopped (killed, not relaunched), nothing "restarted".
+    assert "GPUFLEET CLEAN SUMMARY" in run.out and "ROLLOUT SUMMARY" not in run.out
+    for h in ALL:
+        assert run.summary[h]["restarted"] is False and run.summary[h]["stopped"] is True, run.summary[h]
+        assert run.summary[h]["restart"] == "stopped" and run.summary[h]["killed"] >= 1, run.summary[h]
+    assert all(after[h]["files"]["lock"] is None for h in ALL)
     rf.state = "down"
+
+
+def test_clean_respects_another_runs_lock_and_refuses_a_bad_definition(rolled_out):
+    """The clean playbook stops a server the same careful way a restart does: never under another run's lock,
+    never on a definition the rollout would refuse."""
+    import json as _json
+    import time as _time
+
+    rf = rolled_out("clean", "drifted")
+    lock = {"owner": "other-controller:4242:0000", "acquired": _time.time(), "expires": _time.time() + 3600}
+    rf.fleet.ssh("host1", "mkdir -p /run/gpufleet && cat > /run/gpufleet/demo.lock", input=_json.dumps(lock), check=True)
+    try:
+        before = rf.snapshot()
+
+        # max_fail 100: host2's refusal must not stop host1 before its own lock check.
+        run = rf.playbook("clean", "--limit", "host1,host2",
+                          host_vars={"host2": {"gpufleet_server_name": "../../tmp/evil"}},
+                          extra_vars={"gpufleet_rollout_max_fail_percentage": 100})
+
+        assert run.rc == 2, run.tail()
+        assert "locked by another gpufleet run" in run.summary["host1"]["failure"], run.summary["host1"]
+        assert "gpufleet_server_name must be a string of letters" in run.summary["host2"]["failure"], run.summary
+        after = rf.snapshot()
+        for h in ("host1", "host2", "host3"):
+            assert after.identities(h) == before.identities(h), "%s: a server was stopped" % h
+        assert _json.loads(after["host1"]["files"]["lock"])["owner"] == "other-controller:4242:0000"
+        assert "evil" not in rf.fleet.ssh("host2", "ls -A /tmp /run/gpufleet", check=True).stdout
+    finally:
+        rf.fleet.ssh("host1", "rm -f /run/gpufleet/demo.lock")
+    rf.state = "clean"
