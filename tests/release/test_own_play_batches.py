@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from helpers import PY
 from release_helpers import BIN, clean_env, private_collection, run
 
@@ -40,3 +42,26 @@ def test_a_users_play_with_serial_stops_after_the_role_failed_a_host(tmp_path):
     recap = r.stdout[r.stdout.rindex("PLAY RECAP"):]
     assert "first" in recap and "second" in recap and "third" not in recap, recap  # the second batch never started
     assert "NO MORE HOSTS LEFT" in r.stdout
+
+
+@pytest.mark.parametrize("extra, says", [
+    ({"gpufleet_rollout_max_fail_percentage": -5}, "gpufleet_rollout_max_fail_percentage must be a number from 0 to 100 "
+                                                   "(got int -5)"),
+    ({"gpufleet_rollout_max_fail_percentage": "lots"}, "gpufleet_rollout_max_fail_percentage must be a number"),
+    ({"gpufleet_rollout_serial": [0, "50%"]}, "gpufleet_rollout_serial must be a batch size"),
+    ({"gpufleet_rollout_serial": ["0%", 2]}, "(got 0%)"),
+])
+@pytest.mark.parametrize("playbook", ["rollout", "clean"])
+def test_bad_batch_settings_are_refused_by_name_before_any_host_is_touched(tmp_path, playbook, extra, says):
+    """ansible-core applies serial and max_fail_percentage before any task: a negative limit ended the play after its
+    first task without a word, and a 0 batch size silently dropped the canary."""
+    base = private_collection(tmp_path / "collections")
+    ev = dict(extra, gpufleet_target="all", ansible_python_interpreter=PY, gpufleet_server_name="mine",
+              gpufleet_server_run_dir=str(tmp_path / "run"), gpufleet_server_state_dir=str(tmp_path / "state"))
+    r = run([str(BIN / "ansible-playbook"), "gpufleet.serving." + playbook, "-i", "first,second,", "-c", "local",
+             "-e", json.dumps(ev)], cwd=tmp_path, env=clean_env(ANSIBLE_COLLECTIONS_PATH=str(base), HOME=str(tmp_path)),
+            timeout=120)
+    assert r.returncode == 2, r.stdout[-3000:]
+    assert says in r.stdout, r.stdout[-3000:]
+    assert "Check the batch settings" in r.stdout and "Validate the server definition" not in r.stdout, r.stdout[-3000:]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "state").exists()
