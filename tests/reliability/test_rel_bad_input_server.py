@@ -36,9 +36,12 @@ CASES: t.Dict[str, t.Tuple[t.Dict[str, t.Any], str, str]] = {
     "kill-grace-negative": ({"gpufleet_server_kill_grace": -1}, ASSERT_DEF, "gpufleet_server_kill_grace must be >= 0."),
     # The argument spec turns a list into its text for a str option; the name rule then refuses it, saying the type.
     "name-list-for-string": ({"gpufleet_server_name": ["a", "b"]}, ASSERT_DEF,
-                             'gpufleet_server_name must be a string of letters, digits, "_", "." and "-" (got list ["a", "b"])'),
+                             'gpufleet_server_name must be a string of 1 to 200 letters, digits, "_", "." and "-" (got list ["a", "b"])'),
     "timeout-string-for-number": ({"gpufleet_server_start_timeout": "soon"}, ARGSPEC, "gpufleet_server_start_timeout"),
     "gpus-string-for-list-of-int": ({"gpufleet_server_gpus": "zero"}, ARGSPEC, "gpufleet_server_gpus"),
+    # One name that no file name can hold (the lock, pidfile and unit are named after it) and a parent directory.
+    "name-too-long": ({"gpufleet_server_name": "n" * 201}, ASSERT_DEF, "gpufleet_server_name must be a string of 1 to 200"),
+    "name-dot-dot": ({"gpufleet_server_name": ".."}, ASSERT_DEF, "gpufleet_server_name must be a string of 1 to 200"),
     "name-trailing-newline": ({"gpufleet_server_name": NAME + "\n"}, ASSERT_DEF, "gpufleet_server_name must be a string of"),
     "env-name-space": ({"gpufleet_server_env": {"BAD NAME": "1"}}, ASSERT_ENV, 'invalid variable name(s) "BAD NAME"'),
     "env-name-equals": ({"gpufleet_server_env": {"A=B": "1"}}, ASSERT_ENV, 'invalid variable name(s) "A=B"'),
@@ -192,9 +195,9 @@ def test_unlaunchable_definition_fails_before_the_kill(outcome):
 
 @pytest.mark.reliability(
     section="input", case="Line breaks where a line-based format is written (name, systemd unit)",
-    provoked="gpufleet_server_name 'relbad\\n' (YAML block scalar slip); gpufleet_server_env value "
+    provoked="gpufleet_server_name 'relbad\\n' (YAML block scalar slip), 201 characters, or '..'; gpufleet_server_env value "
              "'a\\nExecStartPre=/bin/touch /tmp/pwned' with gpufleet_server_launcher systemd",
     outcome="preflight refuses both (no extra unit directive can be injected); /tmp/pwned absent; nothing changed")
 def test_line_breaks_cannot_inject_into_names_or_units(outcome):
-    _check(outcome, ["name-trailing-newline", "systemd-env-newline"])
+    _check(outcome, ["name-trailing-newline", "systemd-env-newline", "name-too-long", "name-dot-dot"])
     assert not outcome["after"]["pwned"]

@@ -235,7 +235,7 @@ def test_an_up_to_date_host_does_not_hide_a_failed_one_in_its_batch(fleet4):
     provoked="every host already right; a plain rollout with gpufleet_server_start_timeout -1 on host2 and "
              "gpufleet_server_name '../../tmp/evil' on host3 (the rollout's fast path would end an up-to-date host)",
     outcome="host2 and host3 fail in the validation, before any host call: 'gpufleet_server_start_timeout must be > 0' "
-            "(only the broken rule), 'gpufleet_server_name must be a string of letters, digits...'; exit code 2; no lock "
+            "(only the broken rule), 'gpufleet_server_name must be a string of 1 to 200 letters, digits...'; exit code 2; no lock "
             "file anywhere (/run/gpufleet, /tmp), processes and files unchanged")
 def test_bad_input_fails_before_the_fast_path_and_takes_no_lock(fleet4):
     rf = fleet4
@@ -249,7 +249,7 @@ def test_bad_input_fails_before_the_fast_path_and_takes_no_lock(fleet4):
     assert run.rc == 2, run.tail()
     f2, f3 = run.summary["host2"]["failure"], run.summary["host3"]["failure"]
     assert "gpufleet_server_start_timeout must be > 0" in f2 and "clean_timeout" not in f2, f2
-    assert "gpufleet_server_name must be a string of letters, digits" in f3, f3
+    assert "gpufleet_server_name must be a string of 1 to 200 letters, digits" in f3, f3
     assert run.recap["host2"]["changed"] == run.recap["host3"]["changed"] == 0
     after = rf.snapshot()
     for h in ("host2", "host3"):

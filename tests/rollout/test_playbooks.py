@@ -167,7 +167,7 @@ def test_clean_respects_another_runs_lock_and_refuses_a_bad_definition(rolled_ou
 
         assert run.rc == 2, run.tail()
         assert "locked by another gpufleet run" in run.summary["host1"]["failure"], run.summary["host1"]
-        assert "gpufleet_server_name must be a string of letters" in run.summary["host2"]["failure"], run.summary
+        assert "gpufleet_server_name must be a string of 1 to 200 letters" in run.summary["host2"]["failure"], run.summary
         after = rf.snapshot()
         for h in ("host1", "host2", "host3"):
             assert after.identities(h) == before.identities(h), "%s: a server was stopped" % h
