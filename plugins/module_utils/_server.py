@@ -16,6 +16,7 @@ import json
 import os
 import pwd
 import re
+import stat
 import subprocess
 import time
 import typing as t
@@ -360,6 +361,12 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
 
 # ---------------------------------------------------------------- state file and lock
 
+# The state file holds the fingerprint, an unsalted digest over the server definition, secret env values included:
+# readable by others, it would let a local user test guesses of a secret. Only gpufleet (root) reads it. The lock and
+# the pidfile hold no secret and stay 0644.
+STATE_MODE = 0o600
+
+
 def record_state(state_file: str, name: str, fingerprint: str, pidfile: str, timings: t.Mapping[str, t.Any],
                  check_mode: bool = False) -> t.Tuple[bool, t.Dict[str, t.Any]]:
     """Write what was launched (fingerprint, pid, start time, timings); changed when the launch identity differs."""
@@ -371,8 +378,20 @@ def record_state(state_file: str, name: str, fingerprint: str, pidfile: str, tim
     changed = {k: old.get(k) for k in keys} != {k: new[k] for k in keys}
     new["recorded_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if changed and not check_mode:
-        write_json_atomic(state_file, new)
+        write_json_atomic(state_file, new, STATE_MODE)
+    elif not check_mode:
+        restrict_mode(state_file, STATE_MODE)  # one an older gpufleet wrote 0644
     return changed, new
+
+
+def restrict_mode(path: str, mode: int) -> None:
+    """Give an existing regular file `mode` if it has another one (not a change to report: no content changes)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(path, mode)
 
 
 def start(name: str, command: t.Sequence[str], env: t.Mapping[str, str], passthrough: t.Sequence[str], user: str,
@@ -398,12 +417,14 @@ def read_state(path: str) -> t.Dict[str, t.Any]:
 
 
 def write_json_atomic(path: str, data: t.Mapping[str, t.Any], mode: int = 0o644) -> None:
+    """Replace path with data (JSON) through a temp file that has `mode` from its creation on, whatever the umask."""
     ensure_dir(os.path.dirname(path))
     tmp = "%s.%d.tmp" % (path, os.getpid())
-    with open(tmp, "w") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    os.fchmod(fd, mode)  # a leftover temp file of the same name keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
         f.write("\n")
-    os.chmod(tmp, mode)
     os.rename(tmp, path)
 
 

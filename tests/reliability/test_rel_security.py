@@ -230,13 +230,15 @@ def written(tmp_path_factory):
 
 
 @pytest.mark.reliability(
-    section="security", case="Files are root-owned, 0644, atomically replaced; backups keep a restrictive mode",
+    section="security", case="Files are root-owned, 0644 (the state file 0600), atomically replaced; backups keep a "
+                             "restrictive mode",
     provoked="under umask 077: nccl_conf and sitecustomize_env create new files, then replace existing ones "
              "(root:4 mode 0640 and root mode 0600) with backup: true while another thread re-reads them in a loop; "
              "server_state writes its state and lock files",
     outcome="new files are root:root 0644 whatever the umask; a replaced file gets a new inode (rename), keeps its "
             "owner and mode, every concurrent read saw the whole old or the whole new content, no temp file is left; "
-            "backups have the original's mode (0640, 0600: not world-readable); state and lock files are 0644")
+            "backups have the original's mode (0640, 0600: not world-readable); the lock file is 0644, the state file "
+            "0600 (its fingerprint digests the secrets)")
 def test_files_are_written_safely(written):
     work, res, before, seen = written["work"], written["res"], written["before"], written["seen"]
     old_conf, old_site = written["old_conf"], written["old_site"]
@@ -247,7 +249,8 @@ def test_files_are_written_safely(written):
     for p in (work / "new" / "nccl.conf", work / "new" / "sitecustomize.py", work / "state" / "relsec.json",
               work / "run" / "relsec.lock", work / "site" / "sitecustomize.py"):
         st = p.stat()
-        assert (st.st_uid, st.st_gid, mode(p)) == (0, 0, 0o644), (p, st.st_uid, st.st_gid, oct(mode(p)))
+        want = 0o600 if p.name == "relsec.json" else 0o644
+        assert (st.st_uid, st.st_gid, mode(p)) == (0, 0, want), (p, st.st_uid, st.st_gid, oct(mode(p)))
     for p, (ino, data) in before.items():
         assert p.stat().st_ino != ino, "%s was rewritten in place, not replaced" % p
         assert seen[p] <= {data, p.read_bytes()}, "a reader saw a partial %s" % p

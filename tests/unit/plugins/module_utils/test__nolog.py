@@ -61,3 +61,42 @@ def test_mask_no_log_follows_suboptions_and_lists():
     assert masked["name"] == "demo" and masked["wait"]["request"]["url"] == "http://127.0.0.1/"
     assert ARGS["env"]["HF_TOKEN"] == SECRET  # the params themselves are left alone
     assert _nolog.mask_no_log(SPEC, {"env": None, "wait": None}) == ({"env": None, "wait": None}, [])
+
+
+TOKEN30 = "hf_PVbYcfn9Nvx65ZRgpczxWICGmwo2kM"[:30]
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_piece_of_a_secret_left_by_truncation_is_masked(run_module, fail):
+    """A message cut through a printed secret ("..." + the last 297 characters) keeps only a piece of it, which a
+    substring match of the whole value misses: what a cut leaves of a long secret, 8 characters or more, is masked."""
+    assert len(TOKEN30) == 30
+    args = dict(ARGS, env={"HF_TOKEN": TOKEN30, "HF_HUB_OFFLINE": "1", "HF_HOME": "/data/models/hf"})
+    res = run_module(module_main({"msg": "exited; log tail: ...%s | AAAA" % TOKEN30[-24:],
+                                  "head": "token=%s" % TOKEN30[:10], "nested": {"k": ["x %s (cut)" % TOKEN30[:12]]},
+                                  "word": "password", "pid": 12345, "count": 1, "tail": "1 of 1",
+                                  "path": "log at /data/models/x.log"}, fail=fail), args)
+    assert res["msg"] == "exited; log tail: ...******** | AAAA"
+    assert res["head"] == "token=********" and res["nested"] == {"k": ["x ******** (cut)"]}
+    # An unrelated 8-character word, numbers, a short value ("1") and a path that shares a directory with a
+    # path-valued secret are kept.
+    assert (res["word"], res["pid"], res["count"], res["tail"]) == ("password", 12345, 1, "1 of 1")
+    assert res["path"] == "log at /data/models/x.log"
+    text = str({k: v for k, v in res.items() if k != "invocation"})
+    assert not any(TOKEN30[i:i + 8] in text for i in range(len(TOKEN30) - 7))
+
+
+def test_mask_fragment_text():
+    secrets = ["abcdefghijkl", "1", "short"]
+    m = _nolog.mask_fragment_text
+    assert m("x ...efghijkl y", secrets) == "x ...******** y"  # its end, after a cut
+    assert m("x abcdefgh", secrets) == "x ********" and m("abcdefghi (", secrets) == "******** ("  # its beginning
+    assert m("zabcdefghijklz", secrets) == "z********z"  # the whole secret, anywhere
+    assert m("xefghijkl abcdefghx", secrets) == "xefghijkl abcdefghx"  # a run inside a word is no cut
+    assert m("bcdefghijk", secrets) == "bcdefghijk"  # a middle piece: not what one cut leaves
+    assert m("abcdefg", secrets) == "abcdefg" and m("...fghijkl", secrets) == "...fghijkl"  # 7 characters
+    assert m("abcdefghijkl|efghijkl", secrets) == "********|********"
+    assert m("cdefghijklabcdefghij", ["abcdefghijkl"]) == "********"  # adjacent pieces masked as one
+    assert m("...ghijkl abcdefghijkl", ["abcdefghijkl"]) == "...ghijkl ********"
+    assert _nolog.mask_fragments({"abcdefghi": ("1", 2)}, secrets) == {"********": ("1", 2)}
+    assert _nolog.mask_fragments("abcdefgh", []) == "abcdefgh"

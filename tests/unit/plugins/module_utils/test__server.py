@@ -361,12 +361,39 @@ def test_an_existing_log_and_directory_keep_their_modes(tmp_path, operator_umask
 
 def test_state_file_and_lock_under_umask_077(tmp_path, operator_umask_077):
     state = tmp_path / "var" / "lib" / "gpufleet" / "demo.json"
-    _server.write_json_atomic(str(state), {"a": 1})
+    _server.record_state(str(state), "demo", "f" * 64, str(tmp_path / "none.pid"), {})
     lock = tmp_path / "run" / "gpufleet" / "demo.lock"
     assert _server.acquire_lock(str(lock), "me", 60, 0)["acquired"]
+    assert _server.mark_lock(str(lock), "me", (os.getpid(), 1))
     for d in (state.parent, state.parent.parent, lock.parent, lock.parent.parent):
         assert _mode(d) == "0755", d
-    assert _mode(state) == "0644" and _mode(lock) == "0644"
+    # The state file's fingerprint digests the secrets: root only. The lock holds none.
+    assert _mode(state) == "0600" and _mode(lock) == "0644"
+
+
+def test_the_state_file_is_root_only_under_umask_000_and_an_old_0644_one_is_tightened(tmp_path):
+    state = tmp_path / "lib" / "demo.json"
+    old = os.umask(0)
+    try:
+        changed, _new = _server.record_state(str(state), "demo", "f" * 64, str(tmp_path / "none.pid"), {"kill_s": 1})
+        assert changed and _mode(state) == "0600" and _mode(state.parent) == "0755"
+        assert _server.read_state(str(state))["fingerprint"] == "f" * 64
+        # One an older gpufleet wrote 0644: the next record, even an unchanged one, makes it 0600.
+        os.chmod(state, 0o644)
+        assert _server.record_state(str(state), "demo", "f" * 64, str(tmp_path / "none.pid"), {})[0] is False
+        assert _mode(state) == "0600"
+        # Check mode changes no mode; a leftover temp file of the same name does not lend its mode.
+        os.chmod(state, 0o644)
+        _server.record_state(str(state), "demo", "e" * 64, str(tmp_path / "none.pid"), {}, check_mode=True)
+        assert _mode(state) == "0644"
+        tmp = tmp_path / "lib" / ("demo.json.%d.tmp" % os.getpid())
+        tmp.write_text("x")
+        os.chmod(tmp, 0o666)
+        _server.record_state(str(state), "demo", "e" * 64, str(tmp_path / "none.pid"), {})
+        assert _mode(state) == "0600" and not tmp.exists()
+        assert _server.read_state(str(state))["fingerprint"] == "e" * 64
+    finally:
+        os.umask(old)
 
 
 @pytest.mark.parametrize("value", ["22", "0o22", "0088", "00022", "", "u=rwx"])

@@ -243,3 +243,18 @@ def test_check_mode_with_waits_reads_nothing_and_starts_nothing(tmp_path, run_mo
                    check_mode=True)
     assert r["changed"] is True and r["pid"] is None and "clean" not in r and "ready" not in r
     assert not (tmp_path / "run" / "demo.pid").exists()
+
+
+def test_a_secret_cut_by_the_start_up_message_does_not_leak(tmp_path, run_module, launched):
+    """The start-up failure message keeps the last 297 characters of the log tail, which can cut through a token the
+    server printed; the part left (24 of its characters here) is masked like the whole token."""
+    token = "hf_PVbYcfn9Nvx65ZRgpczxWICGmwo2kM"
+    cmd = ["/bin/sh", "-c", 'echo "loading with token=$HF_TOKEN"; printf "A%.0s" $(seq 270); echo; exit 1']
+    r = run_module(server_launch.main, args(tmp_path, command=cmd, env={"HF_TOKEN": token, "HF_HUB_OFFLINE": "1"},
+                                            wait_ready={"health_url": "http://127.0.0.1:9/", "timeout": 60}))
+    launched.append(r["pid"])
+    assert r["failed"] and r["phase"] == "startup" and "exited during start-up" in r["msg"], r["msg"]
+    assert token in (tmp_path / "log" / "demo.log").read_text()  # the server did print it
+    assert "..." in r["msg"] and "********" in r["msg"] and "A" * 200 in r["msg"], r["msg"]
+    text = str(r)
+    assert not [token[i:i + 8] for i in range(len(token) - 7) if token[i:i + 8] in text], text

@@ -244,7 +244,8 @@ def _status_umask(pid):
 def test_the_server_gets_its_own_umask_and_gpufleets_files_their_modes_under_the_operators_umask_077(
         server, run_module, umask, want):
     """Issue 16 item 3: a rollout run from a shell with `umask 077` launched a server (and workers) with umask 0077
-    and made the run, log and state directories 0700 and the log 0600."""
+    and made the run, log and state directories 0700 and the log 0600. The state file is 0600: its fingerprint digests
+    the secrets."""
     a = server
     if umask is not None:
         a["umask"] = umask
@@ -261,7 +262,7 @@ def test_the_server_gets_its_own_umask_and_gpufleets_files_their_modes_under_the
         ("log_dir", os.path.dirname(a["log_path"])), ("log", a["log_path"]),
         ("run_dir", os.path.dirname(a["pidfile"])), ("pidfile", a["pidfile"]),
         ("state_dir", os.path.dirname(a["record"]["state_file"])), ("state", a["record"]["state_file"]))}
-    assert modes == dict(log_dir="0755", log="0644", run_dir="0755", pidfile="0644", state_dir="0755", state="0644")
+    assert modes == dict(log_dir="0755", log="0644", run_dir="0755", pidfile="0644", state_dir="0755", state="0600")
 
 
 def test_a_bad_umask_fails_before_anything_is_killed(server, run_module):

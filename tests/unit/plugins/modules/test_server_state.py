@@ -384,3 +384,19 @@ def test_a_server_that_is_not_the_verified_launch_on_record_needs_a_restart(serv
     assert ("the running server (pid %d) is not the verified launch on record (pid %d)" % (unverified.pid, verified.pid)
             in r["reasons"]), r["reasons"]
     assert not [x for x in r["reasons"] if "fingerprint" in x or "not running" in x], r["reasons"]
+
+
+def test_the_state_file_is_root_only_under_umask_000_and_the_check_reads_it(servers, paths, run_module):
+    """The state file's fingerprint is an unsalted digest over the definition, secret env values included: readable
+    by others it would let a local user test guesses of a secret. It is 0600 whatever the umask; the check (the audit,
+    the rollout's fast check) still reads it, and the lock stays 0644."""
+    old = os.umask(0)
+    try:
+        running(servers, paths, run_module)
+        r = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:1:a",
+                                                     keep_lock=True))
+    finally:
+        os.umask(old)
+    assert os.stat(paths["state_file"]).st_mode & 0o7777 == 0o600
+    assert r["fingerprint_recorded"] == "f" * 64 and r["needs_restart"] is False and r["locked"] is True, r
+    assert os.stat(paths["lock_file"]).st_mode & 0o7777 == 0o644
