@@ -20,18 +20,18 @@ options:
     description:
       - Select the process named by this pidfile, only when it is confirmed to be the server. A pidfile alone never
         selects a process, because a pid is reused and a pidfile can be rewritten by hand.
-      - Confirmed means the pidfile records the process's start time (C(PID START_TIME), as gpufleet writes it) and
-        it matches, or the process carries O(tag), or its command line matches O(pidfile_cmdline_regex) or
-        O(cmdline_regex).
-      - A pidfile holding only a pid whose process started after the file was written, or a start time that differs,
-        is stale. A live process that nothing confirms is unconfirmed. Either way it is left alone and reported in
+      - Confirmed means the process carries O(tag) (every server gpufleet launches carries its launch tag), or its
+        command line matches O(pidfile_cmdline_regex) or O(cmdline_regex).
+      - The start time a pidfile records (C(PID START_TIME), as gpufleet writes it) is a staleness check only; a start
+        time that differs, or a pidfile holding only a pid whose process started after the file was written, is
+        stale. A matching start time never confirms on its own (anyone can write a process's pid and real start
+        time). A live process that nothing confirms is unconfirmed. Either way it is left alone and reported in
         RV(pidfile) and RV(notes).
     type: path
   pidfile_cmdline_regex:
     description:
       - Regex the pidfile's process command line must match; a match confirms a pidfile that holds only a pid.
-      - When set, a process that does not match is never selected through the pidfile, even with a matching start
-        time.
+      - When set, a process that does not match is never selected through the pidfile, even when it carries O(tag).
     type: str
   pids:
     description: Select these pids.

@@ -10,12 +10,18 @@ name: run
 short_description: An id for this run of ansible-playbook, and whether the run named by a host lock is still alive
 version_added: 0.2.0
 description:
-  - With V(new) (the default), returns an id for this run, C(CONTROLLER_HOST:PID:UUID), where PID is the
-    ansible-playbook process. The host locks of M(gpufleet.serving.server_state) record it as their owner.
-  - With V(alive) and O(owner), returns V(true) when the run that C(owner) names was started on this controller and
-    its ansible-playbook process still runs, V(false) when it was started here and is gone (a run interrupted by
-    Ctrl-C or SIGTERM, whose lock may be taken over), and V(null) when it was started elsewhere (nothing can be known
-    here, so the lock is waited for until it expires).
+  - With V(new) (the default), returns an id for this run, C(CONTROLLER_HOST:PID:TOKEN), where PID is the
+    ansible-playbook process and TOKEN is C(BOOT_ID.START_TICKS.UUID) - the controller's boot id
+    (C(/proc/sys/kernel/random/boot_id)), the process's start time in clock ticks since boot (field 22 of
+    C(/proc/PID/stat)) and a random UUID. Where C(/proc) is not available (a controller that is not Linux), BOOT_ID
+    and START_TICKS are V(-). The host locks of M(gpufleet.serving.server_state) record it as their owner.
+  - With V(alive) and O(owner), returns V(null) (unknown) unless the run that C(owner) names was started on this very
+    controller - the same hostname AND the same boot id; two controllers that share a hostname (CI runners all
+    called C(localhost), cloned images) never judge each other's runs. For a run of this controller it returns
+    V(false) when its ansible-playbook process is gone, or when its pid now belongs to another process (the start
+    ticks differ), so that run was interrupted (Ctrl-C, SIGTERM) and its lock may be taken over; otherwise V(true).
+  - V(null) means nothing can be known here, so the lock is waited for until it expires (its TTL); a controller
+    without C(/proc) always answers V(null).
   - Runs on the controller only, in Python (no shell), so the controller may be any OS ansible-core runs on.
 options:
   _terms:
@@ -40,13 +46,14 @@ EXAMPLES = r"""
 
 RETURN = r"""
 _raw:
-  description: The run id (V(new)), or true, false or null (V(alive)).
+  description: The run id (V(new)), or V(true), V(false) or V(null) (V(alive)).
   type: list
   elements: raw
 """
 
 import multiprocessing
 import os
+import re
 import socket
 import uuid
 
@@ -60,21 +67,53 @@ def playbook_pid() -> int:
     return parent.pid if parent is not None and parent.pid else os.getpid()
 
 
-def pid_alive(pid: int) -> bool:
+def boot_id() -> str | None:
+    """This controller's boot id (Linux); None where /proc does not tell."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: it exists
-        return True
-    return True
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            value = f.read().strip()
+    except OSError:
+        return None
+    return value if re.fullmatch(r"[0-9A-Za-z-]+", value) else None
+
+
+def start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (start time in clock ticks since boot); None when the process or /proc is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command (field 2) is in parentheses and may hold spaces or ')': split after the last ')'.
+    fields = stat[stat.rfind(")") + 2:].split()
+    try:
+        return int(fields[19])  # field 22 = the 20th after pid and comm
+    except (IndexError, ValueError):
+        return None
+
+
+def new_id(host: str, pid: int) -> str:
+    boot, ticks = boot_id(), start_ticks(pid)
+    return "%s:%d:%s.%s.%s" % (host, pid, boot or "-", "-" if ticks is None else ticks, uuid.uuid4())
 
 
 def owner_alive(owner: str, host: str):
+    """True, False, or None (unknown: another controller, another boot, no /proc, or an id not of this format)."""
     parts = owner.split(":")
     if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
         return None
-    return pid_alive(int(parts[1]))
+    token = parts[2].split(".")
+    if len(token) != 3 or not token[1].isdigit():
+        return None
+    me = boot_id()
+    if me is None or token[0] != me:
+        return None
+    pid = int(parts[1])
+    ticks = start_ticks(pid)
+    if ticks is None:
+        # This boot's /proc answers for every live process: no entry means it is gone.
+        return False if not os.path.exists("/proc/%d" % pid) else None
+    return ticks == int(token[1])
 
 
 class LookupModule(LookupBase):
@@ -83,7 +122,7 @@ class LookupModule(LookupBase):
         what = terms[0] if terms else "new"
         host = socket.gethostname()
         if what == "new":
-            return ["%s:%d:%s" % (host, playbook_pid(), uuid.uuid4())]
+            return [new_id(host, playbook_pid())]
         if what == "alive":
             owner = self.get_option("owner")
             if not owner:

@@ -97,10 +97,11 @@ def check_pidfile(path: str, procs: t.Mapping[int, _proc.Proc], cmdline_regex: s
         return done("not_running", "pidfile %s names pid %d, which is not running" % (path, pid))
     out.update(user=p.user(), cmdline=p.command[:300])
     who = "%s, user %s" % (p.command[:120], out["user"])
-    # A pid is reused after its process dies, so a pid alone proves nothing: the file must record the start time
-    # (gpufleet's own 'PID START_TIME'), or the process must show it is the server (launch tag, adopt regex).
-    # A pidfile newer than an unrelated process names it as plausibly as the server's own pidfile would
-    # (a server stopped by hand, its pidfile then rewritten): only the checks below tell them apart.
+    # A pid is reused after its process dies, and a pidfile can be written by anyone who can write its directory:
+    # a pidfile is no proof of anything. The process must show it is the server - the launch tag every server
+    # gpufleet launches carries (either launcher), or the adopt regex. The recorded start time (gpufleet's own
+    # 'PID START_TIME') and the pidfile's mtime only tell a stale pidfile (a reused pid); a matching start time
+    # never confirms on its own (an unrelated process's pid and real start time are easy to write).
     if start is not None and start != p.start_time:
         return done("stale", "pidfile %s is stale: pid %d now belongs to another process (%s)" % (path, pid, who))
     if start is None and _proc.start_epoch(p) > mtime + _PIDFILE_SLACK_S:
@@ -108,18 +109,17 @@ def check_pidfile(path: str, procs: t.Mapping[int, _proc.Proc], cmdline_regex: s
     if cmdline_regex and not re.search(cmdline_regex, p.command):
         return done("unconfirmed", "pidfile %s is unconfirmed: pid %d does not match %r (%s); left alone"
                     % (path, pid, cmdline_regex, who))
-    if start is not None:
-        by = "start_time"
-    elif tag is not None and _proc.environ_has(pid, tag[0], tag[1]):
+    if tag is not None and _proc.environ_has(pid, tag[0], tag[1]):
         by = "tag"
     elif cmdline_regex:
         by = "pidfile_cmdline_regex"
     elif adopt_regex and re.search(adopt_regex, p.command):
         by = "cmdline_regex"
     else:
-        checks = ["no start time recorded"]
-        checks.append("no launch tag %s=%s" % tag if tag else "no launch tag given")
+        checks = ["no launch tag %s=%s" % tag if tag else "no launch tag given"]
         checks.append("no match for %r" % adopt_regex if adopt_regex else "no command line regex given")
+        if start is not None:
+            checks.append("a matching start time alone confirms nothing")
         return done("unconfirmed", "pidfile %s is unconfirmed: it names pid %d (%s) but %s; left alone"
                     % (path, pid, who, ", ".join(checks)))
     return done("confirmed", "pidfile %s names running pid %d (confirmed by %s)" % (path, pid, by), by)

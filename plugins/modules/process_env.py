@@ -140,8 +140,9 @@ notes:
 pidfile:
   version_added: 0.2.0
   description:
-    - What O(pidfile) names and whether it was confirmed, as M(gpufleet.serving.process_kill) returns it; an
-      unconfirmed or stale pidfile selects nothing.
+    - What O(pidfile) names and whether it was confirmed, as M(gpufleet.serving.process_kill) returns it
+      (C(confirmed_by) V(tag), V(pidfile_cmdline_regex) or V(cmdline_regex); a recorded start time never confirms on
+      its own); an unconfirmed or stale pidfile selects nothing.
   returned: when pidfile is set
   type: dict
 """

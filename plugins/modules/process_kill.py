@@ -17,9 +17,10 @@ description:
     then extended with their descendants and the members of the sessions and process groups they lead.
   - O(tag) finds every process whose exec-time environment has C(NAME=VALUE); a launch tag is inherited by
     all workers, so workers orphaned to PID 1 after their launcher died (a known SGLang/vLLM failure) are found.
-  - O(pidfile) selects its process only when something confirms it is the server (the start time the pidfile
-    records, O(tag), O(pidfile_cmdline_regex) or O(cmdline_regex)); a pidfile holding only a pid never gets an
-    unrelated process killed (RV(pidfile) says why it was left alone).
+  - O(pidfile) selects its process only when the process confirms it is the server - it carries O(tag), or its
+    command line matches O(pidfile_cmdline_regex) or O(cmdline_regex). The start time a pidfile records
+    (C(PID START_TIME)) only tells a stale pidfile, never confirms on its own, so a pidfile naming an unrelated
+    process (its pid, or its pid and real start time) never gets it killed (RV(pidfile) says why it was left alone).
   - Each process is pinned by pid and start time (field 22 of C(/proc/PID/stat)) and signalled through a
     pidfd where the kernel has them, so a pid reused by another process is never signalled.
   - PID 1, kernel threads, this module's own process and its ancestors (the ssh/ansible chain) are never signalled;
@@ -116,10 +117,12 @@ notes:
 pidfile:
   version_added: 0.2.0
   description:
-    - What O(pidfile) names - C(path), C(pid), C(status), C(reason), C(confirmed_by) (V(start_time), V(tag),
-      V(pidfile_cmdline_regex) or V(cmdline_regex)), and the C(user) and C(cmdline) of a live process.
+    - What O(pidfile) names - C(path), C(pid), C(status), C(reason), C(confirmed_by) (V(tag),
+      V(pidfile_cmdline_regex) or V(cmdline_regex); V(null) unless confirmed), and the C(user) and C(cmdline) of a
+      live process.
     - C(status) is V(confirmed) (the process is selected), V(unconfirmed) (a live process nothing confirms, left
-      alone), V(stale) (the recorded start time differs, or the process started after the pidfile was written),
+      alone, even when the recorded start time matches), V(stale) (the recorded start time differs, or the process
+      started after the pidfile was written),
       V(not_running) or V(missing).
   returned: when pidfile is set
   type: dict

@@ -15,9 +15,10 @@ description:
     stopping at the first step that fails (RV(phase) names it).
   - "C(kill): every process carrying the launch tag O(tag_name)=O(name) (workers orphaned to PID 1 included), the
     process O(pidfile) names when confirmed and, with O(kill.cmdline_regex), an adopted server started before
-    gpufleet; TERM, grace, KILL, as M(gpufleet.serving.process_kill) does. The pidfile's process is confirmed by the
-    start time the pidfile records, the launch tag or O(kill.cmdline_regex); a pidfile holding only the pid of an
-    unrelated process (a server stopped by hand) selects nothing and is reported in the C(pidfile) of RV(kill)."
+    gpufleet; TERM, grace, KILL, as M(gpufleet.serving.process_kill) does. The pidfile's process is confirmed only by
+    the launch tag or O(kill.cmdline_regex); the start time the pidfile records only tells a stale pidfile, so a
+    pidfile naming an unrelated process (a server stopped by hand; its pid, or its pid and real start time) selects
+    nothing and is reported in the C(pidfile) of RV(kill)."
   - "C(strays): with O(kill.gpu_strays), every other process holding one of O(gpus), minus O(kill.exclude_regex)."
   - "C(clean): wait until O(gpus) are clean, as M(gpufleet.serving.gpu_wait) does; nothing is launched onto a
     dirty GPU. The failure lists every holder."
@@ -217,7 +218,8 @@ kill:
   description:
     - What the kill step selected and signalled, as M(gpufleet.serving.process_kill) returns it.
     - Its C(pidfile) says what O(pidfile) named and whether it was confirmed (C(status) V(confirmed),
-      V(unconfirmed), V(stale), V(not_running) or V(missing)); only a confirmed process is killed through it.
+      V(unconfirmed), V(stale), V(not_running) or V(missing); C(confirmed_by) V(tag) or V(cmdline_regex)); only a
+      confirmed process is killed through it, and a recorded start time alone never confirms.
   returned: always
   type: dict
 strays:

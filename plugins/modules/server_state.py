@@ -58,7 +58,8 @@ options:
   pidfile:
     description:
       - Pidfile written by the launcher (C(PID START_TIME)).
-      - A pidfile holding only a pid counts only when that process carries the launch tag (RV(running)).
+      - Its process counts as the server only when it carries the launch tag (RV(running)); the recorded start time
+        only tells a stale pidfile (a reused pid), it never confirms on its own.
     type: path
   fingerprint:
     description: Hash of the desired state (command, env, user, workdir, launcher, NCCL layers).
@@ -171,17 +172,20 @@ reasons:
   elements: str
 running:
   description:
-    - Whether the process named by the pidfile is alive and confirmed to be the server, by the start time the
-      pidfile records (C(PID START_TIME), as gpufleet writes it) or by the launch tag in its environment.
-    - A pidfile holding only a pid of a process without the launch tag is never taken for the server; see RV(pidfile).
+    - Whether the process named by the pidfile is alive and confirmed to be the server by the launch tag in its
+      environment (every server gpufleet launches carries it, with either launcher).
+    - A pidfile naming a process without the launch tag is never taken for the server, even when it records that
+      process's real start time (C(PID START_TIME), as gpufleet writes it); the start time only tells a stale pidfile.
+      See RV(pidfile).
   returned: when action is check
   type: bool
 pidfile:
   version_added: 0.2.0
   description:
     - With V(check) and O(pidfile), what the pidfile names - C(path), C(pid), C(status), C(reason), C(confirmed_by)
-      (V(start_time) or V(tag)), and the C(user) and C(cmdline) of a live process.
-    - C(status) is V(confirmed), V(unconfirmed) (a live process the pidfile cannot be trusted for), V(stale) (the
+      (V(tag) when confirmed, else V(null)), and the C(user) and C(cmdline) of a live process.
+    - C(status) is V(confirmed), V(unconfirmed) (a live process without the launch tag, whatever start time the
+      pidfile records), V(stale) (the
       recorded start time differs, or the process started after the pidfile was written), V(not_running),
       V(missing) or V(unreadable).
   returned: when action is check and pidfile is set

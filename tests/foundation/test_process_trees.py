@@ -113,9 +113,13 @@ def test_other_tag_value_untouched(launch):
 
 
 def test_our_pidfile_selects_the_server(launch):
-    tree = launch(workers=2, pidfile=True, tag=None)
-    res, rep = select_and_kill(pidfile=str(tree.pidfile))
-    assert res["selected"][tree.launcher][0] == "pidfile"
+    """gpufleet's own 'PID START_TIME' pidfile: confirmed by the launch tag its server carries, never by the start
+    time alone."""
+    tree = launch(workers=2, pidfile=True, tag="GPUFLEET_SERVICE=pf")
+    res = select(pidfile=str(tree.pidfile))[0]
+    assert res["selected"] == {} and res["pidfile"]["status"] == "unconfirmed", res  # no tag given
+    res, rep = select_and_kill(pidfile=str(tree.pidfile), tag="GPUFLEET_SERVICE=pf")
+    assert res["selected"][tree.launcher][0] == "pidfile" and res["pidfile"]["confirmed_by"] == "tag", res
     assert set(res["selected"]) == set(tree.members)
     assert tree.alive() == []
 

@@ -2,6 +2,8 @@
 """A pidfile alone never selects a process (issue 13): two sandbox hosts, each with a server rolled out, then stopped
 by hand, its pidfile rewritten to hold only the pid of an older, unrelated process: another user's on host1, root's on
 host2. One more real rollout (gpufleet.serving.rollout through ansible-runner) must leave both processes alone.
+Then the same again with the pidfile in gpufleet's own form, C(PID START_TIME), holding the unrelated process's pid and
+its real start time: a matching start time alone confirms nothing (only the launch tag or the adopt regex does).
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ RESTART_TASK = "Restart the server (kill, verify clean, launch, wait ready, veri
 CHECK_TASK = "Check the running server against the desired state (and take the host lock)"
 # The unrelated process's owner on each host: another user (useradd on the host), and root.
 OWNERS = {"host1": "pidtest", "host2": "root"}
+# What the rewritten pidfile holds: the pid only, then the pid and the process's real start time ('PID START_TIME').
+FORMS = ["pid", "pid_start_time"]
 
 
 def _rollout(fleet, work, ident):
@@ -49,30 +53,26 @@ def scenario(sandbox_fleet_module, tmp_path_factory):
 
     first = _rollout(fleet, work, "first")
     assert first.rc == 0, first.stdout[-3000:]
-    for h in HOSTS:
-        # Stopped by hand (kill of every server process), then the pidfile rewritten with a pid only.
-        server = _tagged(fleet, h)
-        assert server, "no server on %s after the first rollout" % h
-        # The launcher stops its workers on TERM: one may be gone before its own signal.
-        sh(fleet, h, "kill -TERM %s 2>/dev/null; true" % " ".join(str(p) for p in server))
-        wait_for(lambda h=h: not _tagged(fleet, h), 60, "server stopped on %s" % h)
-        sh(fleet, h, "echo %d > %s" % (victims[h]["pid"], PIDFILE))
+    runs, after, pidfiles = {}, {}, {}
+    for form in FORMS:
+        for h in HOSTS:
+            # Stopped by hand (kill of every server process), then the pidfile rewritten: a pid only, or the
+            # unrelated process's pid and its real start time (the form gpufleet writes).
+            server = _tagged(fleet, h)
+            assert server, "no server on %s before the %s rollout" % (h, form)
+            # The launcher stops its workers on TERM: one may be gone before its own signal.
+            sh(fleet, h, "kill -TERM %s 2>/dev/null; true" % " ".join(str(p) for p in server))
+            wait_for(lambda h=h: not _tagged(fleet, h), 60, "server stopped on %s" % h)
+            text = "%d" % victims[h]["pid"] if form == "pid" else "%d %d" % (victims[h]["pid"], victims[h]["start"])
+            sh(fleet, h, "echo %s > %s" % (text, PIDFILE))
+        runs[form] = _rollout(fleet, work, form)
+        after[form] = {h: ps(fleet, h) for h in HOSTS}
+        pidfiles[form] = {h: read_host_file(fleet, h, PIDFILE) for h in HOSTS}
+    return dict(fleet=fleet, runs=runs, victims=victims, after=after, pidfiles=pidfiles)
 
-    run = _rollout(fleet, work, "second")
-    return dict(fleet=fleet, run=run, victims=victims, after={h: ps(fleet, h) for h in HOSTS})
 
-
-@pytest.mark.reliability(
-    section="fault", case="Pidfile holding only the pid of an older, unrelated process (another user's, root's)",
-    provoked="a server rolled out, then stopped by hand, its pidfile (/run/gpufleet/demo.pid) rewritten to hold only "
-             "the pid of a `sleep` started before it: one of user `pidtest` (useradd on the host) on host1, one of "
-             "root on host2; one more rollout",
-    outcome="the `sleep` has no start time recorded, no launch tag and does not match the adopt regex, so neither the "
-            "check nor the kill trusts the pidfile: it is reported unconfirmed (kill step's `pidfile.status` and "
-            "notes, the check's `pidfile.status`, `running` false); the `sleep` survives with the same pid and start "
-            "time, and the server is launched and the pidfile rewritten")
-def test_unconfirmed_pidfile_process_survives(scenario):
-    run = scenario["run"]
+def _unconfirmed_pidfile_process_survives(scenario, form):
+    run = scenario["runs"][form]
     assert run.rc == 0, run.stdout[-3000:]
     for host in HOSTS:
         victim = scenario["victims"][host]
@@ -81,12 +81,39 @@ def test_unconfirmed_pidfile_process_survives(scenario):
         assert victim["pid"] not in {p["pid"] for p in kill["processes"]}, (host, kill["processes"])
         pf = kill["pidfile"]
         assert pf["pid"] == victim["pid"] and pf["status"] == "unconfirmed", (host, pf)
+        assert pf["confirmed_by"] is None, (host, pf)
         assert any("unconfirmed" in n and str(victim["pid"]) in n for n in kill["notes"]), (host, kill["notes"])
         check = run.res(host, CHECK_TASK)
         assert check["running"] is False and check["pidfile"]["status"] == "unconfirmed", (host, check.get("pidfile"))
-        after = scenario["after"][host]
+        after = scenario["after"][form][host]
         assert after.get(victim["pid"], {}).get("start") == victim["start"], "the sleep on %s was killed" % host
         assert summary(run)[host]["restarted"] is True, host
-        new = read_host_file(scenario["fleet"], host, PIDFILE).split()
+        new = scenario["pidfiles"][form][host].split()
         assert len(new) == 2 and int(new[0]) != victim["pid"], (host, new)
         assert after[int(new[0])]["tag"] == "demo", (host, after.get(int(new[0])))
+
+
+@pytest.mark.reliability(
+    section="fault", case="Pidfile holding only the pid of an older, unrelated process (another user's, root's)",
+    provoked="a server rolled out, then stopped by hand, its pidfile (/run/gpufleet/demo.pid) rewritten to hold only "
+             "the pid of a `sleep` started before it: one of user `pidtest` (useradd on the host) on host1, one of "
+             "root on host2; one more rollout",
+    outcome="the `sleep` has no launch tag and does not match the adopt regex, so neither the check nor the kill "
+            "trusts the pidfile: it is reported unconfirmed (kill step's `pidfile.status` and notes, the check's "
+            "`pidfile.status`, `running` false); the `sleep` survives with the same pid and start time, and the server "
+            "is launched and the pidfile rewritten")
+def test_unconfirmed_pidfile_process_survives(scenario):
+    _unconfirmed_pidfile_process_survives(scenario, "pid")
+
+
+@pytest.mark.reliability(
+    section="fault", case="Pidfile naming an unrelated process by its pid and real start time (another user's, root's)",
+    provoked="as above, then the server stopped by hand again and its pidfile rewritten in gpufleet's own form, "
+             "`PID START_TIME`, with the `sleep`'s pid and its real start time (field 22 of /proc/PID/stat); one more "
+             "rollout",
+    outcome="the start time matches, but a start time only tells a stale pidfile and never confirms: without the "
+            "launch tag or an adopt-regex match the pidfile is reported unconfirmed (`confirmed_by` null) by the kill "
+            "step and the check (`running` false); the `sleep` survives with the same pid and start time, and the "
+            "server is launched and the pidfile rewritten")
+def test_pidfile_with_an_unrelated_process_real_start_time_is_unconfirmed(scenario):
+    _unconfirmed_pidfile_process_survives(scenario, "pid_start_time")

@@ -144,7 +144,7 @@ def _now_ticks() -> int:
 
 
 @pytest.mark.parametrize("content,status", [
-    ("600 1000\n", "confirmed"),      # ours: exact start time
+    ("600 1000\n", "unconfirmed"),    # ours in form, exact start time: but a start time alone confirms nothing
     ("600 1001\n", "stale"),          # ours, but pid 600 is now another process
     ("600\n", "unconfirmed"),         # foreign: older than the file, but nothing says it is the server
     ("4242\n", "not_running"),
@@ -265,19 +265,40 @@ def test_pid_only_pidfile_older_than_process_is_stale(real_sleep, tmp_path):
 
 
 @pytest.mark.parametrize("uid", [None, NOBODY], ids=["same-user", "other-user"])
-@pytest.mark.parametrize("how", ["start_time", "tag", "pidfile_cmdline_regex", "cmdline_regex"])
+@pytest.mark.parametrize("how", ["start_time+tag", "tag", "pidfile_cmdline_regex", "cmdline_regex"])
 def test_confirmed_pidfile_selects_its_process(real_sleep, tmp_path, how, uid):
-    env = {"GPUFLEET_SERVICE": "demo"} if how == "tag" else None
+    env = {"GPUFLEET_SERVICE": "demo"} if how.endswith("tag") else None
     server = real_sleep(env=env, uid=uid)
-    text = "%d %d\n" % server.identity if how == "start_time" else "%d\n" % server.pid
-    kw = {"tag": ("GPUFLEET_SERVICE=demo", "GPUFLEET_SERVICE=other")[how != "tag"]}
+    text = "%d %d\n" % server.identity if how.startswith("start_time") else "%d\n" % server.pid
+    kw = {"tag": ("GPUFLEET_SERVICE=demo", "GPUFLEET_SERVICE=other")[not how.endswith("tag")]}
     if how == "pidfile_cmdline_regex":
         kw["pidfile_cmdline_regex"] = r"^sleep 600$"
     if how == "cmdline_regex":
         kw["cmdline_regex"] = r"^sleep 600$"
     r = _select.select(_select.Selector(pidfile=_pidfile(tmp_path, text), **kw))
     assert "pidfile" in r["selected"].get(server.pid, []), r
-    assert r["pidfile"]["status"] == "confirmed" and r["pidfile"]["confirmed_by"] == how, r["pidfile"]
+    by = "tag" if how.endswith("tag") else how
+    assert r["pidfile"]["status"] == "confirmed" and r["pidfile"]["confirmed_by"] == by, r["pidfile"]
+
+
+@pytest.mark.parametrize("uid", [None, NOBODY], ids=["same-user", "other-user"])
+def test_pidfile_with_the_real_start_time_of_an_unrelated_process_selects_nothing(real_sleep, tmp_path, uid):
+    """The reported bug: 'PID START_TIME' of an unrelated process (its real start time) written into the pidfile.
+    The start time matches, but only the launch tag or the adopt regex confirms: unconfirmed, not selected."""
+    victim = real_sleep(uid=uid)
+    path = _pidfile(tmp_path, "%d %d\n" % victim.identity)
+    r = _select.select(_select.Selector(pidfile=path, tag="GPUFLEET_SERVICE=demo", cmdline_regex=r"demo_server\.py"))
+    assert victim.pid not in r["selected"], r
+    pf = r["pidfile"]
+    assert pf["pid"] == victim.pid and pf["status"] == "unconfirmed" and pf["confirmed_by"] is None, pf
+    assert "left alone" in pf["reason"] and "start time alone confirms nothing" in pf["reason"], pf
+    assert _proc.is_alive(victim.identity)
+    # the same pidfile naming a process that carries the launch tag is confirmed by the tag
+    server = real_sleep(env={"GPUFLEET_SERVICE": "demo"}, uid=uid)
+    path = _pidfile(tmp_path, "%d %d\n" % server.identity)
+    r = _select.select(_select.Selector(pidfile=path, tag="GPUFLEET_SERVICE=demo"))
+    assert "pidfile" in r["selected"].get(server.pid, []), r
+    assert r["pidfile"]["status"] == "confirmed" and r["pidfile"]["confirmed_by"] == "tag", r["pidfile"]
 
 
 def test_pidfile_start_time_mismatch_is_stale_even_with_a_matching_regex(real_sleep, tmp_path):

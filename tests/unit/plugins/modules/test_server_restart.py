@@ -96,6 +96,7 @@ def test_full_cycle_kills_the_old_server_relaunches_verifies_records_and_unlocks
     assert "failed" not in r, r.get("msg")
     assert r["changed"] is True and r["kill"]["signalled"] == 2 and r["killed"] == 2
     assert sorted(p["pid"] for p in r["kill"]["processes"]) == old
+    assert r["kill"]["pidfile"]["status"] == "confirmed" and r["kill"]["pidfile"]["confirmed_by"] == "tag"
     assert not any(pid_alive(pid) for pid in old)
     new = _tagged(a)
     assert r["pid"] in new and not set(new) & set(old)
@@ -114,16 +115,18 @@ def test_full_cycle_kills_the_old_server_relaunches_verifies_records_and_unlocks
     assert r["lock_released"] is True and not os.path.exists(a["release_lock"]["lock_file"])
 
 
-def test_pid_only_pidfile_of_an_unrelated_process_is_left_alone(server, run_module):
-    """Issue 13: the server stopped by hand, its pidfile rewritten with only the pid of an older, unrelated process
-    (the pidfile is newer than it): nothing confirms it, so the restart leaves it alone, says so, and launches."""
+@pytest.mark.parametrize("with_start_time", [False, True], ids=["pid", "pid-and-real-start-time"])
+def test_pid_only_pidfile_of_an_unrelated_process_is_left_alone(server, run_module, with_start_time):
+    """Issue 13: the server stopped by hand, its pidfile rewritten with the pid of an older, unrelated process (the
+    pidfile is newer than it), or with its pid AND real start time: nothing confirms it (a matching start time alone
+    does not), so the restart leaves it alone, says so, and launches."""
     a = server
     unrelated = subprocess.Popen(["sleep", "600"], start_new_session=True)
     try:
         ident = _proc.read_proc(unrelated.pid).identity
         os.makedirs(os.path.dirname(a["pidfile"]))
         with open(a["pidfile"], "w") as f:
-            f.write("%d\n" % unrelated.pid)
+            f.write("%d %d\n" % ident if with_start_time else "%d\n" % unrelated.pid)
         r = run_module(server_restart.main, a)
         assert "failed" not in r, r.get("msg")
         assert unrelated.pid not in [p["pid"] for p in r["kill"]["processes"]] and _proc.is_alive(ident)

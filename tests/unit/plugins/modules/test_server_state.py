@@ -299,11 +299,13 @@ def test_up_to_date_is_false_when_a_restart_is_needed_even_with_the_layers_right
 
 
 def test_pid_only_pidfile_is_the_server_only_with_the_launch_tag(servers, paths, run_module):
-    """Issue 13: a pidfile holding only a pid names the server only when that process carries the launch tag; an
-    unrelated process it names (the server stopped by hand) is never reported as the server running."""
+    """Issue 13: a pidfile (a pid, or gpufleet's 'PID START_TIME') names the server only when that process carries the
+    launch tag; an unrelated process it names (the server stopped by hand, or a pid and start time written by hand) is
+    never reported as the server running."""
     s = running(servers, paths, run_module)
     r = run_module(server_state.main, check_args(paths))
-    assert r["running"] is True and r["pidfile"]["confirmed_by"] == "start_time", r["pidfile"]
+    # gpufleet's own 'PID START_TIME' pidfile: the start time matches, yet the launch tag is what confirms
+    assert r["running"] is True and r["pidfile"]["confirmed_by"] == "tag", r["pidfile"]
     unrelated = subprocess.Popen(["sleep", "600"], start_new_session=True)
     try:
         s.kill()
@@ -312,6 +314,12 @@ def test_pid_only_pidfile_is_the_server_only_with_the_launch_tag(servers, paths,
         assert r["running"] is False and "server is not running" in r["reasons"] and r["needs_restart"] is True
         pf = r["pidfile"]
         assert pf["pid"] == unrelated.pid and pf["status"] == "unconfirmed" and pf["cmdline"] == "sleep 600", pf
+        # its pid AND its real start time: a matching start time alone confirms nothing
+        Path(paths["pidfile"]).write_text("%d %d\n" % (unrelated.pid, _proc.read_proc(unrelated.pid).start_time))
+        r = run_module(server_state.main, check_args(paths))
+        assert r["running"] is False and "server is not running" in r["reasons"] and r["needs_restart"] is True
+        pf = r["pidfile"]
+        assert pf["pid"] == unrelated.pid and pf["status"] == "unconfirmed" and pf["confirmed_by"] is None, pf
         tagged = servers()
         Path(paths["pidfile"]).write_text("%d\n" % tagged.pid)
         r = run_module(server_state.main, check_args(paths))
