@@ -109,11 +109,19 @@ def _grep_tree(root: Path, needles: t.Sequence[str], skip: t.Sequence[Path] = ()
     return hits
 
 
+def _pieces(needles: t.Sequence[str], size: int = 8) -> t.List[str]:
+    """Every `size`-character piece of the needles: what a message cut through a secret could leave of it (the
+    modules mask a piece of 8 characters or more). Only for the run's own output and files: on a host's whole tree a
+    random 8-character hex piece could turn up by chance (a package's md5sums)."""
+    return sorted({n[i:i + size] for n in needles for i in range(len(n) - size + 1)})
+
+
 def _assert_nowhere(needles: t.Sequence[str], texts: t.Mapping[str, str], root: Path, skip: t.Sequence[Path] = ()) -> None:
+    pieces = _pieces(needles)
     for name, text in texts.items():
-        found = [n for n in needles if n in text]
-        assert not found, "a secret is in %s" % name
-    assert _grep_tree(root, needles, skip) == []
+        found = [n for n in pieces if n in text]
+        assert not found, "a secret (or an 8-character piece of one) is in %s" % name
+    assert _grep_tree(root, pieces, skip) == []
 
 
 def _cli(fleet: t.Any, workdir: Path, name: str, inventories: t.Sequence[Path], *args: str,
@@ -225,6 +233,31 @@ def test_process_rollout_cli_keeps_the_secrets(bare, tmp_path):
                               "log -vvvv": log2.read_text()}, tmp_path, skip=[plain])
     for h in HOSTS:
         assert _sandbox_scan(fleet, h, needles) == [], h
+
+
+@pytest.mark.reliability(
+    section="security", case="A token the server printed before crashing is masked in the cut start-up message",
+    provoked="HF_TOKEN=hf_<random>, 30 characters, in gpufleet_server_env; the server prints 'loading with "
+             "token=$HF_TOKEN', then 270 characters, and exits 1; ansible-playbook gpufleet.serving.rollout -vvv with "
+             "ANSIBLE_LOG_PATH (the start-up failure message keeps the log tail's last 297 characters, which cut the "
+             "token and leave 24 of its characters)",
+    outcome="the host fails with 'exited during start-up' and the masked piece in its message; no 8-character piece "
+            "of the token is in stdout, the ansible log, the summary or any other file of the run")
+def test_a_token_cut_by_the_start_up_failure_message_is_masked(bare, tmp_path):
+    fleet, host = bare, HOSTS[0]
+    token = "hf_" + secrets.token_hex(14)[:27]
+    assert len(token) == 30
+    gv = _server_vars(fleet, gpufleet_server_command=[
+        "/bin/sh", "-c", 'echo "loading with token=$HF_TOKEN"; printf "A%.0s" $(seq 270); echo; exit 1'])
+    plain = _servers_inventory(tmp_path / "servers-plain.json", [host], gv, {"hf": token, "bearer": "sk-x"}, None)
+
+    p, log, sums = _cli(fleet, tmp_path, "crash", [fleet.inventory, plain], "-vvv")
+
+    assert p.returncode != 0, p.stdout[-6000:]
+    failure = _summary_hosts(sums)[host]["failure"]
+    assert "exited during start-up" in failure and "********" in failure and "A" * 100 in failure, failure
+    assert token in fleet.host_run(host, ["cat", "/var/log/gpufleet/demo.log"]).stdout  # the server did print it
+    _assert_nowhere([token], {"stdout -vvv": p.stdout, "log -vvv": log.read_text()}, tmp_path, skip=[plain])
 
 
 @pytest.mark.reliability(

@@ -76,7 +76,7 @@ def test_a_rollout_from_a_umask_077_shell_gives_the_server_umask_0022_and_gpufle
     assert modes(rf, ["/run/gpufleet", "/var/lib/gpufleet", "/var/log/gpufleet", "/var/log/gpufleet/demo.log",
                       "/var/lib/gpufleet/demo.json", "/run/gpufleet/demo.pid"]) == {
         "/run/gpufleet": ("755", "root"), "/var/lib/gpufleet": ("755", "root"), "/var/log/gpufleet": ("755", "root"),
-        "/var/log/gpufleet/demo.log": ("644", "serve"), "/var/lib/gpufleet/demo.json": ("644", "root"),
+        "/var/log/gpufleet/demo.log": ("644", "serve"), "/var/lib/gpufleet/demo.json": ("600", "root"),
         "/run/gpufleet/demo.pid": ("644", "root")}
     # The server's own files (launcher and workers write them as `serve`) follow the server's umask.
     own = modes(rf, [SERVE_STATE + "/launcher.json", SERVE_STATE + "/worker-0.json", SERVE_STATE + "/worker-1.json"])
