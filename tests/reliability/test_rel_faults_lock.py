@@ -132,7 +132,7 @@ def test_interrupted_rollout_completes_its_restart_and_the_next_run_waits_for_it
     section="fault", case="Two rollouts against the same host at once",
     provoked="rollout A restarts host1 (server start-up takes 12 s); while A holds the host lock, rollout B "
              "(gpufleet_server_lock_wait 0) and rollout C (gpufleet_server_lock_wait 120) start against host1",
-    outcome="B fails at once with 'host is locked by another gpufleet run (<A's controller:pid:uuid>)' and touches "
+    outcome="B fails at once with 'host is locked by another gpufleet run (<A's host:pid:boot.ticks.uuid>)' and touches "
             "nothing; C waits for A's lock, then finds the server up to date and changes nothing; the server log "
             "shows exactly one launch and the running server is A's")
 def test_concurrent_rollouts_never_interleave(bare, tmp_path):

@@ -236,7 +236,7 @@ def written(tmp_path_factory):
              "(root:4 mode 0640 and root mode 0600) with backup: true while another thread re-reads them in a loop; "
              "server_state writes its state and lock files",
     outcome="new files are root:root 0644 whatever the umask; a replaced file gets a new inode (rename), keeps its "
-            "owner and mode, every concurrent read saw the whole old or the whole new content, no temp file is left; "
+            "owner and group and gains read for every user (0644: the layers exist to reach every process), every concurrent read saw the whole old or the whole new content, no temp file is left; "
             "backups have the original's mode (0640, 0600: not world-readable); the lock file is 0644, the state file "
             "0600 (its fingerprint digests the secrets)")
 def test_files_are_written_safely(written):
@@ -254,8 +254,9 @@ def test_files_are_written_safely(written):
     for p, (ino, data) in before.items():
         assert p.stat().st_ino != ino, "%s was rewritten in place, not replaced" % p
         assert seen[p] <= {data, p.read_bytes()}, "a reader saw a partial %s" % p
-    assert (old_conf.stat().st_uid, old_conf.stat().st_gid, mode(old_conf)) == (0, 4, 0o640)
-    assert mode(old_site) == 0o600
+    # An existing file keeps its owner and group, and gains read for every user (it exists to reach every process).
+    assert (old_conf.stat().st_uid, old_conf.stat().st_gid, mode(old_conf)) == (0, 4, 0o644)
+    assert mode(old_site) == 0o644
     b_conf, b_site = Path(res["conf_old"]["backup_file"]), Path(res["site_old"]["files"][0]["backup_file"])
     assert b_conf.read_bytes() == before[old_conf][1] and mode(b_conf) == 0o640 and b_conf.stat().st_gid == 4
     assert b_site.read_bytes() == before[old_site][1] and mode(b_site) == 0o600
