@@ -284,6 +284,17 @@ def access_fixes(real_path: str, links: t.Sequence[str] = ()) -> t.List[t.Dict[s
     return out
 
 
+def fix_access_or_fail(module: t.Any, fixes: t.Sequence[t.Mapping[str, t.Any]], real: str) -> None:
+    """Apply `fixes` (not in check mode), or fail the module naming the file and, for a permission error, the cure."""
+    if not fixes or module.check_mode:
+        return
+    try:
+        apply_access_fixes(fixes)
+    except OSError as e:
+        hint = "; run as root (become: true)" if isinstance(e, PermissionError) else ""
+        module.fail_json(msg="cannot make %s readable by every user: %s%s" % (real, e.strerror or e, hint), path=real)
+
+
 def apply_access_fixes(fixes: t.Sequence[t.Mapping[str, str]]) -> None:
     """Add read (file) and search (directory) for every user; nothing else of the mode changes."""
     for f in fixes:

@@ -141,13 +141,7 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
         except OSError as e:
             hint = "; run as root (become: true)" if isinstance(e, PermissionError) else ""
             module.fail_json(msg="cannot write %s: %s%s" % (real, e.strerror or e, hint), path=real)
-    if fixes and not module.check_mode:
-        try:
-            _envblock.apply_access_fixes(fixes)
-        except OSError as e:
-            hint = "; run as root (become: true)" if isinstance(e, PermissionError) else ""
-            module.fail_json(msg="cannot make %s readable by every user: %s%s" % (real, e.strerror or e, hint),
-                             path=real)
+    _envblock.fix_access_or_fail(module, fixes, real)
     if not module.check_mode:
         written = parse_conf(_envblock.read_text(real) or "")
         got = {k: written[k][0] if k in written else None for k in keys}

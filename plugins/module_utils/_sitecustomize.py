@@ -371,13 +371,7 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
             except OSError as e:
                 hint = "; run as root (become: true)" if isinstance(e, PermissionError) else ""
                 module.fail_json(msg="cannot write %s: %s%s" % (real, e.strerror or e, hint), path=real)
-        if fixes and not module.check_mode:
-            try:
-                _envblock.apply_access_fixes(fixes)
-            except OSError as e:
-                hint = "; run as root (become: true)" if isinstance(e, PermissionError) else ""
-                module.fail_json(msg="cannot make %s readable by every user: %s%s" % (real, e.strerror or e, hint),
-                                 path=real)
+        _envblock.fix_access_or_fail(module, fixes, real)
         result["changed"] = result["changed"] or changed
         result["files"].append(fentry)
         # Prove it: start each interpreter like any process (probe_env only, normally empty) and read the keys back.
