@@ -236,7 +236,8 @@ def written(tmp_path_factory):
              "(root:4 mode 0640 and root mode 0600) with backup: true while another thread re-reads them in a loop; "
              "server_state writes its state and lock files",
     outcome="new files are root:root 0644 whatever the umask; a replaced file gets a new inode (rename), keeps its "
-            "owner and group and gains read for every user (0644: the layers exist to reach every process), every concurrent read saw the whole old or the whole new content, no temp file is left; "
+            "owner and group and gains read for every user (0644: the layers exist to reach every process), "
+            "every concurrent read saw the whole old or the whole new content, no temp file is left; "
             "backups have the original's mode (0640, 0600: not world-readable); the lock file is 0644, the state file "
             "0600 (its fingerprint digests the secrets)")
 def test_files_are_written_safely(written):
