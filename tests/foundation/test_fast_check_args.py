@@ -53,6 +53,9 @@ def test_fast_check_asks_the_server_check_what_the_roles_check_asks():
     full_only = {"owner", "lock_ttl", "keep_lock", "lock_wait"}
     assert set(full) - full_only <= set(fast), set(full) - full_only - set(fast)
     differ = {k: (full[k], fast[k]) for k in set(full) - full_only if full[k] != fast[k]}
-    assert set(differ) == {"lock_file"}, differ
+    assert set(differ) == {"lock_file", "nccl_layers"}, differ
     assert fast["lock_file"] == "{{ _gpufleet_server_lock_file }}" and "owner" not in fast
-    assert set(fast) - set(full) == {"nccl_layers"}, set(fast) - set(full)
+    # Both check the layers the rollout computed: the fast check always, the roles' check when this run left the
+    # nccl_tuning role out.
+    assert "gpufleet_nccl_desired_layers" in fast["nccl_layers"] and "gpufleet_nccl_desired_layers" in full["nccl_layers"]
+    assert set(fast) - set(full) == set(), set(fast) - set(full)

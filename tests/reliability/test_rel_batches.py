@@ -131,6 +131,8 @@ def test_a_failed_batch_stops_the_rollout_whatever_phase_failed(fleet4, phase):
     # host2 failed, and says why.
     assert run.summary["host2"]["status"] == "failed", run.summary["host2"]
     assert expect in run.summary["host2"]["failure"], run.summary["host2"]
+    if phase == "verify_env":  # the new workers were not verified (not the old server's count)
+        assert run.summary["host2"]["workers_verified"] == 0, run.summary["host2"]
     # The run says it halted, and why.
     halted = json.loads((rf.workdir / ("summary-%d" % rf.runs) / "rollout-summary.json").read_text())["halted"]
     assert halted and halted["failed"] == ["host2"] and halted["not_started"] == ["host4"], halted

@@ -199,7 +199,7 @@ def test_host_unreachable_between_batches_halts_the_rollout(bare, tmp_path):
         th.join(10)
         subprocess.run(["ip", "-n", fleet.netns("host2"), "link", "set", "eth0", "up"], check=True)
     assert cut.is_set(), "host1 never launched:\n" + run.stdout[-3000:]
-    assert run.rc != 0
+    assert run.rc == 4, run.rc  # ansible-playbook's exit code for an unreachable host (docs/runbook.md)
     s = summary(run)
     assert s["host1"]["status"] == "ok" and s["host1"]["restarted"] is True, s["host1"]
     assert run.unreachable("host2"), run.tasks_seen("host2")

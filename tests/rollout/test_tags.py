@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 ALL = ["host1", "host2", "host3"]
 # Every documented selection (docs/concepts.md "Tags").
 SELECTIONS = [("--tags", "gpufleet_server"), ("--skip-tags", "nccl_tuning"), ("--tags", "nccl_tuning"),
-              ("--skip-tags", "gpufleet_server"), ("--tags", "preflight")]
+              ("--skip-tags", "gpufleet_server"), ("--tags", "preflight"), ("--tags", "configure")]
 
 
 def _unchanged(rf, before, run):
@@ -85,4 +85,45 @@ def test_the_auto_profile_without_the_tuning_role_is_refused_before_the_lock_and
     for h in ALL:
         assert after.identities(h) == before.identities(h)
         assert after[h]["files"] == before[h]["files"]  # state, pidfile, and no lock
+    rf.state = "clean"
+
+
+def test_a_run_without_the_tuning_never_restarts_onto_layers_it_did_not_apply(rolled_out):
+    """A changed NCCL value with --tags gpufleet_server: the layers still hold the old value, so a restart would
+    launch workers without the tuning; the check refuses before the lock is kept and before the kill."""
+    rf = rolled_out("clean")
+    before = rf.snapshot()
+    changed = {"gpufleet_nccl_env": {"NCCL_BUFFSIZE": "4194304"}}
+
+    run = rf.playbook("rollout", "--tags", "gpufleet_server", vars_override=changed)
+
+    assert run.rc == 2, run.tail()
+    for h in ALL:
+        failure = run.summary[h]["failure"] if h in run.summary else ""
+        assert "a restart now would launch workers without the tuning" in failure or run.summary[h]["status"] in (
+            "stopped", "not run"), run.summary[h]
+    assert "a restart now would launch workers without the tuning" in run.summary["host1"]["failure"]
+    after = rf.snapshot()
+    for h in ALL:
+        assert after.identities(h) == before.identities(h), "%s was restarted" % h
+        assert after[h]["files"] == before[h]["files"]  # no record, no lock left
+        assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"]
+    rf.state = "clean"
+
+
+def test_the_audit_audits_the_server_and_the_layers_whatever_the_tags(rolled_out):
+    """A system sitecustomize other users cannot read: the audit fails naming it with any selection (a selection
+    that left the layers' comparison out passed it as up to date), and an explicit profile is never refused."""
+    rf = rolled_out("clean")
+    path = rf.snapshot()["host2"]["sitecustomize_path"]
+    rf.fleet.ssh("host2", "chmod 0600 %s" % path, check=True)
+    try:
+        for selection in ((), ("--tags", "gpufleet_server"), ("--skip-tags", "nccl_tuning"), ("--tags", "preflight")):
+            run = rf.playbook("audit", "--check", *selection)
+            assert run.rc == 2, (selection, run.tail())
+            assert "host2 drifted" in run.out and "not readable by every user" in run.out, (selection, run.tail())
+            assert "does not know its NCCL variables" not in run.out, (selection, run.tail())
+            assert "host1 drifted" not in run.out and "host3 drifted" not in run.out, (selection, run.tail())
+    finally:
+        rf.fleet.ssh("host2", "chmod 0644 %s" % path)
     rf.state = "clean"

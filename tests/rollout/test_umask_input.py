@@ -27,7 +27,7 @@ def preflight(tmp_path, umask_yaml):
 
 
 @pytest.mark.parametrize("umask_yaml, got", [('"0022"', None), ('"027"', None), ("0022", 'int 18'),
-                                             ('"0o22"', 'str "0o22"'), ('"0888"', 'str "0888"')])
+                                             ('"0o22"', 'str "0o22"'), ('"0888"', 'str "0888"'), ('"22"', 'str "22"')])
 def test_the_umask_must_be_a_quoted_octal_string(tmp_path, umask_yaml, got):
     r = preflight(tmp_path, umask_yaml)
     if got is None:
@@ -35,5 +35,7 @@ def test_the_umask_must_be_a_quoted_octal_string(tmp_path, umask_yaml, got):
     else:
         assert r.returncode == 2, r.stdout[-3000:]
         # As the summary shows it (its failure column).
-        assert ('gpufleet_server_umask must be a quoted octal string such as "0022" (got %s; YAML reads an unquoted '
-                '0022 as the number 18)' % got) in r.stdout, r.stdout[-3000:]
+        assert ('gpufleet_server_umask must be three or four octal digits in quotes, such as "0022" or "027" (got %s'
+                % got) in r.stdout, r.stdout[-3000:]
+        # The YAML hint only where YAML is the cause (a number).
+        assert ("YAML reads an unquoted 0022 as the number 18" in r.stdout) == got.startswith("int"), r.stdout[-3000:]
