@@ -143,7 +143,11 @@ def test_clean_kills_the_service_and_leaves_the_gpus_clean_without_launching(rol
     assert "GPUFLEET CLEAN SUMMARY" in run.out and "ROLLOUT SUMMARY" not in run.out
     for h in ALL:
         assert run.summary[h]["restarted"] is False and run.summary[h]["stopped"] is True, run.summary[h]
-        assert run.summary[h]["restart"] == "stopped" and run.summary[h]["killed"] >= 1, run.summary[h]
+        if before.procs(h):  # what an earlier test left may have no server on a host
+            assert run.summary[h]["restart"] == "stopped" and run.summary[h]["killed"] >= 1, run.summary[h]
+        else:
+            assert run.summary[h]["restart"] == "nothing to stop" and run.summary[h]["killed"] == 0, run.summary[h]
+    assert run.summary["host1"]["restart"] == "stopped"
     assert all(after[h]["files"]["lock"] is None for h in ALL)
     rf.state = "down"
 
