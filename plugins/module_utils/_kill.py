@@ -98,10 +98,14 @@ def kill(
     grace: float = 10.0,
     final_wait: float = 5.0,
     poll_interval: float = 0.01,
+    first: t.Collection[int] = (),
 ) -> t.List[t.Dict[str, t.Any]]:
     """Send each signal in turn to the still-living targets, waiting `grace` s between steps.
 
     After the last signal wait `final_wait` s. A process already gone counts as success.
+    With `first` (pids of some targets, a server's launcher), the first signal goes to those alone and they get up to
+    `grace` s to exit before the others get it: SGLang and vLLM finish their requests in flight on SIGTERM only while
+    their workers are left alone, and a launcher usually stops its own workers on its way out.
     """
     sigs = [parse_signal(s) for s in signals]
     if not sigs:
@@ -110,11 +114,23 @@ def kill(
         raise KillError("grace and final_wait must be >= 0 and poll_interval > 0")
     targets = [_Target(p) for p in procs]
     t0 = time.monotonic()
+    lead = [x for x in targets if x.proc.pid in set(first)]
     try:
+        if lead:
+            for x in lead:
+                if x.alive(t0) and x.error is None and not x.send(sigs[0]):
+                    x.exited_after = time.monotonic() - t0
+            _wait(lead, t0, time.monotonic() + grace, poll_interval)
         for i, sig in enumerate(sigs):
             living = [x for x in targets if x.alive(t0) and x.error is None]
             if not living:
                 break
+            if i == 0 and lead:
+                # The leaders had this signal and their grace; a second TERM makes some servers skip their drain
+                # (uvicorn forces its exit on a second signal).
+                living = [x for x in living if x not in lead]
+                if not living:
+                    continue
             for x in living:
                 if not x.send(sig):
                     x.exited_after = time.monotonic() - t0

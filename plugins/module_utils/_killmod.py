@@ -77,6 +77,23 @@ def select_or_fail(module: t.Any) -> t.Tuple[t.Dict[str, t.Any], t.Mapping[int, 
         raise  # unreachable; keeps type checkers honest
 
 
+KILL_ORDERS = ["launcher_first", "all_at_once"]
+
+
+def leaders(chosen: t.Mapping[str, t.Any], procs: t.Mapping[int, _proc.Proc], order: str) -> t.List[int]:
+    """The pids that get the first signal alone (order launcher_first): the pidfile's confirmed process when it is
+    selected, otherwise the tops of the selected trees (a selected process whose parent is not selected: the launcher
+    of a server started by hand, an orphaned worker). Empty (everything at once) when that is every selected pid."""
+    sel = chosen["selected"]
+    if order != "launcher_first" or len(sel) < 2:
+        return []
+    pf = chosen.get("pidfile") or {}
+    if pf.get("status") == "confirmed" and pf.get("pid") in sel:
+        return [pf["pid"]]
+    tops = sorted(pid for pid in sel if pid in procs and procs[pid].ppid not in sel)
+    return tops if len(tops) < len(sel) else []
+
+
 def kill_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     """What is wrong with the signalling options (signals, grace, final_wait, poll_interval), or None."""
     for k in ("grace", "final_wait"):
@@ -91,6 +108,8 @@ def kill_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
         return "signals: %s" % e
     if not p["signals"]:
         return "signals must name at least one signal"
+    if p.get("order", "launcher_first") not in KILL_ORDERS:
+        return "order must be one of %s, got %r" % (", ".join(KILL_ORDERS), p.get("order"))
     return None
 
 
@@ -109,12 +128,14 @@ def run_kill(module: t.Any) -> t.Dict[str, t.Any]:
                                       notes=chosen["notes"], elapsed_s=0.0)
     if "pidfile" in chosen:
         result["pidfile"] = chosen["pidfile"]
+    first = leaders(chosen, procs, p.get("order") or "launcher_first")
+    result["signalled_first"] = first
     if module.check_mode or not sel:
         return result
     t0 = time.monotonic()
     try:
         report = _kill.kill([procs[pid] for pid in sorted(sel)], signals=p["signals"], grace=p["grace"],
-                            final_wait=p["final_wait"], poll_interval=p["poll_interval"])
+                            final_wait=p["final_wait"], poll_interval=p["poll_interval"], first=first)
     except _kill.KillError as e:
         module.fail_json(msg=str(e))
     result["elapsed_s"] = round(time.monotonic() - t0, 4)

@@ -44,6 +44,7 @@ def argument_spec() -> t.Dict[str, t.Any]:
             grace=dict(type="float", default=KILL_DEFAULTS["grace"]),
             final_wait=dict(type="float", default=KILL_DEFAULTS["final_wait"]),
             poll_interval=dict(type="float", default=KILL_DEFAULTS["poll_interval"]),
+            order=dict(type="str", choices=_killmod.KILL_ORDERS, default="launcher_first"),
         )),
         wait_clean=dict(type="dict", default={}, options=gate),
     )
@@ -120,7 +121,7 @@ def _kill_step(module: t.Any, p: t.Mapping[str, t.Any], **selector: t.Any) -> t.
     k = p["kill"]
     params = _selector(p, **selector)
     params.update(signals=k["signals"], grace=k["grace"], final_wait=k["final_wait"],
-                  poll_interval=k["poll_interval"], fail_on_survivor=True)
+                  poll_interval=k["poll_interval"], order=k["order"], fail_on_survivor=True)
     return _killmod.run_kill(_step.Step(module, params))
 
 

@@ -59,6 +59,19 @@ options:
     description: Seconds between liveness checks (pidfds also wake the wait at once).
     type: float
     default: 0.01
+  order:
+    description:
+      - V(launcher_first) sends the first signal to the server's launcher alone - the process O(pidfile) names when it
+        is confirmed and selected, otherwise each selected process whose parent is not selected - and gives it up to
+        O(grace) seconds to exit; then the rest of the selection (workers, orphans) gets the first signal and O(grace)
+        seconds, then the next signals go to every process still alive, as with V(all_at_once).
+      - SGLang and vLLM finish their requests in flight on SIGTERM while their workers are left alone; signalling every
+        process at once kills the workers under the launcher's drain and those requests fail.
+      - The worst case (a launcher that ignores the first signal) takes O(grace) seconds more than V(all_at_once).
+    type: str
+    choices: [launcher_first, all_at_once]
+    default: launcher_first
+    version_added: 0.3.0
   fail_on_survivor:
     description: Fail when a process survives the last signal.
     type: bool
@@ -109,6 +122,12 @@ excluded:
   returned: always
   type: list
   elements: dict
+signalled_first:
+  description: Pids that got the first signal alone (O(order=launcher_first)); empty when every process got it at once.
+  returned: always
+  type: list
+  elements: int
+  version_added: 0.3.0
 notes:
   description: Facts about the selection, such as a stale or unconfirmed pidfile.
   returned: always
@@ -146,6 +165,7 @@ def main() -> None:
             grace=dict(type="float", default=10.0),
             final_wait=dict(type="float", default=5.0),
             poll_interval=dict(type="float", default=0.01),
+            order=dict(type="str", choices=_killmod.KILL_ORDERS, default="launcher_first"),
             fail_on_survivor=dict(type="bool", default=True),
         ),
         supports_check_mode=True,

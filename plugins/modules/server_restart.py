@@ -100,6 +100,15 @@ options:
         description: Seconds between liveness checks.
         type: float
         default: 0.01
+      order:
+        description:
+          - V(launcher_first) signals the launcher (the confirmed pidfile process, else the tops of the selected trees)
+            alone first and gives it O(kill.grace) seconds to drain and exit, then the rest, then escalates;
+            V(all_at_once) signals every process together. See O(gpufleet.serving.process_kill#module:order).
+        type: str
+        choices: [launcher_first, all_at_once]
+        default: launcher_first
+        version_added: 0.3.0
   wait_clean:
     description: The clean gate before the launch.
     type: dict
