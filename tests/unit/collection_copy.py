@@ -32,8 +32,18 @@ def private_collections() -> Path:
     return _base
 
 
+def installed_base() -> Path | None:
+    """The directory holding ansible_collections/ when this tree already is an installed copy (how
+    `ansible-test units` runs it: from DIR/ansible_collections/gpufleet/serving), else None."""
+    if ROOT.parts[-3:] == ("ansible_collections", "gpufleet", "serving"):
+        return ROOT.parents[2]
+    return None
+
+
 def use_private_collections() -> Path:
-    base = private_collections()
+    # An installed copy imports itself: ansible-test's own collection loader already serves it, and its
+    # build_ignore'd scripts/ (install-collection) is not there to make another copy from.
+    base = installed_base() or private_collections()
     if str(base) not in sys.path:
         sys.path.insert(0, str(base))
     os.environ["ANSIBLE_COLLECTIONS_PATH"] = str(base)

@@ -56,7 +56,12 @@ def test_timeout_failure_lists_holders(nvml, run_module):
     assert r["failed"] is True
     assert r["msg"].startswith("GPUs not clean after 0.2 s (GPU 0 0 MiB used, GPU 1 12345 MiB used; threshold 16 MiB).")
     assert "GPU 1 pid %d (%s, 12345 MiB): " % (holder.pid, _proc.user_name(os.geteuid())) in r["msg"]
-    assert "fake_gpu.py hold --gpu 1 --mib 12345" in r["msg"]
+    # The message cuts each command line at 160 characters (a long interpreter path, as in ansible-test's
+    # venv, leaves less of the arguments); the holders list keeps 300.
+    cmdline = _proc.read_proc(holder.pid).command
+    assert "fake_gpu.py hold --gpu 1 --mib 12345" in cmdline
+    assert r["holders"][0]["cmdline"] == cmdline[:300]
+    assert "): %s" % cmdline[:160] in r["msg"]
     assert r["holders"][0]["pid"] == holder.pid and r["holders"][0]["used_mib"] == 12345
     assert r["backend"] == "nvml" and "waited_s" in r and "gpus" in r
 
