@@ -4,6 +4,7 @@
 
     python3 demo_server.py --port 30000 --tp 2 --gpus 0,1 --mib 20000 [--host 0.0.0.0] [--state-dir DIR]
         [--startup-delay S] [--fail-at-startup] [--hang-after-health] [--ignore-term] [--model NAME] [--log FILE]
+        [--generate-delay S] [--drain-timeout S]
 
 - The launcher starts one worker per TP rank with multiprocessing's 'spawn' context (like sglang's
   schedulers). Workers are non-daemonic and get no parent-death signal: when the launcher dies by
@@ -15,6 +16,13 @@
   POST /generate {"text": ..., "max_new_tokens": N} -> JSON computed by a round trip through every
   worker (a hung worker hangs the request); GET /health_generate = a tiny /generate;
   GET /get_model_info; GET /workers -> the workers' records (pid, gpu, recorded env).
+- Like SGLang and vLLM behind a balancer: POST /generate takes `--generate-delay` seconds (or the request's own
+  `"delay"`, in seconds) besides the worker round trip, so requests are in flight when a drain starts; GET /metrics
+  answers in Prometheus text format with SGLang's gauges `sglang:num_running_reqs` (requests being generated) and
+  `sglang:num_queue_reqs` (waiting for the TP group). SIGTERM to the launcher drains: it stops accepting (the
+  listening socket closes; a request on a kept-alive connection gets 503 with `Connection: close`), lets the
+  requests in flight finish (at most `--drain-timeout` seconds, default 60), then stops its workers and exits 0.
+  A SIGTERM sent to the workers themselves during the drain ends them, and the requests in flight then fail (what a kill that signals the whole tree at once does to a real server).
 - `--hang-after-health`: /health says 200, but workers never answer, so /generate never returns
   (sglang#22779). `--fail-at-startup`: logs an error and exits 1. `--ignore-term`: the launcher and the
   workers ignore SIGTERM (only SIGKILL ends them). Without it, SIGTERM to the launcher stops the
@@ -131,6 +139,11 @@ class Server:
         self.requests: t.List[t.Any] = []
         self.replies = self.ctx.Queue()
         self.ready_q = self.ctx.Queue()
+        self.draining = False
+        self.running = 0  # in /generate past the queue (the "decode" delay and the TP round trip)
+        self.queued = 0  # waiting for the TP group
+        self.count_lock = threading.Lock()
+        self.httpd: t.Optional[ThreadingHTTPServer] = None
 
     def start_workers(self) -> None:
         for rank in range(self.a.tp):
@@ -164,6 +177,50 @@ class Server:
             json.dump(st, f)
         os.rename(tmp, os.path.join(self.a.state_dir, "launcher.json"))
 
+    def count(self, running: int = 0, queued: int = 0) -> None:
+        with self.count_lock:
+            self.running += running
+            self.queued += queued
+
+    def generate_timed(self, text: str, max_new_tokens: int, delay: float) -> t.Dict[str, t.Any]:
+        """A request as the metrics see it: queued for the TP group, then running for `delay` s plus the round trip."""
+        self.count(queued=1)
+        try:
+            with self.lock:  # serialise only the queue hand-over; generation itself overlaps (continuous batching)
+                pass
+        finally:
+            self.count(queued=-1)
+        self.count(running=1)
+        try:
+            if delay > 0:
+                time.sleep(delay)
+            return self.generate(text, max_new_tokens)
+        finally:
+            self.count(running=-1)
+
+    def metrics(self) -> str:
+        with self.count_lock:
+            running, queued = self.running, self.queued
+        label = '{model_name="%s"}' % self.a.model.replace('"', '')
+        out = []
+        for name, help_, v in (("sglang:num_running_reqs", "The number of running requests.", running),
+                               ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", queued)):
+            out += ["# HELP %s %s" % (name, help_), "# TYPE %s gauge" % name, "%s%s %.1f" % (name, label, v)]
+        return "\n".join(out) + "\n"
+
+    def drain_and_stop(self) -> None:
+        """SIGTERM: stop accepting, finish what is in flight (bounded), then stop the workers and exit 0."""
+        self.draining = True
+        log("SIGTERM: draining (no new requests; %d running, %d queued)" % (self.running, self.queued))
+        if self.httpd is not None:
+            self.httpd.shutdown()  # the accept loop ends; handler threads of open connections go on
+            self.httpd.server_close()  # new connections are refused from now on
+        deadline = time.monotonic() + self.a.drain_timeout
+        while (self.running or self.queued) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        log("drained (%d running, %d queued left); stopping the workers" % (self.running, self.queued))
+        self.stop(0)
+
     def generate(self, text: str, max_new_tokens: int) -> t.Dict[str, t.Any]:
         with self.lock:  # one request at a time through the TP group, like a single batch
             self.next_id += 1
@@ -183,6 +240,8 @@ class Server:
 
     def watch_workers(self) -> None:
         while not self.stopping:
+            if self.draining:
+                self.drain_and_stop()
             for p in self.workers:
                 if p.exitcode is not None and not self.stopping:
                     log("worker %s (pid %d) exited unexpectedly with %s; stopping the server" % (p.name, p.pid, p.exitcode))
@@ -206,18 +265,26 @@ def make_handler(server: Server) -> t.Type[BaseHTTPRequestHandler]:
         def log_message(self, fmt: str, *args: t.Any) -> None:
             log("%s %s" % (self.address_string(), fmt % args))
 
-        def reply(self, code: int, body: t.Any) -> None:
-            data = json.dumps(body).encode()
+        def reply(self, code: int, body: t.Any, ctype: str = "application/json") -> None:
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
             self.send_response(code)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))
+            if server.draining:
+                self.send_header("Connection", "close")
+                self.close_connection = True
             self.end_headers()
             self.wfile.write(data)
 
         def do_GET(self) -> None:
             path = self.path.split("?")[0]
             if path == "/health":
+                if server.draining:
+                    self.reply(503, {"status": "shutting down"})
+                    return
                 self.reply(200 if server.ready else 503, {"status": "ok" if server.ready else "loading"})
+            elif path == "/metrics":
+                self.reply(200, server.metrics(), "text/plain; version=0.0.4")
             elif path == "/health_generate":
                 if not server.ready:
                     self.reply(503, {"status": "loading"})
@@ -240,14 +307,18 @@ def make_handler(server: Server) -> t.Type[BaseHTTPRequestHandler]:
             if not server.ready:
                 self.reply(503, {"error": "server is loading"})
                 return
+            if server.draining:
+                self.reply(503, {"error": "server is shutting down"})
+                return
             try:
                 body = json.loads(raw or b"{}")
                 text = str(body.get("text", ""))
                 max_new = int(body.get("max_new_tokens", body.get("sampling_params", {}).get("max_new_tokens", 8)))
+                delay = float(body.get("delay", server.a.generate_delay))
             except (ValueError, AttributeError, TypeError) as e:
                 self.reply(400, {"error": "bad request body: %s" % e})
                 return
-            self.reply(200, server.generate(text, max_new))
+            self.reply(200, server.generate_timed(text, max_new, delay))
 
     return Handler
 
@@ -267,6 +338,10 @@ def parse_args(argv: t.Optional[t.Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--hang-after-health", action="store_true")
     ap.add_argument("--ignore-term", action="store_true")
     ap.add_argument("--log", help="append the server's messages to this file instead of stderr")
+    ap.add_argument("--generate-delay", type=float, default=0.0,
+                    help="seconds each /generate takes besides the worker round trip (a request's \"delay\" wins)")
+    ap.add_argument("--drain-timeout", type=float, default=60.0,
+                    help="on SIGTERM, at most this long for the requests in flight to finish")
     a = ap.parse_args(argv)
     if a.tp < 1:
         ap.error("--tp must be at least 1")
@@ -301,8 +376,14 @@ def main(argv: t.Optional[t.Sequence[str]] = None) -> int:
     server = Server(a)
     httpd = ThreadingHTTPServer((a.host, a.port), make_handler(server))
     httpd.daemon_threads = True
+    server.httpd = httpd
     if not a.ignore_term:
-        signal.signal(signal.SIGTERM, lambda *_: server.stop(0))
+        # Only a flag: the main thread (watch_workers) drains, so the handler never blocks a request thread.
+        def on_term(*_: t.Any) -> None:
+            if not server.ready:
+                server.stop(0)  # nothing to drain while loading
+            server.draining = True
+        signal.signal(signal.SIGTERM, on_term)
     server.start_workers()
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
