@@ -6,9 +6,15 @@
 # This module_utils is PRIVATE and should only be used by this collection.
 # Breaking changes can happen without notice.
 
-"""The whole restart cycle of a process-launched server in one module call (server_restart).
+"""The whole restart cycle of a server in one module call (server_restart), whatever its launcher.
 
 kill -> strays -> clean gate -> launch -> ready -> busy -> verify env -> record -> release the host lock.
+The launcher only changes how the old server is stopped and the new one started: the process launcher signals the
+tagged processes itself and starts the command in its own session; the systemd launcher asks systemd (`systemctl
+stop`: TERM to the main process, the unit's TimeoutStopSec, which the role sets to the kill grace, then KILL of the
+whole cgroup; `systemctl start`, the main pid from `systemctl show`) and then sweeps what systemd does not own
+(an adopted server started by hand, orphans of an earlier launcher) with the same kill. Every other step, and the
+timings, are the same code for both.
 Each step is the same code the single-step modules run (process_kill, gpu_wait, server_launch, process_env,
 server_state); running them in one process saves one ansible task start per step, which on a fleet is most of
 a restart's wall time (each task is a module round trip to every host).
@@ -21,7 +27,7 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _envcheck, _gpumod, _killmod, _nvml, _proc, _server, _step)
+    _envcheck, _gpumod, _killmod, _nvml, _proc, _server, _step, _systemd)
 
 Failed = _step.Failed
 
@@ -47,6 +53,15 @@ def argument_spec() -> t.Dict[str, t.Any]:
             order=dict(type="str", choices=_killmod.KILL_ORDERS, default="launcher_first"),
         )),
         wait_clean=dict(type="dict", default={}, options=gate),
+    )
+    # With the systemd launcher the unit defines the command and its environment.
+    spec["command"] = dict(type="list", elements="str")
+    spec.update(
+        launcher=dict(type="str", choices=["process", "systemd"], default="process"),
+        systemd=dict(type="dict", options=dict(
+            unit=dict(type="str", required=True),
+            remove_dropins=dict(type="list", elements="path", default=[]),
+        )),
     )
     spec.update(
         wait_busy=dict(type="dict", options=dict(
@@ -81,7 +96,14 @@ def _selector(p: t.Mapping[str, t.Any], **over: t.Any) -> t.Dict[str, t.Any]:
 
 def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     """Every input is checked before anything is read, killed or started."""
-    if not p["command"] or not p["command"][0]:
+    if p["launcher"] == "systemd":
+        if not p["systemd"]:
+            return "launcher=systemd needs systemd.unit (the unit the caller installed)"
+        if p["command"] or p["env"]:
+            return "launcher=systemd: command and env belong to the unit, not to this call"
+        if not p["systemd"]["unit"].endswith(".service") or "/" in p["systemd"]["unit"]:
+            return "systemd.unit must be a service unit name such as gpufleet-sglang.service"
+    elif not p["command"] or not p["command"][0]:
         return "command must be a non-empty argument list"
     try:
         _server.validate_env(p["env"])
@@ -142,13 +164,16 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
     result["killed"] = 0
     # The tag finds every worker, orphans reparented to PID 1 included; the pidfile and an adopted command line
     # find a server started before gpufleet managed it.
+    if p["launcher"] == "systemd":
+        _systemd_stop(module, p, result)
+    # With systemd, what its stop left: processes outside the unit's cgroup (none, normally).
     res = _kill_step(module, p, tag="%s=%s" % (p["tag_name"], p["name"]), pidfile=p["pidfile"],
                      cmdline_regex=p["kill"]["cmdline_regex"])
     result["kill"] = res
     result["changed"] = result["changed"] or res["changed"]
     if not module.check_mode:  # nothing was signalled: no time to report (a 0.00 would read as a kill)
-        result["killed"] = res["signalled"]
-        timings["kill_s"] = res["elapsed_s"]
+        result["killed"] += res["signalled"]
+        timings["kill_s"] = round(timings.get("kill_s", 0.0) + res["elapsed_s"], 4)
 
     if p["kill"]["gpu_strays"]:
         result["phase"] = "strays"
@@ -171,11 +196,15 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
     r = p["wait_ready"]
     tail_since = _server.log_stamp(r["log_tail_path"]) if r["log_tail_path"] else None
     t_launch = time.monotonic()
-    try:
-        proc = _server.start(p["name"], p["command"], _server.validate_env(p["env"]), p["env_passthrough"], p["user"],
-                             p["workdir"], p["log_path"], p["pidfile"], p["tag_name"], p["umask"])
-    except _server.ServerError as e:
-        raise Failed("launch of %s failed: %s" % (p["name"], e))
+    t_launch_epoch = time.time()
+    if p["launcher"] == "systemd":
+        proc = _systemd_start(module, p, r, tail_since)
+    else:
+        try:
+            proc = _server.start(p["name"], p["command"], _server.validate_env(p["env"]), p["env_passthrough"],
+                                 p["user"], p["workdir"], p["log_path"], p["pidfile"], p["tag_name"], p["umask"])
+        except _server.ServerError as e:
+            raise Failed("launch of %s failed: %s" % (p["name"], e))
     result.update(changed=True, pid=proc.pid, start_time=proc.start_time)
     timings["launch_s"] = result["launch_s"] = round(time.monotonic() - t_launch, 4)
 
@@ -185,7 +214,12 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
                                              r["interval"], p["log_path"], r["log_tail_lines"], r["log_tail_path"],
                                              tail_since)
     except _server.ServerError as e:
-        raise Failed(str(e), **e.details)
+        msg = str(e)
+        if p["launcher"] == "systemd" and e.details.get("phase") == "startup":
+            # systemd's word first: the summary keeps a message's first 400 characters.
+            head, sep, tail = msg.partition("; log tail")
+            msg = head + _systemd_end(module, p["systemd"]["unit"], t_launch_epoch) + sep + tail
+        raise Failed(msg, **e.details)
     timings["ready_s"] = result["ready"]["ready_s"]
     # From the first signal to the server answering its real request.
     timings["cycle_s"] = round(time.monotonic() - t0, 3)
@@ -209,6 +243,75 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         _changed, result["state"] = _server.record_state(p["record"]["state_file"], p["name"],
                                                          p["record"]["fingerprint"], p["pidfile"], timings)
     result.pop("phase")
+
+
+def _runner(module: t.Any) -> _systemd.Runner:
+    def run(argv: t.List[str]) -> t.Tuple[int, str, str]:
+        return module.run_command(argv)
+    return run
+
+
+def _systemd_stop(module: t.Any, p: t.Mapping[str, t.Any], result: t.Dict[str, t.Any]) -> None:
+    """Stop the unit through systemd (TERM to its main process, TimeoutStopSec, KILL of its cgroup)."""
+    unit = p["systemd"]["unit"]
+    run = _runner(module)
+    try:
+        props = _systemd.show(run, unit)
+        result["unit"] = {k: props[k] for k in ("LoadState", "ActiveState", "MainPID")}
+        if module.check_mode:
+            return
+        removed = _systemd.remove_dropins(p["systemd"]["remove_dropins"], unit)
+        if removed:
+            result.update(dropins_removed=removed, changed=True)
+        if removed or props["LoadState"] != "loaded" or props["NeedDaemonReload"] == "yes":
+            # The unit file the caller just wrote: this stop already uses its TimeoutStopSec, the start its command.
+            _systemd.daemon_reload(run)
+        procs = _proc.snapshot()
+        tagged = [pr for pid, pr in procs.items() if _proc.environ_has(pid, p["tag_name"], p["name"])]
+        t0 = time.monotonic()
+        _systemd.stop(run, unit)
+        stop_s = time.monotonic() - t0
+    except _systemd.SystemdError as e:
+        raise Failed("%s: %s" % (unit, e), **e.details)
+    gone = sum(1 for pr in tagged if not _proc.is_alive((pr.pid, pr.start_time)))
+    result["killed"] = gone
+    result["changed"] = result["changed"] or gone > 0
+    result["timings"]["kill_s"] = round(stop_s, 4)
+
+
+def _systemd_end(module: t.Any, unit: str, since: float) -> str:
+    """How systemd saw the unit's main process end, and its journal lines since the start, for a failure message."""
+    run = _runner(module)
+    try:
+        status = _systemd.exit_status(_systemd.show(run, unit))
+    except _systemd.SystemdError:
+        status = ""
+    journal = " | ".join(ln.strip() for ln in _systemd.journal_tail(run, unit, since).splitlines()[-2:] if ln.strip())
+    return "; systemd: %s; journal (journalctl -u %s): %s" % (status or "no exit status", unit, journal or "(empty)")
+
+
+def _systemd_start(module: t.Any, p: t.Mapping[str, t.Any], r: t.Mapping[str, t.Any],
+                   tail_since: t.Optional[_server.LogStamp]) -> _proc.Proc:
+    """`systemctl start`, then the unit's main pid as the launcher (written to the pidfile, as the process launcher
+    does)."""
+    unit = p["systemd"]["unit"]
+    run = _runner(module)
+    since = time.time()
+    t0 = time.monotonic()
+    try:
+        _systemd.start(run, unit)
+        pid = _systemd.main_pid(_systemd.show(run, unit))
+    except _systemd.SystemdError as e:
+        raise Failed("launch of %s failed: %s%s" % (unit, e, _systemd_end(module, unit, since)), **e.details)
+    proc = _proc.read_proc(pid) if pid else None
+    if proc is None:
+        tail, where = _server.failure_tail(p["log_path"], r["log_tail_lines"], r["log_tail_path"], tail_since)
+        last = " | ".join(ln.strip() for ln in tail.splitlines()[-3:] if ln.strip())[-300:]
+        raise Failed("%s exited during start-up after %.1f s%s; log tail (%s): %s"
+                     % (unit, time.monotonic() - t0, _systemd_end(module, unit, since), where, last or "(empty)"),
+                     phase="startup", log_tail=tail)
+    _server.write_pidfile(p["pidfile"], proc)
+    return proc
 
 
 def release(p: t.Mapping[str, t.Any], result: t.Dict[str, t.Any], check_mode: bool) -> None:

@@ -11,8 +11,15 @@ module: server_restart
 short_description: Restart a server in one step - kill, verify clean, launch, ready, verify the workers, record
 version_added: 0.2.0
 description:
-  - Runs the whole restart cycle of a server started by a process launcher in one module call, in this order,
-    stopping at the first step that fails (RV(phase) names it).
+  - Runs the whole restart cycle of a server in one module call, in this order, stopping at the first step that
+    fails (RV(phase) names it). The cycle is the same for both launchers (O(launcher)); only the stop and the start
+    differ, and the timings mean the same.
+  - "With O(launcher=systemd), the unit O(systemd.unit) (installed by the caller: the command, its environment,
+    C(KillMode=mixed) and C(TimeoutStopSec) set to the kill grace are in it) is stopped with C(systemctl stop): TERM
+    to its main process, up to C(TimeoutStopSec) for it to finish, then KILL of everything left in its cgroup, as
+    the process launcher's kill does. A unit file changed on disk is loaded first (C(systemctl daemon-reload)), so
+    the stop already uses its grace. The start is C(systemctl start); the unit's main pid is the launcher (written
+    to O(pidfile)). A start-up failure names systemd's exit status and its journal lines."
   - "C(kill): every process carrying the launch tag O(tag_name)=O(name) (workers orphaned to PID 1 included), the
     process O(pidfile) names when confirmed and, with O(kill.cmdline_regex), an adopted server started before
     gpufleet; TERM, grace, KILL, as M(gpufleet.serving.process_kill) does. The pidfile's process is confirmed only by
@@ -52,6 +59,37 @@ attributes:
     support: none
     details: A restart always restarts; the gpu_server role calls it only when a restart is needed.
 options:
+  launcher:
+    version_added: 0.3.0
+    description:
+      - How the server is started and stopped. V(process) starts O(command) in its own session; V(systemd) starts
+        and stops the unit O(systemd.unit).
+    type: str
+    choices: [process, systemd]
+    default: process
+  systemd:
+    version_added: 0.3.0
+    description: The unit, with O(launcher=systemd) (required then).
+    type: dict
+    suboptions:
+      unit:
+        description: Name of the service unit, for example C(gpufleet-sglang.service).
+        type: str
+        required: true
+      remove_dropins:
+        description:
+          - Drop-ins of the unit to delete before the stop (paths under C(/etc/systemd/system/UNIT.d/) or
+            C(/run/systemd/system/UNIT.d/) only; any other path fails before anything is done).
+        type: list
+        elements: path
+        default: []
+  command:
+    description:
+      - Argument vector to execute (no shell). Required with O(launcher=process); with O(launcher=systemd) the unit
+        holds the command, and setting it (or O(env)) is an error. O(user), O(workdir), O(umask) and
+        O(env_passthrough) are then the unit's too, and not used.
+    type: list
+    elements: str
   pidfile:
     description: Pidfile of the server (C(PID START_TIME)); the old one selects what to kill (when confirmed), the new
       one is written.
@@ -220,6 +258,22 @@ EXAMPLES = r"""
       state_file: /var/lib/gpufleet/sglang.json
       fingerprint: "{{ fingerprint }}"
   become: true
+
+- name: Restart the systemd unit the gpu_server role installed, with the same checks
+  gpufleet.serving.server_restart:
+    name: sglang
+    launcher: systemd
+    systemd:
+      unit: gpufleet-sglang.service
+    log_path: /var/log/gpufleet/sglang.log
+    pidfile: /run/gpufleet/sglang.pid
+    gpus: [0, 1, 2, 3, 4, 5, 6, 7]
+    wait_ready:
+      health_url: http://127.0.0.1:30000/health
+      timeout: 900
+    verify_env:
+      expected: {NCCL_P2P_LEVEL: SYS}
+  become: true
 """
 
 RETURN = r"""
@@ -267,11 +321,32 @@ state:
   description: The state written.
   returned: when record is set and the step ran
   type: dict
+unit:
+  version_added: 0.3.0
+  description: The unit as systemd reported it before the stop.
+  returned: when launcher is systemd
+  type: dict
+  contains:
+    LoadState:
+      description: V(loaded), or V(not-found) for a unit not installed yet.
+      type: str
+    ActiveState:
+      description: V(active), V(inactive), V(failed), ...
+      type: str
+    MainPID:
+      description: The unit's main pid (V(0) when none).
+      type: str
+dropins_removed:
+  version_added: 0.3.0
+  description: The drop-ins O(systemd.remove_dropins) deleted.
+  returned: when some were deleted
+  type: list
+  elements: str
 killed:
   version_added: 0.2.0
   description:
-    - Processes the kill and stray steps signalled; V(0) in check mode, where C(signalled) in RV(kill) counts
-      those it would signal.
+    - Processes the kill and stray steps signalled (with O(launcher=systemd), also the tagged processes the unit's
+      stop ended); V(0) in check mode, where C(signalled) in RV(kill) counts those it would signal.
     - Also returned when a later step failed; above V(0), the old server is gone although no new one is ready.
   returned: always, but for invalid options
   type: int

@@ -146,6 +146,39 @@ options:
       nccl_conf:
         description: The options of M(gpufleet.serving.nccl_conf) (O(gpufleet.serving.nccl_conf#module:backup) excepted).
         type: dict
+  systemd:
+    version_added: 0.3.0
+    description:
+      - With V(check), the server runs as this systemd unit. Its main pid (C(systemctl show)), not the pidfile, is
+        the launcher, so a unit restarted outside gpufleet (C(systemctl restart)) still reads as running; when the
+        pidfile still names the verified launch on record, that restart is reported in RV(notes), not as a reason.
+      - The unit systemd would run is compared with the desired one; see RV(unit).
+    type: dict
+    suboptions:
+      unit:
+        description: The unit's name.
+        type: str
+        required: true
+      unit_path:
+        description: Where the unit file must be (systemd must load it from there).
+        type: path
+        required: true
+      unit_content:
+        description: The desired unit file; a file that differs is a reason to restart. Unset skips the comparison.
+        type: str
+      enabled:
+        description: Whether the unit should be enabled; the other state is drift (RV(unit.drift)). Unset skips it.
+        type: bool
+      dropins:
+        description:
+          - Drop-ins of the unit (C(UNIT.d/*.conf) under C(/etc) or C(/run/systemd/system)) change what it runs;
+            gpufleet writes none.
+          - V(warn) reports them as drift (and a warning); V(remove) makes them a reason to restart (the restart
+            deletes them, M(gpufleet.serving.server_restart) O(gpufleet.serving.server_restart#module:systemd.remove_dropins));
+            V(fail) fails the check.
+        type: str
+        choices: [warn, remove, fail]
+        default: warn
 """
 
 EXAMPLES = r"""
@@ -212,7 +245,8 @@ env_problems:
   type: dict
 up_to_date:
   version_added: 0.2.0
-  description: With V(check), true when no restart is needed and the O(nccl_layers) (if given) are as asked.
+  description: With V(check), true when no restart is needed, the O(nccl_layers) (if given) are as asked and the
+    unit (O(systemd)) has no drift.
   returned: when action is check
   type: bool
 nccl_layers:
@@ -241,6 +275,51 @@ holder:
   description: On failure to lock, the owner id of the run that holds the lock.
   returned: when the lock is held by another run
   type: str
+unit:
+  version_added: 0.3.0
+  description: With V(check) and O(systemd), the unit as systemd has it.
+  returned: when systemd is set
+  type: dict
+  contains:
+    loaded:
+      description: Whether systemd has the unit loaded (false for a unit not installed yet).
+      type: bool
+    active_state:
+      description: The unit's ActiveState.
+      type: str
+    main_pid:
+      description: The unit's main pid (V(0) when none).
+      type: int
+    main_confirmed:
+      description: Whether that process carries the launch tag (the server runs).
+      type: bool
+    unit_file_state:
+      description: C(systemctl is-enabled)'s answer (UnitFileState).
+      type: str
+    enabled_ok:
+      description: Whether the unit is loaded and enabled (or disabled) as O(systemd.enabled) asks.
+      type: bool
+    content_matches:
+      description: Whether the unit file is byte for byte O(systemd.unit_content) (null when not compared).
+      type: bool
+    dropins:
+      description: The unit's drop-ins, none of which gpufleet writes.
+      type: list
+      elements: str
+    restart_reasons:
+      description: What makes the running unit differ from the desired one; also in RV(reasons).
+      type: list
+      elements: str
+    drift:
+      description: Drift a restart does not fix (enablement, drop-ins kept by O(systemd.dropins=warn)).
+      type: list
+      elements: str
+notes:
+  version_added: 0.3.0
+  description: With V(check), what was found and is not a reason to restart (a unit restarted outside gpufleet).
+  returned: when there is one
+  type: list
+  elements: str
 state:
   description: With V(record), the state written.
   returned: when action is record
@@ -252,7 +331,8 @@ import typing as t
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod, _layercheck, _nvml, _proc, _select, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import (
+    _gpumod, _layercheck, _nvml, _proc, _select, _server, _systemd)
 
 
 def take_lock(module: AnsibleModule) -> dict:
@@ -295,7 +375,7 @@ def check(module: AnsibleModule) -> dict:
         take_lock(module)
     try:
         res = check_state(module)
-        res["up_to_date"] = not res["needs_restart"]
+        res["up_to_date"] = not res["needs_restart"] and not res.get("unit", {}).get("drift")
         if p["nccl_layers"]:
             res["nccl_layers"] = _layercheck.up_to_date(module, p["nccl_layers"])
             res["up_to_date"] = res["up_to_date"] and res["nccl_layers"]["up_to_date"]
@@ -315,15 +395,58 @@ def check(module: AnsibleModule) -> dict:
     return res
 
 
+def check_unit(module: AnsibleModule, procs: t.Mapping[int, _proc.Proc]) -> t.Dict[str, t.Any]:
+    """The systemd launcher: the unit's main pid is the launcher, and the unit systemd runs is compared with the
+    desired one (file content, pending reload, drop-ins, enablement)."""
+    p = module.params
+    sd = p["systemd"]
+    try:
+        props = _systemd.show(lambda argv: module.run_command(argv), sd["unit"])
+    except _systemd.SystemdError as e:
+        module.fail_json(msg="cannot read the state of %s: %s" % (sd["unit"], e), **e.details)
+    d = _systemd.drift(props, sd["unit"], sd["unit_path"], sd["unit_content"], sd["enabled"])
+    pid = _systemd.main_pid(props)
+    live = procs.get(pid) if pid else None
+    confirmed = live is not None and _proc.environ_has(pid, p["tag_name"], p["name"])
+    if d["dropins"] and sd["dropins"] == "fail":
+        module.fail_json(msg="%s has drop-ins gpufleet did not write (%s); gpufleet_server_systemd_dropins is fail: "
+                             "remove them, or set it to remove or warn" % (sd["unit"], ", ".join(d["dropins"])),
+                         dropins=d["dropins"])
+    restart = list(d["restart"])
+    drift = list(d["other"])
+    if d["dropins"]:
+        if sd["dropins"] == "remove":
+            restart.append("drop-ins gpufleet did not write change the unit (removed at the restart): %s"
+                           % ", ".join(d["dropins"]))
+            drift = [x for x in drift if not x.startswith("drop-ins")]
+        else:
+            module.warn("%s: %s; they stay in force (gpufleet_server_systemd_dropins: warn)"
+                        % (sd["unit"], ", ".join(d["dropins"])))
+    enabled_ok = not any(x.startswith("unit is") for x in d["other"]) and d["loaded"]
+    return dict(loaded=d["loaded"], active_state=props["ActiveState"], main_pid=pid, main_confirmed=confirmed,
+                main_start_time=live.start_time if live else None, unit_file_state=d["enabled_state"],
+                enabled_ok=enabled_ok, content_matches=d["content_matches"], dropins=d["dropins"],
+                restart_reasons=restart, drift=drift)
+
+
 def check_state(module: AnsibleModule) -> dict:
     p = module.params
     state = _server.read_state(p["state_file"])
     reasons = []
     procs = _proc.snapshot()
     pidfile = pidfile_state(p["pidfile"], procs, (p["tag_name"], p["name"])) if p["pidfile"] else None
-    # The same test as the kill's: a pidfile naming a live process the pidfile cannot confirm (a pid-only file
-    # naming an unrelated process) is not our server running.
-    running = bool(pidfile and pidfile["status"] == "confirmed")
+    unit = check_unit(module, procs) if p["systemd"] else None
+    notes = []
+    if unit is not None:
+        # systemd knows the launcher: after a `systemctl restart` by hand the pidfile names the old one.
+        running = unit["main_confirmed"]
+        launcher = (unit["main_pid"], unit["main_start_time"])
+    else:
+        # The same test as the kill's: a pidfile naming a live process the pidfile cannot confirm (a pid-only file
+        # naming an unrelated process) is not our server running.
+        running = bool(pidfile and pidfile["status"] == "confirmed")
+        live = procs.get(pidfile["pid"]) if running else None
+        launcher = (pidfile["pid"], live.start_time if live else None) if running else (None, None)
     if not running:
         reasons.append("server is not running")
     recorded = state.get("fingerprint")
@@ -332,11 +455,19 @@ def check_state(module: AnsibleModule) -> dict:
     # The record names the launch that passed every check. A server launched after it whose launch failed (not ready,
     # workers without the environment) runs under the same pidfile; it is not the recorded one, whatever the
     # fingerprint says, and must be restarted.
-    if running and state.get("pid") is not None:
-        live = procs.get(pidfile["pid"])
-        if (pidfile["pid"], live.start_time if live else None) != (state.get("pid"), state.get("start_time")):
+    on_record = (state.get("pid"), state.get("start_time"))
+    if running and state.get("pid") is not None and launcher != on_record:
+        if unit is not None and _server.pidfile_identity(p["pidfile"] or "") == on_record:
+            # gpufleet writes the pidfile at each of its launches, failed ones included: a pidfile still naming the
+            # verified launch means systemd restarted the unit itself (`systemctl restart`, Restart=), from the
+            # same unit, which the check above compares with the desired one.
+            notes.append("the unit was restarted outside gpufleet (main pid %s, verified launch on record pid %s); "
+                         "its unit and its workers' environment are checked as usual" % (launcher[0], on_record[0]))
+        else:
             reasons.append("the running server (pid %s) is not the verified launch on record (pid %s)"
-                           % (pidfile["pid"], state.get("pid")))
+                           % (launcher[0], state.get("pid")))
+    if unit is not None:
+        reasons.extend(unit["restart_reasons"])
     tagged = sorted(pid for pid in procs if _proc.environ_has(pid, p["tag_name"], p["name"]))
     holders = {}
     if p["require_gpu_holders"]:
@@ -379,6 +510,10 @@ def check_state(module: AnsibleModule) -> dict:
                gpu_holders={str(k): v for k, v in holders.items()})
     if pidfile is not None:
         res["pidfile"] = pidfile
+    if unit is not None:
+        res["unit"] = unit
+    if notes:
+        res["notes"] = notes
     return res
 
 
@@ -416,6 +551,13 @@ def main() -> None:
             break_owner=dict(type="str"),
             keep_lock=dict(type="bool", default=False),
             nccl_layers=dict(type="dict", options=_layercheck.argument_spec()),
+            systemd=dict(type="dict", options=dict(
+                unit=dict(type="str", required=True),
+                unit_path=dict(type="path", required=True),
+                unit_content=dict(type="str"),
+                enabled=dict(type="bool"),
+                dropins=dict(type="str", choices=["warn", "remove", "fail"], default="warn"),
+            )),
             backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),
         ),
         required_if=[("action", "record", ("fingerprint", "pidfile")),

@@ -22,7 +22,6 @@ from collection_copy import private_collections
 from gpufleet_ci import sandbox
 from rel_helpers import (ROLLOUT_SITE, ROOT, VENV_BIN, reset_host, runner_play, summary, vault_password_file,
                          vaulted_yaml)
-from sandbox.fixtures import SandboxFleet, podman_fleet, skip_reason
 
 pytestmark = pytest.mark.sandbox
 
@@ -314,48 +313,6 @@ def test_process_rollout_runner_and_gpufleet_ci_keep_the_secrets(bare, tmp_path)
 
 
 # ------------------------------------------------------------------ systemd launcher (podman hosts, systemd as PID 1)
-
-class PodmanHosts(SandboxFleet):
-    """SandboxFleet over tests/sandbox/podman_fleet.py: each host a podman container booting systemd."""
-
-    def up(self, hosts: int = 1, gpus: int = 2, nvlink: t.Sequence[str] = (), gpu_mib: t.Optional[int] = None,
-           python: t.Optional[str] = None) -> "PodmanHosts":
-        self._fleet = podman_fleet().PodmanFleet(self.state_dir)
-        argv = [sys.executable, str(ROOT / "tests" / "sandbox" / "podman_fleet.py"), "up", "--hosts", str(hosts),
-                "--gpus", str(gpus), "--state-dir", str(self.state_dir)]
-        self.is_up = True
-        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300, check=False)
-        if p.returncode != 0:
-            raise AssertionError("podman fleet up failed (rc=%d): %s" % (p.returncode, p.stderr.strip()[-2000:]))
-        self._state = json.loads(self._fleet.state_path.read_text())
-        return self
-
-    def down(self) -> None:
-        if self.is_up:
-            self.is_up = False
-            subprocess.run([sys.executable, str(ROOT / "tests" / "sandbox" / "podman_fleet.py"), "down", "--state-dir",
-                            str(self.state_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300, check=True)
-
-
-@pytest.fixture(scope="module")
-def systemd_host(tmp_path_factory):
-    """One podman host booting systemd (the molecule `systemd` scenario's hosts)."""
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    pf = podman_fleet()
-    missing = pf.missing_commands(build=not pf.TARBALL.exists() and not pf.image_exists())
-    if missing:
-        pytest.skip("podman hosts need %s (apt-get install podman runc debootstrap)" % ", ".join(missing))
-    p = subprocess.run([sys.executable, str(ROOT / "tests" / "sandbox" / "podman_fleet.py"), "image"],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, check=False)
-    assert p.returncode == 0, p.stdout[-4000:]
-    f = PodmanHosts(tmp_path_factory.mktemp("pfleet", numbered=True))
-    try:
-        yield f.up(hosts=1, gpus=2)
-    finally:
-        f.down()
-
 
 def _ssh(fleet: t.Any, host: str) -> t.Callable[[str], str]:
     def run(cmd: str) -> str:

@@ -182,8 +182,9 @@ def test_unit_renders_valid_syntax_with_exact_argv_and_environment(tmp_path):
     svc = unit["Service"]
     one = {k: v for k, v in svc if k != "Environment"}
     assert one["Type"] == "simple" and one["User"] == "root" and one["WorkingDirectory"] == "/srv"
-    assert one["KillMode"] == "control-group", "workers (and orphans) must die with the unit"
-    assert one["TimeoutStopSec"] == "30" and one["Restart"] == "no"
+    # TERM to the launcher (it drains and stops its workers), KILL of the whole cgroup (orphans too) after the grace.
+    assert one["KillMode"] == "mixed", "workers (and orphans) must die with the unit"
+    assert one["TimeoutStopSec"] == "15000ms" and one["Restart"] == "no"
     assert one["StandardOutput"] == one["StandardError"] == "append:/var/log/gpufleet/sglang.log"
     argv = [exec_substitute(w) for w in words(specifiers(one["ExecStart"]))]
     assert argv == COMMAND
@@ -294,3 +295,12 @@ def test_unit_sets_the_servers_umask(tmp_path, umask):
     text = render(tmp_path, **({"gpufleet_server_umask": umask} if umask else {}))
     svc = dict((k, v) for k, v in parse_unit(text)["Service"] if k != "Environment")
     assert svc["UMask"] == (umask or "0022")
+
+
+@pytest.mark.parametrize("grace, expected", [(2.5, "2500ms"), (0, "1ms"), (0.0004, "1ms"), (600, "600000ms")])
+def test_unit_stop_timeout_is_the_kill_grace_and_never_infinite(tmp_path, grace, expected):
+    """TimeoutStopSec is gpufleet_server_kill_grace (one stop contract for both launchers); 0 would mean no timeout
+    at all to systemd, so the grace 0 writes 1 ms."""
+    svc = dict((k, v) for k, v in parse_unit(render(tmp_path, gpufleet_server_kill_grace=grace))["Service"]
+               if k != "Environment")
+    assert svc["TimeoutStopSec"] == expected and svc["KillMode"] == "mixed"

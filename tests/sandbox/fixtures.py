@@ -220,3 +220,53 @@ def sandbox_fleet_session(tmp_path_factory):
     make, made = _factory(tmp_path_factory)
     yield make
     _teardown(made)
+
+
+class PodmanHosts(SandboxFleet):
+    """SandboxFleet over tests/sandbox/podman_fleet.py: each host a podman container booting systemd."""
+
+    def up(self, hosts: int = 1, gpus: int = 2, nvlink: t.Sequence[str] = (), gpu_mib: t.Optional[int] = None,
+           python: t.Optional[str] = None) -> "PodmanHosts":
+        self._fleet = podman_fleet().PodmanFleet(self.state_dir)
+        argv = [sys.executable, str(HERE / "podman_fleet.py"), "up", "--hosts", str(hosts),
+                "--gpus", str(gpus), "--state-dir", str(self.state_dir)]
+        self.is_up = True
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300, check=False)
+        if p.returncode != 0:
+            raise AssertionError("podman fleet up failed (rc=%d): %s" % (p.returncode, p.stderr.strip()[-2000:]))
+        self._state = json.loads(self._fleet.state_path.read_text())
+        return self
+
+    def down(self) -> None:
+        if self.is_up:
+            self.is_up = False
+            subprocess.run([sys.executable, str(HERE / "podman_fleet.py"), "down", "--state-dir", str(self.state_dir)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300, check=True)
+
+
+def podman_skip_reason() -> t.Optional[str]:
+    """Why podman hosts booting systemd cannot run here (after building their image once), or None."""
+    reason = skip_reason()
+    if reason:
+        return reason
+    pf = podman_fleet()
+    missing = pf.missing_commands(build=not pf.TARBALL.exists() and not pf.image_exists())
+    if missing:
+        return "podman hosts need %s (apt-get install podman runc debootstrap)" % ", ".join(missing)
+    p = subprocess.run([sys.executable, str(HERE / "podman_fleet.py"), "image"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, check=False)
+    assert p.returncode == 0, p.stdout[-4000:]
+    return None
+
+
+@pytest.fixture(scope="module")
+def systemd_host(tmp_path_factory):
+    """One podman host booting systemd (the molecule `systemd` scenario's hosts), for the module's tests."""
+    reason = podman_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    f = PodmanHosts(tmp_path_factory.mktemp("pfleet", numbered=True))
+    try:
+        yield f.up(hosts=1, gpus=2)
+    finally:
+        f.down()

@@ -1,0 +1,155 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection.
+# Breaking changes can happen without notice.
+
+"""The systemd launcher's side of the restart engine and of the check: systemctl and journalctl, nothing else.
+
+systemd itself is the authority on what a unit runs: `systemctl show` gives the main pid, the state and the drop-ins
+in force; the unit file the role wrote is compared byte for byte with the desired one. The calls go through a runner
+(AnsibleModule.run_command in the modules) so the modules' environment and error handling apply.
+"""
+
+from __future__ import annotations
+
+import os
+import typing as t
+
+Runner = t.Callable[[t.List[str]], t.Tuple[int, str, str]]
+
+# What the engine and the check read; one `systemctl show` call.
+PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "Result", "ExecMainCode", "ExecMainStatus",
+              "UnitFileState", "FragmentPath", "DropInPaths", "NeedDaemonReload", "TimeoutStopUSec", "KillMode")
+
+# siginfo's si_code for a child's end, as systemctl status spells it.
+_EXIT_CODES = {"1": "exited", "2": "killed", "3": "dumped"}
+
+
+class SystemdError(Exception):
+    def __init__(self, msg: str, **details: t.Any) -> None:
+        super().__init__(msg)
+        self.details = details
+
+
+def _call(run: Runner, argv: t.List[str], ok: t.Sequence[int] = (0,)) -> str:
+    rc, out, err = run(argv)
+    if rc not in ok:
+        raise SystemdError("%s failed (rc=%d): %s" % (" ".join(argv), rc, (err or out).strip()[-400:]), rc=rc)
+    return out
+
+
+def show(run: Runner, unit: str) -> t.Dict[str, str]:
+    """The unit's properties (PROPERTIES); an unknown unit reads LoadState=not-found, MainPID=0."""
+    out = _call(run, ["systemctl", "show", "--property=" + ",".join(PROPERTIES), "--", unit])
+    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return {k: props.get(k, "") for k in PROPERTIES}
+
+
+def main_pid(props: t.Mapping[str, str]) -> int:
+    try:
+        return int(props.get("MainPID") or 0)
+    except ValueError:
+        return 0
+
+
+def foreign_dropins(props: t.Mapping[str, str], unit: str) -> t.List[str]:
+    """The drop-ins of this unit (`systemctl edit`, /etc/systemd/system/UNIT.d/*.conf, its /run twin).
+
+    Type-wide drop-ins (service.d/) are left out: they apply to every service of the host and are the host's policy,
+    not an edit of this unit. The role writes no drop-in, so every one listed here is someone else's."""
+    return [p for p in (props.get("DropInPaths") or "").split()
+            if os.path.basename(os.path.dirname(p)) == unit + ".d"]
+
+
+def exit_status(props: t.Mapping[str, str]) -> str:
+    """'code=exited, status=1' / 'code=killed, status=9' (as systemctl status says it), or ''."""
+    code = _EXIT_CODES.get(props.get("ExecMainCode") or "")
+    if not code:
+        return ""
+    return "Result=%s, code=%s, status=%s" % (props.get("Result") or "?", code, props.get("ExecMainStatus") or "?")
+
+
+def drift(props: t.Mapping[str, str], unit: str, unit_path: str, desired: t.Optional[str],
+          enabled: t.Optional[bool]) -> t.Dict[str, t.Any]:
+    """How the unit systemd would run differs from the desired one.
+
+    `restart`: reasons the running server does not run the desired unit (a restart applies them). `other`: drift a
+    restart does not fix (enablement, drop-ins), reported and handled by the caller."""
+    restart: t.List[str] = []
+    other: t.List[str] = []
+    loaded = props.get("LoadState") == "loaded"
+    content_matches: t.Optional[bool] = None
+    if desired is not None:
+        try:
+            with open(unit_path, "rb") as f:
+                content_matches = f.read() == desired.encode()
+        except FileNotFoundError:
+            content_matches = False
+            restart.append("unit file %s is missing" % unit_path)
+        except OSError as e:
+            content_matches = False
+            restart.append("unit file %s is unreadable: %s" % (unit_path, e.strerror))
+        else:
+            if not content_matches:
+                restart.append("unit file %s differs from the desired unit (edited by hand, or a changed setting)"
+                               % unit_path)
+    if loaded and props.get("FragmentPath") and props["FragmentPath"] != unit_path:
+        restart.append("systemd loads %s from %s, not from %s" % (unit, props["FragmentPath"], unit_path))
+    if loaded and props.get("NeedDaemonReload") == "yes":
+        # The file on disk is not what systemd runs: a restart after a daemon-reload makes them one.
+        restart.append("the unit file changed on disk since systemd loaded it (daemon-reload pending)")
+    dropins = foreign_dropins(props, unit) if loaded else []
+    if dropins:
+        other.append("drop-ins gpufleet did not write change the unit: %s" % ", ".join(dropins))
+    state = props.get("UnitFileState") or ""
+    if enabled is not None and loaded:
+        if enabled and state not in ("enabled", "enabled-runtime", "static", "alias"):
+            other.append("unit is %s, not enabled (the server would not come back after a reboot)" % (state or "not enabled"))
+        elif not enabled and state in ("enabled", "enabled-runtime"):
+            other.append("unit is enabled, and gpufleet_server_systemd_enabled is false")
+    return dict(restart=restart, other=other, dropins=dropins, content_matches=content_matches,
+                enabled_state=state, loaded=loaded)
+
+
+def daemon_reload(run: Runner) -> None:
+    _call(run, ["systemctl", "daemon-reload"])
+
+
+def stop(run: Runner, unit: str) -> None:
+    """`systemctl stop`: the unit's own TERM -> TimeoutStopSec -> KILL of its whole cgroup; returns when it is down."""
+    # 5: the unit is not loaded (never installed): nothing to stop.
+    _call(run, ["systemctl", "stop", "--", unit], ok=(0, 5))
+
+
+def start(run: Runner, unit: str) -> None:
+    _call(run, ["systemctl", "start", "--", unit])
+
+
+def set_enabled(run: Runner, unit: str, enabled: bool) -> None:
+    _call(run, ["systemctl", "enable" if enabled else "disable", "--", unit])
+
+
+def journal_tail(run: Runner, unit: str, since: float, lines: int = 10) -> str:
+    """systemd's own lines about the unit since `since` (epoch seconds): how its main process ended."""
+    rc, out, _err = run(["journalctl", "--no-pager", "--quiet", "-o", "cat", "-n", str(lines),
+                         "--since", "@%d" % int(since), "-u", unit])
+    return out.strip() if rc == 0 else ""
+
+
+def remove_dropins(paths: t.Sequence[str], unit: str) -> t.List[str]:
+    """Delete the named drop-ins of `unit`; refuses any path that is not one (a typo must not delete another file)."""
+    removed = []
+    for p in paths:
+        d = os.path.dirname(p)
+        if (os.path.basename(d) != unit + ".d" or not p.endswith(".conf")
+                or not d.startswith(("/etc/systemd/system/", "/run/systemd/system/"))):
+            raise SystemdError("%s is not a drop-in of %s under /etc or /run/systemd/system" % (p, unit))
+        try:
+            os.unlink(p)
+            removed.append(p)
+        except FileNotFoundError:
+            pass
+    return removed

@@ -1,0 +1,239 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The systemd launcher as a production service, on a podman host booting systemd 252 as PID 1
+(tests/sandbox/podman_fleet.py): the first rollout in check mode on a host without the unit, one stop contract
+(TERM -> the kill grace -> KILL, the grace in the unit), a unit restarted by hand, drop-ins and a unit edited by hand,
+enablement, and what a start failure says. Every rollout and audit is a real ansible-runner run of the collection's
+playbooks; every assertion reads systemd (`systemctl show`, the unit file) or /proc on the host.
+"""
+from __future__ import annotations
+
+import json
+import typing as t
+from pathlib import Path
+
+import pytest
+
+from gpufleet_ci import sandbox
+from rel_helpers import ROLLOUT_SITE, runner_play, summary
+
+pytestmark = pytest.mark.sandbox
+
+UNIT = "gpufleet-demo.service"
+UNIT_FILE = "/etc/systemd/system/" + UNIT
+DROPIN = "/etc/systemd/system/%s.d/override.conf" % UNIT
+AUDIT_SITE = "- name: gpufleet audit\n  ansible.builtin.import_playbook: gpufleet.serving.audit\n"
+
+
+def _vars(fleet: t.Any, **over: t.Any) -> t.Dict[str, t.Any]:
+    gv = sandbox.server_vars(fleet.python, mib=1000)
+    gv.update(gpufleet_server_launcher="systemd", ansible_python_interpreter="/usr/bin/python3",
+              gpufleet_server_kill_grace=2, gpufleet_server_clean_timeout=10, gpufleet_server_ready_interval=0.1,
+              gpufleet_server_adopt_cmdline_regex="")
+    gv.update(over)
+    return gv
+
+
+def _run(fleet: t.Any, tmp_path: Path, ident: str, site: str = ROLLOUT_SITE, cmdline: str = "", **over: t.Any) -> t.Any:
+    inv = tmp_path / ("servers-%s.json" % ident)
+    inv.write_text(sandbox.servers_inventory(fleet.hosts, _vars(fleet, **over)))
+    return runner_play(tmp_path, site, [fleet.inventory, inv], extravars={"gpufleet_rollout_serial": ["100%"]},
+                       cmdline=cmdline, ident=ident, timeout=400)
+
+
+def _sh(fleet: t.Any, cmd: str, check: bool = True) -> str:
+    return fleet.ssh(fleet.hosts[0], cmd, check=check, timeout=120).stdout
+
+
+def _show(fleet: t.Any) -> t.Dict[str, str]:
+    out = _sh(fleet, "systemctl show -p ActiveState -p MainPID -p UnitFileState -p KillMode -p TimeoutStopUSec "
+                     "-p DropInPaths -p LoadState %s" % UNIT)
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def _host(run: t.Any, fleet: t.Any) -> t.Dict[str, t.Any]:
+    return summary(run)[fleet.hosts[0]]
+
+
+def _reset(fleet: t.Any) -> None:
+    """A host without the unit, its files or any demo server (systemd forgets the unit)."""
+    _sh(fleet, "systemctl stop %s; systemctl disable %s; rm -rf %s %s.d /etc/gpufleet /run/gpufleet /var/lib/gpufleet "
+               "/var/log/gpufleet; systemctl daemon-reload; systemctl reset-failed; pkill -9 -f demo_server.py; true"
+        % (UNIT, UNIT, UNIT_FILE, UNIT_FILE), check=False)
+
+
+@pytest.fixture
+def host(systemd_host):
+    _reset(systemd_host)
+    return systemd_host
+
+
+@pytest.fixture
+def running(host, tmp_path):
+    """A host where the first rollout installed and started the unit."""
+    run = _run(host, tmp_path, "first")
+    assert run.rc == 0, run.stdout[-6000:]
+    return host
+
+
+@pytest.mark.reliability(
+    section="systemd", case="Check mode on a host without the unit, then the first rollout: enabled, grace in the unit",
+    provoked="gpufleet_server_launcher systemd, a fresh host (no unit): rollout --check --diff, then the rollout",
+    outcome="--check passes reporting a restart and creates no unit; the rollout starts the unit, enables it "
+            "(UnitFileState enabled), KillMode=mixed, TimeoutStopSec = the kill grace; summary timings kill, launch, "
+            "ready all measured by the same engine as the process launcher")
+def test_check_mode_on_a_fresh_host_then_the_first_rollout(host, tmp_path):
+    check = _run(host, tmp_path, "check", cmdline="--check --diff")
+
+    assert check.rc == 0, check.stdout[-6000:]
+    assert _host(check, host)["would_restart"] is True
+    assert _sh(host, "test -e %s && echo present || echo absent" % UNIT_FILE).strip() == "absent"
+
+    run = _run(host, tmp_path, "first")
+
+    assert run.rc == 0, run.stdout[-6000:]
+    show = _show(host)
+    assert show["ActiveState"] == "active" and int(show["MainPID"]) > 0, show
+    assert show["UnitFileState"] == "enabled", show
+    assert show["KillMode"] == "mixed" and show["TimeoutStopUSec"] == "2s", show
+    pid = int(_sh(host, "cat /run/gpufleet/demo.pid").split()[0])
+    assert pid == int(show["MainPID"])
+    h = _host(run, host)
+    # A fresh host: nothing to stop, but the stop was still timed, like the launch and the readiness wait.
+    assert h["kill_s"] is not None and h["launch_s"] > 0 and h["ready_s"] > 0, h
+
+
+@pytest.mark.reliability(
+    section="systemd", case="The kill grace is the grace with the systemd launcher, and changing it is applied",
+    provoked="a server whose launcher and workers ignore SIGTERM (--ignore-term) under the systemd launcher, "
+             "gpufleet_server_kill_grace 2, forced restart; then gpufleet_server_kill_grace 1 with nothing else changed",
+    outcome="the stop takes the grace (about 2 s, not a 30 s TimeoutStopSec) and the summary's kill time says so; "
+            "the grace change rewrites the unit (TimeoutStopSec=1s) and restarts, as any unit setting does")
+def test_a_server_ignoring_sigterm_is_killed_after_the_grace(host, tmp_path):
+    cmd = sandbox.server_vars(host.python, mib=1000)["gpufleet_server_command"] + ["--ignore-term"]
+    first = _run(host, tmp_path, "first", gpufleet_server_command=cmd)
+    assert first.rc == 0, first.stdout[-6000:]
+
+    forced = _run(host, tmp_path, "forced", gpufleet_server_command=cmd, gpufleet_server_force_restart=True)
+
+    assert forced.rc == 0, forced.stdout[-6000:]
+    kill_s = _host(forced, host)["kill_s"]
+    assert 1.8 <= kill_s <= 8, kill_s
+
+    changed = _run(host, tmp_path, "grace1", gpufleet_server_command=cmd, gpufleet_server_kill_grace=1)
+
+    assert changed.rc == 0, changed.stdout[-6000:]
+    h = _host(changed, host)
+    assert h["restarted"] is True, h
+    assert any("differs from the desired unit" in r for r in h["reasons"]), h["reasons"]
+    assert _show(host)["TimeoutStopUSec"] == "1s"
+    assert 0.8 <= h["kill_s"] <= 6, h
+
+
+@pytest.mark.reliability(
+    section="systemd", case="A `systemctl restart` by hand is not a dead server",
+    provoked="after a rollout, `systemctl restart gpufleet-demo` (the pidfile still names the old main pid); "
+             "the audit, then the rollout",
+    outcome="the audit passes (a note says the unit was restarted outside gpufleet, no orphans, no 'not running'); "
+            "the rollout restarts nothing (the same main pid before and after)")
+def test_a_hand_restart_reads_as_running(running, tmp_path):
+    host = running
+    before = int(_show(host)["MainPID"])
+    _sh(host, "systemctl restart %s" % UNIT)
+    after = int(_show(host)["MainPID"])
+    assert after != before
+    # The workers of the new main process must be up before the audit reads them.
+    _sh(host, "python3 -c 'import time, urllib.request as u\nfor i in range(200):\n try:\n  u.urlopen(\"http://127.0.0.1:%d/health\", timeout=1); break\n except Exception: time.sleep(0.1)'"
+        % sandbox.PORT)
+
+    audit = _run(host, tmp_path, "audit", site=AUDIT_SITE)
+
+    assert audit.rc == 0, audit.stdout[-6000:]
+    assert "restarted outside gpufleet" in audit.stdout
+    rollout = _run(host, tmp_path, "again")
+    assert rollout.rc == 0, rollout.stdout[-6000:]
+    assert _host(rollout, host)["restarted"] is False
+    assert int(_show(host)["MainPID"]) == after
+
+
+@pytest.mark.reliability(
+    section="systemd", case="A drop-in or a unit edited by hand is drift; the rollout corrects what it owns",
+    provoked="`systemctl edit`-style drop-in (Environment=, TimeoutStopSec=300) + daemon-reload: audit, rollout "
+             "(default warn), rollout with gpufleet_server_systemd_dropins remove; then Restart=always edited into "
+             "the unit + daemon-reload: audit, rollout",
+    outcome="the audit fails naming the drop-in; the default rollout warns and keeps it (no restart); remove "
+            "deletes it and restarts onto the role's unit; the edited unit fails the audit and the rollout rewrites "
+            "it and restarts (Restart=no again)")
+def test_dropins_and_edited_units_are_drift(running, tmp_path):
+    host = running
+    _sh(host, "mkdir -p %s.d && printf '[Service]\\nEnvironment=EXTRA=1\\nTimeoutStopSec=300\\n' > %s && "
+              "systemctl daemon-reload" % (UNIT_FILE, DROPIN))
+    pid = int(_show(host)["MainPID"])
+
+    audit = _run(host, tmp_path, "audit-dropin", site=AUDIT_SITE)
+    assert audit.rc != 0 and DROPIN in audit.stdout, audit.stdout[-4000:]
+    warn = _run(host, tmp_path, "warn")
+    assert warn.rc == 0, warn.stdout[-6000:]
+    assert _host(warn, host)["restarted"] is False and int(_show(host)["MainPID"]) == pid
+    assert DROPIN in warn.stdout  # the warning
+    assert _sh(host, "test -e %s && echo kept" % DROPIN, check=False).strip() == "kept"
+
+    remove = _run(host, tmp_path, "remove", gpufleet_server_systemd_dropins="remove")
+
+    assert remove.rc == 0, remove.stdout[-6000:]
+    assert _host(remove, host)["restarted"] is True
+    show = _show(host)
+    assert show["DropInPaths"] == "" and show["TimeoutStopUSec"] == "2s", show
+    assert "EXTRA" not in _sh(host, "cat /proc/%s/environ | tr '\\0' '\\n'" % show["MainPID"])
+
+    _sh(host, "sed -i 's/^Restart=no$/Restart=always/' %s && systemctl daemon-reload" % UNIT_FILE)
+    audit = _run(host, tmp_path, "audit-edited", site=AUDIT_SITE)
+    assert audit.rc != 0 and "differs from the desired unit" in audit.stdout, audit.stdout[-4000:]
+    fixed = _run(host, tmp_path, "fixed")
+    assert fixed.rc == 0, fixed.stdout[-6000:]
+    assert _host(fixed, host)["restarted"] is True
+    assert "Restart=no" in _sh(host, "cat %s" % UNIT_FILE)
+    assert _sh(host, "systemctl show -p Restart %s" % UNIT).strip() == "Restart=no"
+
+
+@pytest.mark.reliability(
+    section="systemd", case="A disabled unit is drift, enabled again without a restart",
+    provoked="`systemctl disable gpufleet-demo` after a rollout: audit, rollout",
+    outcome="the audit fails saying the unit would not come back after a reboot; the rollout enables it and "
+            "restarts nothing (same main pid)")
+def test_a_disabled_unit_is_enabled_without_a_restart(running, tmp_path):
+    host = running
+    _sh(host, "systemctl disable %s" % UNIT)
+    pid = int(_show(host)["MainPID"])
+
+    audit = _run(host, tmp_path, "audit-disabled", site=AUDIT_SITE)
+    assert audit.rc != 0 and "not enabled" in audit.stdout, audit.stdout[-4000:]
+    run = _run(host, tmp_path, "enable")
+
+    assert run.rc == 0, run.stdout[-6000:]
+    assert _host(run, host)["restarted"] is False
+    show = _show(host)
+    assert show["UnitFileState"] == "enabled" and int(show["MainPID"]) == pid, show
+
+
+@pytest.mark.reliability(
+    section="systemd", case="A unit that fails at start says systemd's exit status and journal",
+    provoked="the systemd launcher with a server that exits 1 at start-up (--fail-at-startup)",
+    outcome="the host fails in phase startup; the message names the exit status (status=1) and systemd's "
+            "journal lines, and the summary's kill/launch timings are measured")
+def test_a_start_failure_names_the_exit_status_and_the_journal(host, tmp_path):
+    cmd = sandbox.server_vars(host.python, mib=1000)["gpufleet_server_command"] + ["--fail-at-startup"]
+
+    run = _run(host, tmp_path, "fail", gpufleet_server_command=cmd)
+
+    assert run.rc != 0
+    h = _host(run, host)
+    assert h["status"] == "failed" and h["phase"] == "startup", h
+    assert "status=1" in h["failure"] and "journal" in h["failure"], h["failure"]
+    assert h["launch_s"] is not None, h
+
+
+def test_summary_json_is_what_the_tests_read(running, tmp_path):
+    """The summary keys the tests above read exist for a no-op run too (a renamed key would skip their checks)."""
+    run = _run(running, tmp_path, "noop")
+    h = _host(run, running)
+    assert set(json.loads(json.dumps(h))) >= {"restarted", "reasons", "kill_s", "launch_s", "phase", "failure"}, h
