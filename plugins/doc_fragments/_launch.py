@@ -10,17 +10,13 @@ from __future__ import annotations
 
 class ModuleDocFragment(object):
 
-    # What a launch needs, shared by server_launch and server_restart (argument spec: _server.launch_argspec).
+    # What a launch needs, shared by server_launch and server_restart (argument spec: _server.launch_argspec). Its
+    # command is each module's own: server_restart's systemd launcher takes it from the unit.
     DOCUMENTATION = r"""
 options:
   name:
     description: Service name; the value of the launch tag.
     type: str
-    required: true
-  command:
-    description: Argument vector to execute (no shell).
-    type: list
-    elements: str
     required: true
   env:
     description:

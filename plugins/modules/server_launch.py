@@ -39,6 +39,11 @@ attributes:
     support: full
     details: A second run finds the server running and reports no change.
 options:
+  command:
+    description: Argument vector to execute (no shell).
+    type: list
+    elements: str
+    required: true
   pidfile:
     description: Pidfile to write (C(PID START_TIME)).
     type: path

@@ -401,7 +401,7 @@ def check_unit(module: AnsibleModule, procs: t.Mapping[int, _proc.Proc]) -> t.Di
     p = module.params
     sd = p["systemd"]
     try:
-        props = _systemd.show(lambda argv: module.run_command(argv), sd["unit"])
+        props = _systemd.show(module.run_command, sd["unit"])
     except _systemd.SystemdError as e:
         module.fail_json(msg="cannot read the state of %s: %s" % (sd["unit"], e), **e.details)
     d = _systemd.drift(props, sd["unit"], sd["unit_path"], sd["unit_content"], sd["enabled"])
