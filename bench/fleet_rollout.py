@@ -271,7 +271,16 @@ def main() -> int:
     ap.add_argument("--rev", help="measure this commit (git archive; its collection, fleet and demo server) instead of "
                     "the working tree")
     ap.add_argument("--json")
+    ap.add_argument("--tables", nargs="+", metavar="JSON", help="only print the tables of earlier runs' JSON files")
     a = ap.parse_args()
+    a.profile_dir = os.path.abspath(a.profile_dir)  # the commands run in the measured tree
+    if a.tables:
+        results = []
+        for f in a.tables:
+            with open(f) as fh:
+                results += json.load(fh)["results"]
+        print(tables(sorted(results, key=lambda r: r["hosts"])))
+        return 0
     rev = export_tree(a.rev) if a.rev else None
     try:
         return _main(a, rev)
