@@ -78,8 +78,10 @@ def _tasks_from_uses():
 # sends the host through the validated main entry point. Validating there too would cost a task per host and run.
 # The batch bookkeeping of the rollout playbooks (gpu_server tasks/batch_begin.yml, batch_end.yml) takes no role
 # variables: it reads the play's batch and gpufleet_rollout_max_fail_percentage, which batch_begin checks itself.
+# The capacity guard (tasks/capacity.yml) likewise reads the batch, gpufleet_rollout_min_in_service (checked there)
+# and whether each host has balancers.
 READ_ONLY_UNVALIDATED = {("nccl_tuning", "desired"), ("gpu_server", "up_to_date"), ("gpu_server", "batch_begin"),
-                         ("gpu_server", "batch_end")}
+                         ("gpu_server", "batch_end"), ("gpu_server", "capacity")}
 
 
 def test_tasks_from_entry_points_are_validated():

@@ -1,0 +1,291 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Zero-drop rollouts (issue 17) on the sandbox: 4 hosts behind a real HAProxy and a real SGLang Model Gateway (smg),
+both fronting every server, under continuous load through each, driven by the real rollout playbook.
+
+One fleet and one pair of balancers for the whole module; the tests run in order and each leaves every host serving and
+in rotation (or puts it back itself)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import typing as t
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from rollout_helpers import ROOT, RolloutFleet, Run, sandbox  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "tests" / "sandbox"))
+import balancer as _balancer  # noqa: E402
+
+from collection_copy import private_collections  # noqa: E402
+from helpers import run_playbook  # noqa: E402
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
+
+LOADGEN = ROOT / "tests" / "sandbox" / "loadgen.py"
+SMG_PORT = 8081
+HOSTS = 4
+
+
+def _skip() -> t.Optional[str]:
+    if not (shutil.which("haproxy") or os.access("/usr/sbin/haproxy", os.X_OK)):
+        return "haproxy is not installed (./scripts/setup installs it)"
+    if not (Path(sys.executable).parent / "smg").exists():
+        return "smg is not installed (./scripts/setup: pip sglang-router)"
+    if not (ROOT / "collections" / "ansible_collections" / "community" / "general").is_dir():
+        return "community.general is not installed (scripts/get-community-general)"
+    return None
+
+
+class DrainFleet(RolloutFleet):
+    """The rollout helpers, with the checkout's collections/ (community.general) after the private copy."""
+
+    def __init__(self, fleet: t.Any, workdir: Path) -> None:
+        super().__init__(fleet, workdir)
+        self.haproxy = _balancer.Balancer(fleet.state_dir, "haproxy")
+        self.smg = _balancer.Balancer(fleet.state_dir, "smg", SMG_PORT)
+
+    def balancers(self, haproxy_socket: t.Optional[str] = None) -> t.List[t.Dict[str, t.Any]]:
+        return [
+            {"type": "haproxy", "delegate_to": "localhost", "socket": haproxy_socket or self.haproxy.sock,
+             "backend": _balancer.BACKEND},
+            # smg listens in the fleet's hub namespace: reached from the hosts, not from the controller.
+            {"type": "sglang_router", "url": self.smg.url, "delegate_to": "{{ inventory_hostname }}"},
+        ]
+
+    def start_stale(self, hosts: t.Optional[t.Sequence[str]] = None) -> t.Any:
+        # Each /generate takes 0.5 s on the server itself (smg drops unknown fields of a request, so a request's own
+        # delay would not reach the server through it): requests are in flight whenever a drain starts.
+        orig = sandbox.stale_server_cmd
+        sandbox.stale_server_cmd = lambda *a, **k: orig(*a, **k).replace(" > /var/log/", " --generate-delay 0.5 > /var/log/")
+        try:
+            return super().start_stale(hosts)
+        finally:
+            sandbox.stale_server_cmd = orig
+
+    def server_vars(self) -> t.Dict[str, t.Any]:
+        v = super().server_vars()
+        v["gpufleet_server_command"] = list(v["gpufleet_server_command"]) + ["--generate-delay", "0.5"]
+        v.update({"gpufleet_server_balancers": self.balancers(), "gpufleet_server_drain_timeout": 30,
+                  "gpufleet_server_drain_interval": 0.1, "gpufleet_server_balancer_up_timeout": 30})
+        return v
+
+    def playbook(self, name: str, *args: str, vars_override: t.Optional[t.Mapping[str, t.Any]] = None,
+                 host_vars: t.Optional[t.Mapping[str, t.Mapping[str, t.Any]]] = None,
+                 extra_vars: t.Optional[t.Mapping[str, t.Any]] = None, check: bool = False,
+                 timeout: float = 300) -> Run:
+        inv = self.inventory(vars_override, host_vars)
+        summary = self.workdir / ("summary-%d" % self.runs)
+        extra_vars = dict({"gpufleet_rollout_serial": ["100%"]}, **dict(extra_vars or {}))
+        env = dict(os.environ, GPUFLEET_SUMMARY_DIR=str(summary),
+                   ANSIBLE_COLLECTIONS_PATH="%s:%s" % (private_collections(), ROOT / "collections"))
+        t0 = time.monotonic()
+        cp = run_playbook("gpufleet.serving." + name, *args, inventory=str(inv), env=env, extra_vars=extra_vars,
+                          check=check, timeout=timeout)
+        run = Run(cp, summary, time.monotonic() - t0)
+        print("ansible-playbook %s %s: rc=%s in %.1fs" % (name, " ".join(args), run.rc, run.took))
+        self.last_summary = summary
+        return run
+
+    # -- balancers -------------------------------------------------------------------------------
+    def haproxy_states(self) -> t.Dict[str, str]:
+        return {k: v["status"] for k, v in self.haproxy.status().items()}
+
+    def smg_workers(self) -> t.Dict[str, bool]:
+        return {u: w["healthy"] for u, w in self.smg.status().items()}
+
+    def worker_url(self, host: str) -> str:
+        return "http://%s:30000" % self.fleet.addr(host)
+
+    def all_in_rotation(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            hp, sm = self.haproxy_states(), self.smg_workers()
+            if all(hp.get(h) == "UP" for h in self.hosts) and all(sm.get(self.worker_url(h)) for h in self.hosts):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError("not every host in rotation: haproxy %s, smg %s" % (hp, sm))
+            time.sleep(0.2)
+
+    def put_back(self, host: str) -> None:
+        """What an operator does once a host left out of rotation is fixed (docs/runbook.md)."""
+        _balancer.haproxy_cmd(self.haproxy.sock, "set server %s/%s state ready" % (_balancer.BACKEND, host))
+        if self.worker_url(host) not in self.smg_workers():
+            self.fleet.hub_run(["curl", "-sf", "-XPOST", self.smg.url + "/workers", "-H", "Content-Type: application/json",
+                                "-d", json.dumps({"url": self.worker_url(host)})], check=True)
+
+    # -- load ------------------------------------------------------------------------------------
+    def load(self, via: str, name: str, clients: int = 4) -> "Load":
+        return Load(self, via, name, clients)
+
+
+class Load:
+    """tests/sandbox/loadgen.py in the hub namespace, through one balancer, until stopped."""
+
+    def __init__(self, df: DrainFleet, via: str, name: str, clients: int) -> None:
+        self.out = df.workdir / ("load-%s-%d.json" % (name, df.runs))
+        self.stop_file = df.workdir / ("stop-%s-%d" % (name, df.runs))
+        url = (df.haproxy.url if via == "haproxy" else df.smg.url) + "/generate"
+        sample = ["--haproxy-socket", df.haproxy.sock] if via == "haproxy" else ["--smg-url", df.smg.url]
+        self.p = subprocess.Popen(["ip", "netns", "exec", df.fleet.hub, sys.executable, str(LOADGEN), "--url", url,
+                                   "--clients", str(clients), "--duration", "400", "--max-requests", "20000",
+                                   "--tp", "2", "--timeout", "60", "--stop-file", str(self.stop_file),
+                                   "--json", str(self.out)] + sample,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(1.5)  # requests in flight everywhere before the rollout starts
+
+    def stop(self) -> t.Dict[str, t.Any]:
+        self.stop_file.write_text("")
+        out, _ = self.p.communicate(timeout=90)
+        assert self.p.returncode == 0, out
+        res = json.loads(self.out.read_text())
+        res["line"] = out.strip().splitlines()[-1]
+        print("load:", out.strip())
+        return res
+
+
+@pytest.fixture(scope="module")
+def df(sandbox_fleet_module, tmp_path_factory) -> t.Iterator[DrainFleet]:
+    why = _skip()
+    if why:
+        pytest.skip(why)
+    fleet = sandbox_fleet_module(hosts=HOSTS, gpus=2)
+    d = DrainFleet(fleet, tmp_path_factory.mktemp("drain"))
+    d.reset()
+    d.start_stale()
+    try:
+        d.haproxy.up()
+        d.smg.up()
+        d.all_in_rotation()
+        yield d
+    finally:
+        d.haproxy.down()
+        d.smg.down()
+        d.reset()
+
+
+def _pids(df: DrainFleet) -> t.Dict[str, t.Set[t.Tuple[int, int]]]:
+    s = df.snapshot()
+    return {h: {(p["pid"], p["start"]) for p in s.procs(h) if "demo_server" in " ".join(p["cmdline"])} for h in df.hosts}
+
+
+def test_check_mode_touches_neither_balancer_nor_server(df):
+    before = _pids(df)
+    r = df.playbook("rollout", check=True, extra_vars={"gpufleet_server_force_restart": True})
+    assert r.rc == 0, r.tail()
+    assert _pids(df) == before
+    assert set(df.haproxy_states().values()) == {"UP"} and len(df.smg_workers()) == HOSTS
+    assert all(r.summary[h]["would_drain"] and not r.summary[h]["out_of_rotation"] for h in df.hosts), r.summary
+
+
+def test_rollout_under_load_drops_nothing(df):
+    """serial [1, "25%"]: a canary, then one host per batch; continuous load through both balancers."""
+    before = _pids(df)
+    loads = [df.load("haproxy", "haproxy"), df.load("smg", "smg")]
+    r = df.playbook("rollout", extra_vars={"gpufleet_rollout_serial": [1, "25%"]})
+    results = [x.stop() for x in loads]
+    assert r.rc == 0, r.tail()
+    for res in results:
+        assert res["failed"] == 0, res["failures"]
+        assert res["requests"] > 40 and res["line"].endswith(", 0 failed"), res["line"]
+        # Never more than one host (the batch) out: 4 - 1 in service all along.
+        assert res["min_in_service"] == HOSTS - 1, res["min_in_service"]
+    after = _pids(df)
+    assert all(before[h] and after[h] and not (before[h] & after[h]) for h in df.hosts), (before, after)
+    assert all(r.summary[h]["restarted"] and not r.summary[h]["out_of_rotation"] for h in df.hosts)
+    df.all_in_rotation(timeout=5)
+    # A second run: every host up to date, never drained.
+    loads = [df.load("haproxy", "haproxy-again")]
+    r2 = df.playbook("rollout", extra_vars={"gpufleet_rollout_serial": [1, "25%"]})
+    res = loads[0].stop()
+    assert r2.rc == 0, r2.tail()
+    assert res["failed"] == 0 and res["min_in_service"] == HOSTS, res
+    assert _pids(df) == after
+
+
+def test_unreachable_balancer_fails_the_host_before_its_kill(df):
+    before = _pids(df)
+    load = df.load("smg", "smg-unreachable")
+    r = df.playbook("rollout", "--limit", "host2", extra_vars={"gpufleet_server_force_restart": True},
+                    vars_override={"gpufleet_server_balancers": df.balancers("/nonexistent/haproxy.sock")})
+    res = load.stop()
+    assert r.rc != 0
+    assert r.summary["host2"]["status"] == "failed" and not r.summary["host2"]["restarted"], r.summary["host2"]
+    assert _pids(df)["host2"] == before["host2"]  # never killed
+    assert r.summary["host2"]["out_of_rotation"] == []  # haproxy came first and failed: nothing was drained
+    assert res["failed"] == 0, res["failures"]
+    df.all_in_rotation(timeout=5)
+
+
+def test_capacity_guard_refuses_a_batch_before_anything_is_touched(df):
+    """75% of 4 must stay in rotation: a batch of 2 (50%) is refused on every host of it, nothing locked or drained."""
+    before = _pids(df)
+    r = df.playbook("rollout", extra_vars={"gpufleet_rollout_serial": ["50%"], "gpufleet_server_force_restart": True,
+                                           "gpufleet_rollout_min_in_service": "75%"})
+    assert r.rc != 0
+    for h in ("host1", "host2"):
+        assert r.summary[h]["status"] == "failed", r.summary[h]
+        assert ("gpufleet_rollout_min_in_service: draining host1, host2 would leave 2 of 4 server(s) in rotation, "
+                "fewer than 3; nothing was touched") in r.summary[h]["failure"], r.summary[h]["failure"]
+    assert r.summary["host3"]["status"] == "not run"
+    assert _pids(df) == before
+    df.all_in_rotation(timeout=5)
+
+
+def test_failing_host_stays_drained_and_the_run_stops(df):
+    """host2's new server fails at start-up: host2 stays out of rotation, the rollout stops after its batch, the
+    traffic never sees it."""
+    load = df.load("haproxy", "haproxy-failing")
+    r = df.playbook("rollout", extra_vars={"gpufleet_rollout_serial": [1, "25%"], "gpufleet_server_force_restart": True},
+                    host_vars={"host2": {"gpufleet_server_command": df.server_vars()["gpufleet_server_command"]
+                                         + ["--fail-at-startup"]}})
+    res = load.stop()
+    assert r.rc != 0
+    assert r.summary["host1"]["status"] == "ok" and r.summary["host1"]["restarted"]
+    assert r.summary["host2"]["status"] == "failed" and r.summary["host2"]["out_of_rotation"] == ["haproxy", "sglang_router"]
+    assert r.summary["host3"]["status"] == "not run" and r.summary["host4"]["status"] == "not run"
+    summary = json.loads((df.last_summary / "rollout-summary.json").read_text())
+    assert summary["out_of_rotation"] == {"host2": ["haproxy", "sglang_router"]} and summary["halted"]
+    states = df.haproxy_states()
+    assert states["host2"] == "MAINT" and all(states[h] == "UP" for h in ("host1", "host3", "host4")), states
+    assert df.worker_url("host2") not in df.smg_workers()
+    assert res["failed"] == 0, res["failures"]
+    assert res["min_in_service"] == HOSTS - 1
+
+
+def test_never_draining_server_times_out_and_stays_out(df):
+    """A request that never ends on host1 (sent to it directly): the drain times out, the host fails before its kill
+    and stays out of rotation (gpufleet_server_drain_on_timeout: fail, the default). Last: the server goes on counting
+    that request after its client is gone."""
+    before = _pids(df)
+    stuck = subprocess.Popen(["ip", "netns", "exec", df.fleet.hub, "curl", "-s", "-m", "120", "-XPOST",
+                              "http://%s:30000/generate" % df.fleet.addr("host1"), "-d",
+                              json.dumps({"text": "stuck", "delay": 110})],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        r = df.playbook("rollout", "--limit", "host1", extra_vars={"gpufleet_server_force_restart": True},
+                        vars_override=dict(df.server_vars(), gpufleet_server_drain_timeout=2))
+        assert r.rc != 0
+        h = r.summary["host1"]
+        assert h["status"] == "failed" and "still in flight after 2s" in h["failure"], h
+        assert h["out_of_rotation"] == ["haproxy", "sglang_router"], h
+        assert "left out of rotation: host1 (haproxy, sglang_router)" in r.out
+        assert _pids(df)["host1"] == before["host1"]  # nothing killed
+        assert df.haproxy_states()["host1"] == "MAINT"
+        assert df.worker_url("host1") not in df.smg_workers()
+    finally:
+        stuck.kill()
+        stuck.wait()
+    df.put_back("host1")
+    deadline = time.monotonic() + 30
+    while df.haproxy_states()["host1"] != "UP" or not df.smg_workers().get(df.worker_url("host1")):
+        assert time.monotonic() < deadline, (df.haproxy_states(), df.smg_workers())
+        time.sleep(0.2)
