@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
+pytestmark = pytest.mark.fast  # reads files only
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "nccl_tuning"
 
 

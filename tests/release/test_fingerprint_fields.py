@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import yaml
 
 from release_helpers import ROOT
 
+pytestmark = pytest.mark.fast  # reads files only
 DOCUMENTED = {"gpufleet_server_command", "gpufleet_server_env", "gpufleet_server_user", "gpufleet_server_workdir",
               "gpufleet_server_launcher", "gpufleet_server_gpus", "gpufleet_server_env_passthrough",
               "_gpufleet_server_nccl_env", "gpufleet_server_tag_name", "gpufleet_server_umask", "_gpufleet_server_env_file"}

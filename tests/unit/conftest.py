@@ -61,6 +61,22 @@ except ImportError:  # pragma: no cover - ansible-core < 2.19
 _ASKS_FOR_INVOCATION = "inject_invocation" in PASS_VARS
 
 
+UNIT_DIR = Path(__file__).resolve().parent
+FAST_MARKER = "fast: the fast tier (tests/unit and pure tests): `pytest -m fast`, CONTRIBUTING.md"
+
+
+def pytest_configure(config):
+    # pyproject.toml registers the marker for `pytest`; ansible-test units runs pytest with its own ini file.
+    config.addinivalue_line("markers", FAST_MARKER)
+
+
+def pytest_collection_modifyitems(config, items):
+    # Every unit test is in the fast tier (the hook sees the whole session's items: mark only ours).
+    for item in items:
+        if UNIT_DIR in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.fast)
+
+
 @pytest.fixture
 def nvml(tmp_path, monkeypatch) -> FakeGpus:
     """Two fake H200s for in-process use; FAKE_NVML_CONFIG is set in this process's environment."""
