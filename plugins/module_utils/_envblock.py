@@ -23,6 +23,8 @@ import stat
 import tempfile
 import typing as t
 
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
+
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 BLOCK_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+", re.ASCII)
 MARK = "gpufleet"
@@ -229,11 +231,25 @@ def diff_entry(path: str, before: t.Optional[str], after: t.Optional[str]) -> t.
     }
 
 
-def install(module: t.Any, real_path: str, tmp: str, existed: bool, backup: bool) -> t.Optional[str]:
+class FileOps(t.Protocol):
+    """What writing a layer file needs of AnsibleModule: its backup and its atomic move (SELinux contexts kept)."""
+
+    def backup_local(self, fn: str) -> str: ...
+
+    def atomic_move(self, src: str, dest: str, unsafe_writes: bool = False, keep_dest_attrs: bool = True) -> None: ...
+
+
+def ignore_warning(msg: str) -> None:
+    """The default `warn` of a runner called without one."""
+
+
+def install(files: t.Optional[FileOps], real_path: str, tmp: str, existed: bool, backup: bool) -> t.Optional[str]:
     """Move tmp over real_path (keeping the old file's owner and mode); return the backup path."""
+    if files is None:
+        raise StepError("cannot write %s: no file operations given (a check-only run)" % real_path, path=real_path)
     backup_file = None
     if existed and backup:
-        backup_file = module.backup_local(real_path)
+        backup_file = files.backup_local(real_path)
     if existed:
         st = os.stat(real_path)
         os.chmod(tmp, stat.S_IMODE(st.st_mode))
@@ -241,7 +257,7 @@ def install(module: t.Any, real_path: str, tmp: str, existed: bool, backup: bool
             os.chown(tmp, st.st_uid, st.st_gid)
         except PermissionError:
             pass
-    module.atomic_move(tmp, real_path, unsafe_writes=False)
+    files.atomic_move(tmp, real_path, unsafe_writes=False)
     if not existed:
         os.chmod(real_path, 0o644)
     return backup_file
@@ -284,15 +300,15 @@ def access_fixes(real_path: str, links: t.Sequence[str] = ()) -> t.List[t.Dict[s
     return out
 
 
-def fix_access_or_fail(module: t.Any, fixes: t.Sequence[t.Mapping[str, t.Any]], real: str) -> None:
-    """Apply `fixes` (not in check mode), or fail the module naming the file and, for a permission error, the cure."""
-    if not fixes or module.check_mode:
+def fix_access_or_fail(check_mode: bool, fixes: t.Sequence[t.Mapping[str, t.Any]], real: str) -> None:
+    """Apply `fixes` (not in check mode), or raise StepError naming the file and, for a permission error, the cure."""
+    if not fixes or check_mode:
         return
     try:
         apply_access_fixes(fixes)
     except OSError as e:
         hint = "; run as root (become: true)" if isinstance(e, PermissionError) else ""
-        module.fail_json(msg="cannot make %s readable by every user: %s%s" % (real, e.strerror or e, hint), path=real)
+        raise StepError("cannot make %s readable by every user: %s%s" % (real, e.strerror or e, hint), path=real)
 
 
 def apply_access_fixes(fixes: t.Sequence[t.Mapping[str, str]]) -> None:
@@ -307,7 +323,9 @@ def access_diff(fixes: t.Sequence[t.Mapping[str, str]]) -> t.List[t.Dict[str, st
              "before": "mode: %s\n" % f["mode_before"], "after": "mode: %s\n" % f["mode_after"]} for f in fixes]
 
 
-def remove(module: t.Any, real_path: str, backup: bool) -> t.Optional[str]:
-    backup_file = module.backup_local(real_path) if backup else None
+def remove(files: t.Optional[FileOps], real_path: str, backup: bool) -> t.Optional[str]:
+    if files is None:
+        raise StepError("cannot remove %s: no file operations given (a check-only run)" % real_path, path=real_path)
+    backup_file = files.backup_local(real_path) if backup else None
     os.unlink(real_path)
     return backup_file

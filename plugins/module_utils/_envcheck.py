@@ -30,6 +30,7 @@ import os
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _killmod, _nccllog, _nvml, _proc
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 
 class EnvCheckError(Exception):
@@ -208,13 +209,13 @@ def normalize_expected(value: t.Any, field: str = "expected") -> t.Dict[str, str
     return expected
 
 
-def run(module: t.Any) -> t.Dict[str, t.Any]:
-    p = module.params
+def run(p: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
+    """process_env (read-only): the check's result; StepError, with the result, when the environment is wrong."""
     try:
         expected = normalize_expected(p["expected"])
     except EnvCheckError as e:
-        module.fail_json(msg=str(e))
-    chosen, procs = _killmod.select_or_fail(module)
+        raise StepError(str(e))
+    chosen, procs = _killmod.select_or_fail(p)
     selected = chosen["selected"]
     notes = list(chosen["notes"])
     holders: t.Set[int] = {pid for pid, why in selected.items() if "gpu_holder" in why}
@@ -230,7 +231,7 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
     try:
         res = check(expected, selected, procs, holders, p["target"], log_entries)
     except EnvCheckError as e:
-        module.fail_json(msg=str(e))
+        raise StepError(str(e))
     excluded = [dict(pid=pid, reason=why, cmdline=procs[pid].command[:300]) for pid, why in sorted(chosen["excluded"].items())]
     result = dict(changed=False, expected_keys=sorted(expected), target=p["target"], selected=len(selected),
                   excluded=excluded, notes=notes, **res)
@@ -240,14 +241,14 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
         if p["allow_empty"]:
             return result
         if selected and p["target"] == "workers":
-            module.fail_json(msg="%d process(es) matched the selection but none holds a GPU or descends from one; "
-                             "use target=all_selected to check them anyway" % len(selected), **result)
-        module.fail_json(msg="No process matched the selection; nothing was checked (set allow_empty=true to accept that)",
-                         **result)
+            raise StepError("%d process(es) matched the selection but none holds a GPU or descends from one; "
+                            "use target=all_selected to check them anyway" % len(selected), **result)
+        raise StepError("No process matched the selection; nothing was checked (set allow_empty=true to accept that)",
+                        **result)
     log = res["nccl_log"]
     if log is not None and p["require_confirmed"] and log["not_logged"]:
-        module.fail_json(msg="NCCL's log does not confirm %s for the selected processes (NCCL logs a variable only when "
-                         "it reads it, with NCCL_DEBUG=INFO)" % ", ".join(log["not_logged"]), **result)
+        raise StepError("NCCL's log does not confirm %s for the selected processes (NCCL logs a variable only when "
+                        "it reads it, with NCCL_DEBUG=INFO)" % ", ".join(log["not_logged"]), **result)
     if res["wrong"]:
         parts = []
         for r in res["processes"]:
@@ -261,6 +262,6 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
             if r["nccl_log_contradicted"]:
                 why.append("NCCL log contradicts " + ", ".join(r["nccl_log_contradicted"]))
             parts.append("pid %d (%s): %s" % (r["pid"], r["cmdline"][:80], "; ".join(why)))
-        module.fail_json(msg="%d of %d checked process(es) lack the expected environment: %s"
-                         % (len(res["wrong"]), res["checked"], " | ".join(parts[:10])), **result)
+        raise StepError("%d of %d checked process(es) lack the expected environment: %s"
+                        % (len(res["wrong"]), res["checked"], " | ".join(parts[:10])), **result)
     return result

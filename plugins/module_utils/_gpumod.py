@@ -17,6 +17,7 @@ import typing as t
 from ansible.module_utils.basic import missing_required_lib
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _gpuwait, _nvml
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 
 def clean_gate_argspec() -> t.Dict[str, t.Any]:
@@ -39,26 +40,29 @@ def gate_input_error(opts: t.Mapping[str, t.Any]) -> t.Optional[str]:
 
 
 @contextlib.contextmanager
-def backend_or_fail(module: t.Any, name: t.Optional[str] = None) -> t.Iterator[_nvml.Backend]:
+def backend_or_fail(name: t.Optional[str] = None) -> t.Iterator[_nvml.Backend]:
+    """The GPU backend `name` (auto when unset), closed at the end; its failures raise StepError."""
     try:
-        backend = _nvml.open_backend(name or module.params.get("backend") or "auto")
+        backend = _nvml.open_backend(name or "auto")
     except _nvml.BackendUnavailable as e:
         msg = str(e)
         if _nvml.pynvml is None:
             # The host's reason first: run summaries truncate long messages, and the library text is boilerplate.
             msg = msg + ". " + missing_required_lib("nvidia-ml-py", reason="GPU queries (and nvidia-smi was not found either)")
-        module.fail_json(msg=msg, exception=e.exception)
+        raise StepError(msg, exception=e.exception)
     try:
         yield backend
+    except StepError:
+        raise  # the caller's own failure, inside the with block
     except _nvml.GpuError as e:
-        module.fail_json(msg=str(e), backend=backend.name)
+        raise StepError(str(e), backend=backend.name)
     except Exception as e:  # pragma: no cover - reported with traceback for bug reports
-        module.fail_json(msg="Unexpected GPU backend error: %s" % e, exception=traceback.format_exc())
+        raise StepError("Unexpected GPU backend error: %s" % e, exception=traceback.format_exc())
     finally:
         backend.close()
 
 
-def gpu_facts(module: t.Any, backend: _nvml.Backend, wanted: t.Sequence[int]) -> t.Dict[str, t.Any]:
+def gpu_facts(backend: _nvml.Backend, wanted: t.Sequence[int]) -> t.Dict[str, t.Any]:
     indices = _nvml.resolve_indices(backend, wanted)
     gpus = [backend.info(i) for i in indices]
     holders = {(h["gpu"], h["pid"]): h for h in _gpuwait.enrich_holders(gpus)}
@@ -90,21 +94,21 @@ def not_ready_message(res: t.Mapping[str, t.Any]) -> str:
     return "GPUs not busy after %.1f s (%s)" % (res["waited_s"], used)
 
 
-def wait_or_fail(module: t.Any, opts: t.Mapping[str, t.Any], state: str = "clean", min_processes: int = 1,
+def wait_or_fail(opts: t.Mapping[str, t.Any], state: str = "clean", min_processes: int = 1,
                  min_used_mib: int = 0, result_key: t.Optional[str] = None, **fail_extra: t.Any) -> t.Dict[str, t.Any]:
-    """Wait until the GPUs of `opts` (clean_gate_argspec) are clean or busy and return the reading; fail the module
+    """Wait until the GPUs of `opts` (clean_gate_argspec) are clean or busy and return the reading; raise StepError
     listing the holders when they are not, with the reading under `result_key` (top level when None)."""
-    with backend_or_fail(module, opts.get("backend")) as backend:
+    with backend_or_fail(opts.get("backend")) as backend:
         indices = _nvml.resolve_indices(backend, opts["gpus"])
         if not indices:
             # "All of no GPUs are clean/busy" is vacuous; a GPU gate on a host without GPUs is a mistake.
-            module.fail_json(msg="gpus: this host has no GPUs, so there is nothing to wait for", backend=backend.name,
-                             **fail_extra)
+            raise StepError("gpus: this host has no GPUs, so there is nothing to wait for", backend=backend.name,
+                            **fail_extra)
         res = _gpuwait.wait(backend, indices, state=state, timeout=opts["timeout"], poll_interval=opts["poll_interval"],
                             max_used_mib=opts.get("max_used_mib"), min_processes=min_processes, min_used_mib=min_used_mib)
         ok = res.pop("ok")
         res["backend"] = backend.name
         if not ok:
             details = {result_key: res} if result_key else res
-            module.fail_json(msg=not_ready_message(res), **dict(details, **fail_extra))
+            raise StepError(not_ready_message(res), **dict(details, **fail_extra))
         return res

@@ -14,6 +14,7 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod, _kill, _nvml, _proc, _select
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 
 def selector_argspec(**extra: t.Any) -> t.Dict[str, t.Any]:
@@ -34,11 +35,11 @@ def selector_argspec(**extra: t.Any) -> t.Dict[str, t.Any]:
     return spec
 
 
-def gpu_holder_pids(module: t.Any, gpus: t.Sequence[int], procs: t.Mapping[int, _proc.Proc]) -> t.List[int]:
+def gpu_holder_pids(backend_name: str, gpus: t.Sequence[int], procs: t.Mapping[int, _proc.Proc]) -> t.List[int]:
     """NVML's process list for these GPUs plus processes with their /dev/nvidiaN open."""
     pids: t.Set[int] = set()
     minors = []
-    with _gpumod.backend_or_fail(module) as backend:
+    with _gpumod.backend_or_fail(backend_name) as backend:
         for i in _nvml.resolve_indices(backend, gpus):
             pids.update(p["pid"] for p in backend.processes(i))
             minors.append(backend.minor(i))
@@ -48,8 +49,8 @@ def gpu_holder_pids(module: t.Any, gpus: t.Sequence[int], procs: t.Mapping[int, 
     return sorted(pids)
 
 
-def build_selector(module: t.Any, procs: t.Mapping[int, _proc.Proc]) -> _select.Selector:
-    p = module.params
+def build_selector(p: t.Mapping[str, t.Any], procs: t.Mapping[int, _proc.Proc]) -> _select.Selector:
+    """The selector of the options of selector_argspec."""
     sel = _select.Selector(
         tag=p["tag"],
         pidfile=p["pidfile"],
@@ -57,24 +58,23 @@ def build_selector(module: t.Any, procs: t.Mapping[int, _proc.Proc]) -> _select.
         pids=p["pids"],
         cmdline_regex=p["cmdline_regex"],
         user=p["user"],
-        gpu_holder_pids=gpu_holder_pids(module, p["gpu_holders"], procs) if p["gpu_holders"] else (),
+        gpu_holder_pids=gpu_holder_pids(p["backend"], p["gpu_holders"], procs) if p["gpu_holders"] else (),
         include_descendants=p["include_descendants"],
         include_groups=p["include_groups"],
         exclude_regex=_select.DEFAULT_EXCLUDES if p["exclude_regex"] is None else p["exclude_regex"],
     )
     if sel.is_empty() and not p["gpu_holders"]:
-        module.fail_json(msg="No selector given: set at least one of tag, pidfile, pids, cmdline_regex, user, gpu_holders")
+        raise StepError("No selector given: set at least one of tag, pidfile, pids, cmdline_regex, user, gpu_holders")
     return sel
 
 
-def select_or_fail(module: t.Any) -> t.Tuple[t.Dict[str, t.Any], t.Mapping[int, _proc.Proc]]:
+def select_or_fail(p: t.Mapping[str, t.Any]) -> t.Tuple[t.Dict[str, t.Any], t.Mapping[int, _proc.Proc]]:
     procs = _proc.snapshot()
     try:
-        sel = build_selector(module, procs)
+        sel = build_selector(p, procs)
         return _select.select(sel, procs), procs
     except (_select.SelectError, _proc.ProcError) as e:
-        module.fail_json(msg=str(e))
-        raise  # unreachable; keeps type checkers honest
+        raise StepError(str(e))
 
 
 KILL_ORDERS = ["launcher_first", "all_at_once"]
@@ -113,13 +113,13 @@ def kill_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     return None
 
 
-def run_kill(module: t.Any) -> t.Dict[str, t.Any]:
-    p = module.params
+def run_kill(p: t.Mapping[str, t.Any], check_mode: bool = False) -> t.Dict[str, t.Any]:
+    """process_kill: select, then signal (nothing in check mode); StepError carries the result so far."""
     err = kill_input_error(p)
     if err:
-        module.fail_json(msg=err)
+        raise StepError(err)
 
-    chosen, procs = select_or_fail(module)
+    chosen, procs = select_or_fail(p)
     sel = chosen["selected"]
     described = {pid: _select.describe(pid, procs, why) for pid, why in sel.items()}
     excluded = [dict(pid=pid, reason=why, cmdline=procs[pid].command[:300]) for pid, why in sorted(chosen["excluded"].items())]
@@ -130,14 +130,14 @@ def run_kill(module: t.Any) -> t.Dict[str, t.Any]:
         result["pidfile"] = chosen["pidfile"]
     first = leaders(chosen, procs, p.get("order") or "launcher_first")
     result["signalled_first"] = first
-    if module.check_mode or not sel:
+    if check_mode or not sel:
         return result
     t0 = time.monotonic()
     try:
         report = _kill.kill([procs[pid] for pid in sorted(sel)], signals=p["signals"], grace=p["grace"],
                             final_wait=p["final_wait"], poll_interval=p["poll_interval"], first=first)
     except _kill.KillError as e:
-        module.fail_json(msg=str(e))
+        raise StepError(str(e))
     result["elapsed_s"] = round(time.monotonic() - t0, 4)
     for r in report:
         described[r["pid"]].update(r)
@@ -147,5 +147,5 @@ def run_kill(module: t.Any) -> t.Dict[str, t.Any]:
     result["survivors"] = [r["pid"] for r in report if r["survived"]]
     if result["survivors"] and p["fail_on_survivor"]:
         detail = "; ".join("pid %d state %s: %s" % (r["pid"], r.get("state"), r["cmdline"][:160]) for r in report if r["survived"])
-        module.fail_json(msg="%d process(es) survived %s: %s" % (len(result["survivors"]), p["signals"][-1], detail), **result)
+        raise StepError("%d process(es) survived %s: %s" % (len(result["survivors"]), p["signals"][-1], detail), **result)
     return result

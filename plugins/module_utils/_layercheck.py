@@ -14,7 +14,8 @@ import typing as t
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _ncclconf, _sitecustomize, _step
+from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _ncclconf, _sitecustomize
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 RUNNERS: t.Dict[str, t.Callable[[t.Any], t.Dict[str, t.Any]]] = {
     "sitecustomize": _sitecustomize.run,
@@ -34,7 +35,8 @@ def _layer_spec(key: str) -> t.Dict[str, t.Any]:
     return spec
 
 
-def up_to_date(module: t.Any, layers: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
+def up_to_date(layers: t.Mapping[str, t.Any], warn: t.Callable[[str], None] = _envblock.ignore_warning
+               ) -> t.Dict[str, t.Any]:
     """Run each asked layer's module code in check mode; up to date when none would change and, for sitecustomize,
     every interpreter already sees the values. A layer whose check fails is not up to date (its module, run for
     real, reports the error)."""
@@ -49,8 +51,8 @@ def up_to_date(module: t.Any, layers: t.Mapping[str, t.Any]) -> t.Dict[str, t.An
             out["up_to_date"] = False
             continue
         try:
-            res = runner(_step.Step(module, dict(checked.validated_parameters, backup=False), check_mode=True))
-        except _step.Failed as e:
+            res = runner(dict(checked.validated_parameters, backup=False), check_mode=True, warn=warn)
+        except StepError as e:
             out[key] = {"up_to_date": False, "error": str(e)}
             out["up_to_date"] = False
             continue

@@ -21,6 +21,7 @@ import os
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _ncclvars
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 HEADER = "# Created by gpufleet.serving.nccl_conf; removed with its last gpufleet block.\n"
 MAX_VALUE_BYTES = 1023
@@ -70,23 +71,27 @@ def argument_spec() -> t.Dict[str, t.Any]:
     )
 
 
-def run(module: t.Any) -> t.Dict[str, t.Any]:
-    p = module.params
+def run(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
+        warn: t.Callable[[str], None] = _envblock.ignore_warning, files: t.Optional[_envblock.FileOps] = None
+        ) -> t.Dict[str, t.Any]:
+    """nccl_conf: make the file's block what `p` asks (nothing in check mode) and return the result; StepError when it
+    cannot. `files` (the AnsibleModule: backup_local, atomic_move) is needed only to write, so a check-mode run
+    (server_state's layer check) passes none."""
     present = p["state"] == "present"
     try:
         name = _envblock.check_block_name(p["name"])
         env = _envblock.normalize_env(p["env"], "env")
         check_values(env)
     except _envblock.BlockError as e:
-        module.fail_json(msg=str(e))
+        raise StepError(str(e))
     if present:
         # NCCL setenv()s every NAME=VALUE line of the file, NCCL_* or not, in each process that initialises it (and
         # so in what that process starts later): the same names as sitecustomize_env, no more.
         try:
             _ncclvars.check_allowed(env, p["allow_vars"])
         except _ncclvars.NotAllowed as e:
-            module.fail_json(msg=str(e), **e.extra)
-        _ncclvars.apply_name_policy(module, env, p["nccl_names"], p["allow_vars"])
+            raise StepError(str(e), **e.extra)
+        _ncclvars.apply_name_policy(warn, env, p["nccl_names"], p["allow_vars"])
     path = p["path"]
     real = path
     try:
@@ -99,9 +104,9 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
         # once the block is removed.
         fixes = _envblock.access_fixes(real, links) if present and desired is not None else []
     except _envblock.BlockError as e:
-        module.fail_json(msg=str(e), path=path)
+        raise StepError(str(e), path=path)
     except (OSError, ValueError) as e:
-        module.fail_json(msg="cannot read %s: %s" % (path, e), path=path)
+        raise StepError("cannot read %s: %s" % (path, e), path=path)
 
     # Prove it before writing: read the candidate the way NCCL will.
     effective = parse_conf(desired or "")
@@ -110,13 +115,13 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
     if present:
         shadowed = {k: effective[k][1] for k in keys if eff[k] != env[k]}
         if shadowed:
-            module.fail_json(msg="%s sets %s earlier in the file, outside the block, and NCCL uses the first line for a name; "
-                             "nothing was changed" % (real, ", ".join("%s (line %d)" % kv for kv in sorted(shadowed.items()))),
-                             path=real)
+            raise StepError("%s sets %s earlier in the file, outside the block, and NCCL uses the first line for a name; "
+                            "nothing was changed" % (real, ", ".join("%s (line %d)" % kv for kv in sorted(shadowed.items()))),
+                            path=real)
     else:
         still = [k for k in keys if eff[k] is not None]
         if still:
-            module.warn("%s still sets %s outside the block" % (real, ", ".join(still)))
+            warn("%s still sets %s outside the block" % (real, ", ".join(still)))
 
     content_changed = desired != current
     changed = content_changed or bool(fixes)
@@ -124,27 +129,27 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
                                       created=content_changed and current is None,
                                       removed=content_changed and desired is None,
                                       backup_file=None, effective_conf=eff, access_fixes=fixes)
-    if changed and module._diff:
+    if changed and diff:
         diffs = ([_envblock.diff_entry(real, current, desired)] if content_changed else []) + _envblock.access_diff(fixes)
         result["diff"] = diffs if len(diffs) > 1 else diffs[0]
-    if content_changed and not module.check_mode:
+    if content_changed and not check_mode:
         try:
             if desired is None:
-                result["backup_file"] = _envblock.remove(module, real, p["backup"])
+                result["backup_file"] = _envblock.remove(files, real, p["backup"])
             else:
                 tmp = _envblock.write_temp(real, desired)
                 try:
-                    result["backup_file"] = _envblock.install(module, real, tmp, current is not None, p["backup"])
+                    result["backup_file"] = _envblock.install(files, real, tmp, current is not None, p["backup"])
                 finally:
                     if os.path.exists(tmp):
                         os.unlink(tmp)
         except OSError as e:
             hint = "; run as root (become: true)" if isinstance(e, PermissionError) else ""
-            module.fail_json(msg="cannot write %s: %s%s" % (real, e.strerror or e, hint), path=real)
-    _envblock.fix_access_or_fail(module, fixes, real)
-    if not module.check_mode:
+            raise StepError("cannot write %s: %s%s" % (real, e.strerror or e, hint), path=real)
+    _envblock.fix_access_or_fail(check_mode, fixes, real)
+    if not check_mode:
         written = parse_conf(_envblock.read_text(real) or "")
         got = {k: written[k][0] if k in written else None for k in keys}
         if got != eff:
-            module.fail_json(msg="%s does not hold what was written (changed by someone else meanwhile?)" % real, **result)
+            raise StepError("%s does not hold what was written (changed by someone else meanwhile?)" % real, **result)
     return result

@@ -19,6 +19,7 @@ import difflib
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 KNOWN: t.FrozenSet[str] = frozenset("""
 NCCL_ALGO NCCL_ALLOC_P2P_NET_LL_BUFFERS NCCL_BUFFSIZE NCCL_CGA_CLUSTER_SIZE NCCL_CHECK_POINTERS
@@ -219,14 +220,16 @@ def check_names(names: t.Iterable[str], allow: t.Iterable[str] = ()) -> NameRepo
     return NameReport(unknown, knobs, dep)
 
 
-def apply_name_policy(module: t.Any, names: t.Iterable[str], policy: str, allow: t.Iterable[str] = ()) -> NameReport:
-    """policy ignore|warn|fail: warn emits module warnings; fail refuses unknown names (before any change)."""
+def apply_name_policy(warn: t.Callable[[str], None], names: t.Iterable[str], policy: str,
+                      allow: t.Iterable[str] = ()) -> NameReport:
+    """policy ignore|warn|fail: warn passes each warning to `warn`; fail refuses unknown names (StepError, before any
+    change)."""
     report = check_names(names, allow)
     if policy == "ignore":
         return report
     if policy == "fail" and report.unknown:
-        module.fail_json(msg="Unknown NCCL variable name(s): %s" % "; ".join(
+        raise StepError("Unknown NCCL variable name(s): %s" % "; ".join(
             unknown_message(n, c) for n, c in sorted(report.unknown.items())), unknown_vars=report.unknown)
     for w in report.warnings():
-        module.warn(w)
+        warn(w)
     return report

@@ -27,9 +27,9 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _envcheck, _gpumod, _killmod, _nvml, _proc, _server, _step, _systemd)
+    _envcheck, _gpumod, _killmod, _nvml, _proc, _server, _systemd)
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
-Failed = _step.Failed
 
 KILL_DEFAULTS = dict(signals=["TERM", "KILL"], grace=10.0, final_wait=5.0, poll_interval=0.01)
 
@@ -134,8 +134,8 @@ def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     return None
 
 
-def _all_gpus(module: t.Any, p: t.Mapping[str, t.Any]) -> t.List[int]:
-    with _gpumod.backend_or_fail(_step.Step(module, {"backend": p["backend"]})) as backend:
+def _all_gpus(p: t.Mapping[str, t.Any]) -> t.List[int]:
+    with _gpumod.backend_or_fail(p["backend"]) as backend:
         return _nvml.resolve_indices(backend, p["gpus"])
 
 
@@ -144,11 +144,11 @@ def _kill_step(module: t.Any, p: t.Mapping[str, t.Any], **selector: t.Any) -> t.
     params = _selector(p, **selector)
     params.update(signals=k["signals"], grace=k["grace"], final_wait=k["final_wait"],
                   poll_interval=k["poll_interval"], order=k["order"], fail_on_survivor=True)
-    return _killmod.run_kill(_step.Step(module, params))
+    return _killmod.run_kill(params, module.check_mode)
 
 
 def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
-    """Run the cycle, filling `result` as it goes; raises Failed (with `phase`) at the first failing step."""
+    """Run the cycle, filling `result` as it goes; raises StepError (with `phase`) at the first failing step."""
     p = module.params
     gate = dict(p["wait_clean"], gpus=p["gpus"], backend=p["backend"])
     timings = result["timings"]
@@ -177,7 +177,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
 
     if p["kill"]["gpu_strays"]:
         result["phase"] = "strays"
-        res = _kill_step(module, p, gpu_holders=_all_gpus(module, p))
+        res = _kill_step(module, p, gpu_holders=_all_gpus(p))
         result["strays"] = res
         result["changed"] = result["changed"] or res["changed"]
         if not module.check_mode:
@@ -189,7 +189,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         return
 
     result["phase"] = "clean"
-    result["clean"] = _gpumod.wait_or_fail(_step.Step(module, {}), gate)
+    result["clean"] = _gpumod.wait_or_fail(gate)
     timings["clean_s"] = result["clean"]["waited_s"]
 
     result["phase"] = "launch"
@@ -204,7 +204,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
             proc = _server.start(p["name"], p["command"], _server.validate_env(p["env"]), p["env_passthrough"],
                                  p["user"], p["workdir"], p["log_path"], p["pidfile"], p["tag_name"], p["umask"])
         except _server.ServerError as e:
-            raise Failed("launch of %s failed: %s" % (p["name"], e))
+            raise StepError("launch of %s failed: %s" % (p["name"], e))
     result.update(changed=True, pid=proc.pid, start_time=proc.start_time)
     timings["launch_s"] = result["launch_s"] = round(time.monotonic() - t_launch, 4)
 
@@ -219,7 +219,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
             # systemd's word first: the summary keeps a message's first 400 characters.
             head, sep, tail = msg.partition("; log tail")
             msg = head + _systemd_end(module, p["systemd"]["unit"], t_launch_epoch) + sep + tail
-        raise Failed(msg, **e.details)
+        raise StepError(msg, **e.details)
     timings["ready_s"] = result["ready"]["ready_s"]
     # From the first signal to the server answering its real request.
     timings["cycle_s"] = round(time.monotonic() - t0, 3)
@@ -228,7 +228,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         result["phase"] = "busy"
         b = p["wait_busy"]
         opts = dict(gpus=p["gpus"], backend=p["backend"], timeout=b["timeout"], poll_interval=b["poll_interval"])
-        result["busy"] = _gpumod.wait_or_fail(_step.Step(module, {}), opts, state="busy", min_processes=b["min_processes"])
+        result["busy"] = _gpumod.wait_or_fail(opts, state="busy", min_processes=b["min_processes"])
 
     if p["verify_env"]:
         result["phase"] = "verify_env"
@@ -236,7 +236,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         params = _selector(p, tag="%s=%s" % (p["tag_name"], p["name"]), exclude_regex=None)
         params.update(expected=v["expected"], target=v["target"], nccl_log=v["nccl_log"], allow_empty=False,
                       require_confirmed=False)
-        result["env"] = _envcheck.run(_step.Step(module, params, check_mode=False))
+        result["env"] = _envcheck.run(params)
 
     if p["record"]:
         result["phase"] = "record"
@@ -272,7 +272,7 @@ def _systemd_stop(module: t.Any, p: t.Mapping[str, t.Any], result: t.Dict[str, t
         _systemd.stop(run, unit)
         stop_s = time.monotonic() - t0
     except _systemd.SystemdError as e:
-        raise Failed("%s: %s" % (unit, e), **e.details)
+        raise StepError("%s: %s" % (unit, e), **e.details)
     gone = sum(1 for pr in tagged if not _proc.is_alive((pr.pid, pr.start_time)))
     result["killed"] = gone
     result["changed"] = result["changed"] or gone > 0
@@ -302,14 +302,14 @@ def _systemd_start(module: t.Any, p: t.Mapping[str, t.Any], r: t.Mapping[str, t.
         _systemd.start(run, unit)
         pid = _systemd.main_pid(_systemd.show(run, unit))
     except _systemd.SystemdError as e:
-        raise Failed("launch of %s failed: %s%s" % (unit, e, _systemd_end(module, unit, since)), **e.details)
+        raise StepError("launch of %s failed: %s%s" % (unit, e, _systemd_end(module, unit, since)), **e.details)
     proc = _proc.read_proc(pid) if pid else None
     if proc is None:
         tail, where = _server.failure_tail(p["log_path"], r["log_tail_lines"], r["log_tail_path"], tail_since)
         last = " | ".join(ln.strip() for ln in tail.splitlines()[-3:] if ln.strip())[-300:]
-        raise Failed("%s exited during start-up after %.1f s%s; log tail (%s): %s"
-                     % (unit, time.monotonic() - t0, _systemd_end(module, unit, since), where, last or "(empty)"),
-                     phase="startup", log_tail=tail)
+        raise StepError("%s exited during start-up after %.1f s%s; log tail (%s): %s"
+                        % (unit, time.monotonic() - t0, _systemd_end(module, unit, since), where, last or "(empty)"),
+                        phase="startup", log_tail=tail)
     _server.write_pidfile(p["pidfile"], proc)
     return proc
 
@@ -324,7 +324,7 @@ def release(p: t.Mapping[str, t.Any], result: t.Dict[str, t.Any], check_mode: bo
 STEP_KEYS = {"kill": "kill", "strays": "strays", "clean": "clean", "busy": "busy", "verify_env": "env"}
 
 
-def fail_result(result: t.Dict[str, t.Any], e: Failed) -> t.Dict[str, t.Any]:
+def fail_result(result: t.Dict[str, t.Any], e: StepError) -> t.Dict[str, t.Any]:
     out = dict(result)
     phase = out.pop("phase", None)
     details = dict(e.details)

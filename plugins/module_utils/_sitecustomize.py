@@ -26,6 +26,7 @@ import subprocess
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _ncclvars
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 HEADER = "# Created by gpufleet.serving.sitecustomize_env; removed with its last gpufleet block.\n"
 DEFAULT_GLOBS = ["/usr/bin/python3*", "/usr/local/bin/python3*"]
@@ -251,43 +252,47 @@ def argument_spec() -> t.Dict[str, t.Any]:
     )
 
 
-def run(module: t.Any) -> t.Dict[str, t.Any]:
-    p = module.params
+def run(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
+        warn: t.Callable[[str], None] = _envblock.ignore_warning, files: t.Optional[_envblock.FileOps] = None
+        ) -> t.Dict[str, t.Any]:
+    """sitecustomize_env: make each interpreter's block what `p` asks (nothing in check mode) and return the result;
+    StepError when it cannot. `files` (the AnsibleModule: backup_local, atomic_move) is needed only to write, so a
+    check-mode run (server_state's layer check) passes none."""
     try:
         name = _envblock.check_block_name(p["name"])
         env = _envblock.normalize_env(p["env"], "env")
         probe_env = _envblock.normalize_env(p["probe_env"], "probe_env")
     except _envblock.BlockError as e:
-        module.fail_json(msg=str(e))
+        raise StepError(str(e))
     if p["state"] == "present":
         # Every Python process on the host runs this file: only NCCL's names and the ones the user listed
         # (never a loader or interpreter variable). Removal is never refused, so an old block can always go.
         try:
             _ncclvars.check_allowed(env, p["allow_vars"])
         except _ncclvars.NotAllowed as e:
-            module.fail_json(msg=str(e), **e.extra)
-        _ncclvars.apply_name_policy(module, env, p["nccl_names"], p["allow_vars"])
+            raise StepError(str(e), **e.extra)
+        _ncclvars.apply_name_policy(warn, env, p["nccl_names"], p["allow_vars"])
 
     if p["path"]:
         # Every Python process runs this file: it must be a Python start-up hook, never an arbitrary file (a path such
         # as /etc/ld.so.preload would put the block where every program, Python or not, reads it).
         bad = [q for q in (p["path"], os.path.realpath(p["path"])) if os.path.basename(q) not in HOOK_NAMES]
         if bad:
-            module.fail_json(msg="path must name a %s file (got %s); nothing was changed" % (
+            raise StepError("path must name a %s file (got %s); nothing was changed" % (
                 " or ".join(HOOK_NAMES), " -> ".join(dict.fromkeys([p["path"], os.path.realpath(p["path"])]))))
 
     interps = list(dict.fromkeys(p["interpreters"] or []))
     if not interps:
         interps = discover_interpreters()
         if not interps:
-            module.fail_json(msg="No interpreters given and no python3 found under %s" % ", ".join(DEFAULT_GLOBS))
+            raise StepError("No interpreters given and no python3 found under %s" % ", ".join(DEFAULT_GLOBS))
 
     result: t.Dict[str, t.Any] = dict(changed=False, interpreters=[], files=[], effective_env={}, shadowed=[],
                                       access_fixes=[])
     try:
         infos = [probe(i, probe_env, sorted(env) if p["state"] == "present" else ()) for i in interps]
     except SiteError as e:
-        module.fail_json(msg=str(e), **e.extra)
+        raise StepError(str(e), **e.extra)
 
     # Group interpreters by the file they import (or the explicit path), so a shared file is edited once.
     # Keyed by real path: two spellings of one file (a link and its target) are still one file.
@@ -301,15 +306,15 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
         entry["venv"] = info["prefix"] != info["base_prefix"]
         entry["managed_path"] = target
         if info["import_error"]:
-            module.warn("%s already prints 'Error in sitecustomize' at start-up (%s is broken outside this block)"
-                        % (info["interpreter"], info["sitecustomize"]))
+            warn("%s already prints 'Error in sitecustomize' at start-up (%s is broken outside this block)"
+                 % (info["interpreter"], info["sitecustomize"]))
         result["interpreters"].append(entry)
         for s in info["shadowed"]:
             msg = "%s: %s is shadowed by %s (import sitecustomize loads the first one on sys.path), so its content never runs" % (
                 info["interpreter"], s, info["sitecustomize"])
             if msg not in result["shadowed"]:
                 result["shadowed"].append(msg)
-                module.warn(msg)
+                warn(msg)
 
     diffs = []
     plans = []
@@ -327,18 +332,18 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
             # A server run as another user imports no sitecustomize it cannot read (site.py skips it silently).
             fixes = _envblock.access_fixes(real, links) if present and desired is not None else []
         except _envblock.BlockError as e:
-            module.fail_json(msg=str(e), path=target)
+            raise StepError(str(e), path=target)
         except SyntaxError as e:
-            module.fail_json(msg="%s would not compile after the change (%s); nothing was changed" % (real, e), path=real)
+            raise StepError("%s would not compile after the change (%s); nothing was changed" % (real, e), path=real)
         except (OSError, ValueError) as e:
-            module.fail_json(msg="cannot read %s: %s" % (target, e), path=target)
+            raise StepError("cannot read %s: %s" % (target, e), path=target)
         content_changed = desired != current
         changed = content_changed or bool(fixes)
         keys = sorted(env) if present else sorted(set(parse_body(old_block)) | set(env))
         plans.append((target, real, links, members, current, desired, content_changed, fixes, keys))
-        if content_changed and module._diff:
+        if content_changed and diff:
             diffs.append(_envblock.diff_entry(real, current, desired))
-        if module._diff:
+        if diff:
             diffs.extend(_envblock.access_diff(fixes))
 
     for target, real, links, members, current, desired, content_changed, fixes, keys in plans:
@@ -349,10 +354,10 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
                                           interpreters=[m["interpreter"] for m in members], backup_file=None,
                                           access_fixes=fixes)
         result["access_fixes"].extend(fixes)
-        if content_changed and not module.check_mode:
+        if content_changed and not check_mode:
             try:
                 if desired is None:
-                    fentry["backup_file"] = _envblock.remove(module, real, p["backup"])
+                    fentry["backup_file"] = _envblock.remove(files, real, p["backup"])
                 else:
                     tmp = _envblock.write_temp(real, desired)
                     try:
@@ -362,16 +367,16 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
                             if bad:
                                 raise SiteError("the new %s does not export %s when %s runs it; nothing was changed"
                                                 % (real, ", ".join(bad), m["interpreter"]), interpreter=m["interpreter"])
-                        fentry["backup_file"] = _envblock.install(module, real, tmp, current is not None, p["backup"])
+                        fentry["backup_file"] = _envblock.install(files, real, tmp, current is not None, p["backup"])
                     finally:
                         if os.path.exists(tmp):
                             os.unlink(tmp)
             except SiteError as e:
-                module.fail_json(msg=str(e), **e.extra)
+                raise StepError(str(e), **e.extra)
             except OSError as e:
                 hint = "; run as root (become: true)" if isinstance(e, PermissionError) else ""
-                module.fail_json(msg="cannot write %s: %s%s" % (real, e.strerror or e, hint), path=real)
-        _envblock.fix_access_or_fail(module, fixes, real)
+                raise StepError("cannot write %s: %s%s" % (real, e.strerror or e, hint), path=real)
+        _envblock.fix_access_or_fail(check_mode, fixes, real)
         result["changed"] = result["changed"] or changed
         result["files"].append(fentry)
         # Prove it: start each interpreter like any process (probe_env only, normally empty) and read the keys back.
@@ -383,16 +388,16 @@ def run(module: t.Any) -> t.Dict[str, t.Any]:
                 got = ({k: seen[k] for k in keys} if not changed and all(k in seen for k in keys)
                        else read_effective(m["interpreter"], keys, probe_env))
             except SiteError as e:
-                module.fail_json(msg=str(e), **dict(e.extra, **result))
+                raise StepError(str(e), **dict(e.extra, **result))
             result["effective_env"][m["interpreter"]] = got
             bad = [k for k in keys if got.get(k) != want.get(k)]
             if bad:
                 result.setdefault("not_effective", []).append(m["interpreter"])
-            if bad and not module.check_mode:
+            if bad and not check_mode:
                 why = ("still set after removing the block (set elsewhere in %s?)" % real if not present
                        else "not exported as asked (got %s)" % json.dumps({k: got.get(k) for k in bad}))
-                module.fail_json(msg="%s started with an empty environment has %s %s" % (m["interpreter"], ", ".join(bad), why),
-                                 **result)
+                raise StepError("%s started with an empty environment has %s %s" % (m["interpreter"], ", ".join(bad), why),
+                                **result)
     if diffs:
         result["diff"] = diffs if len(diffs) > 1 else diffs[0]
     return result

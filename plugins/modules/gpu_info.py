@@ -102,6 +102,7 @@ gpus:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
 def main() -> None:
@@ -112,8 +113,12 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    with _gpumod.backend_or_fail(module) as backend:
-        module.exit_json(changed=False, **_gpumod.gpu_facts(module, backend, module.params["gpus"]))
+    try:
+        with _gpumod.backend_or_fail(module.params["backend"]) as backend:
+            facts = _gpumod.gpu_facts(backend, module.params["gpus"])
+    except StepError as e:
+        fail(module, e)
+    module.exit_json(changed=False, **facts)
 
 
 if __name__ == "__main__":

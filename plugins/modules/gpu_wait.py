@@ -109,6 +109,7 @@ holders:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
 def main() -> None:
@@ -126,8 +127,11 @@ def main() -> None:
         module.fail_json(msg="timeout must be greater than 0 seconds, got %s" % p["timeout"])
     if p["poll_interval"] <= 0:
         module.fail_json(msg="poll_interval must be greater than 0 seconds, got %s" % p["poll_interval"])
-    res = _gpumod.wait_or_fail(module, p, state=p["state"], min_processes=p["min_processes"],
-                               min_used_mib=p["min_used_mib"])
+    try:
+        res = _gpumod.wait_or_fail(p, state=p["state"], min_processes=p["min_processes"],
+                                   min_used_mib=p["min_used_mib"])
+    except StepError as e:
+        fail(module, e)
     module.exit_json(changed=False, **res)
 
 

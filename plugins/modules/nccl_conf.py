@@ -157,6 +157,7 @@ access_fixes:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _ncclconf
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
 def main() -> None:
@@ -164,7 +165,11 @@ def main() -> None:
         argument_spec=_ncclconf.argument_spec(),
         supports_check_mode=True,
     )
-    module.exit_json(**_ncclconf.run(module))
+    try:
+        result = _ncclconf.run(module.params, module.check_mode, module._diff, module.warn, module)
+    except StepError as e:
+        fail(module, e)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -150,6 +150,7 @@ pidfile:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _envcheck, _killmod
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
 def main() -> None:
@@ -163,7 +164,11 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    module.exit_json(**_envcheck.run(module))
+    try:
+        result = _envcheck.run(module.params)
+    except StepError as e:
+        fail(module, e)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

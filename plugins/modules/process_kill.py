@@ -156,6 +156,7 @@ elapsed_s:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _killmod
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
 def main() -> None:
@@ -170,7 +171,11 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    module.exit_json(**_killmod.run_kill(module))
+    try:
+        result = _killmod.run_kill(module.params, module.check_mode)
+    except StepError as e:
+        fail(module, e)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

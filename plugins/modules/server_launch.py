@@ -148,6 +148,7 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod, _nolog, _proc, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
 def main() -> None:
@@ -185,7 +186,10 @@ def main() -> None:
         module.exit_json(changed=True, pid=None, start_time=None, already_running=False, launch_s=0.0)
     else:
         if gate:
-            result["clean"] = _gpumod.wait_or_fail(module, gate, result_key="clean", phase="clean", changed=False)
+            try:
+                result["clean"] = _gpumod.wait_or_fail(gate, result_key="clean", phase="clean", changed=False)
+            except StepError as e:
+                fail(module, e)
         tail_since = _server.log_stamp(ready["log_tail_path"]) if ready and ready["log_tail_path"] else None
         t0 = time.monotonic()
         try:

@@ -380,6 +380,7 @@ import traceback
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _nolog, _restart
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 
 def main() -> None:
@@ -389,15 +390,15 @@ def main() -> None:
     if err:
         module.fail_json(msg=err)
     result: t.Dict[str, t.Any] = dict(changed=False, timings={})
-    failure: t.Optional[_restart.Failed] = None
+    failure: t.Optional[StepError] = None
     try:
         _restart.run(module, result)
-    except _restart.Failed as e:
+    except StepError as e:
         failure = e
     except Exception as e:  # pylint: disable=broad-except
         # An unexpected error (an OSError writing the state file, say) is reported with its phase like any failure.
-        failure = _restart.Failed("%s: unexpected error: %s" % (result.get("phase", "restart"), e),
-                                  exception=traceback.format_exc())
+        failure = StepError("%s: unexpected error: %s" % (result.get("phase", "restart"), e),
+                            exception=traceback.format_exc())
     finally:
         # The documented promise: the host lock is released whether the cycle passed or failed, whatever failed.
         _restart.release(p, result, module.check_mode)

@@ -18,10 +18,12 @@ description:
     RV(needs_restart) is false only when all of that holds; RV(reasons) says why otherwise.
   - O(action=record) writes the state file (fingerprint, pid, timings) after a launch.
   - O(action=lock) and O(action=unlock) take and release a host-side lock so two rollouts never interleave
-    kill and launch on one host. A lock past its TTL is stale and is broken.
+    kill and launch on one host. A lock past its TTL is stale and is broken. RV(changed) says whether the lock file
+    changed (taken from nobody or from a stale holder; removed), also in check mode.
   - O(action=check) with O(lock_file) and O(owner) takes the lock first and releases it again when no restart is
     needed (unless O(keep_lock=true)), so an up-to-date host costs one round trip. RV(locked) says whether the
-    lock is still held. In check mode no lock is taken.
+    lock is still held, and RV(changed) is true exactly then (the call left a lock file behind); a lock taken and
+    released again leaves the host as it was. In check mode no lock is taken.
   - O(action=check) with O(launchable) first verifies that the server could be launched (its executable, user
     and working directory exist) and fails, before the lock, when it could not; a server that cannot be
     relaunched must never be stopped.
@@ -333,6 +335,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
     _gpumod, _layercheck, _nvml, _proc, _select, _server, _systemd)
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
 def take_lock(module: AnsibleModule) -> dict:
@@ -377,7 +380,7 @@ def check(module: AnsibleModule) -> dict:
         res = check_state(module)
         res["up_to_date"] = not res["needs_restart"] and not res.get("unit", {}).get("drift")
         if p["nccl_layers"]:
-            res["nccl_layers"] = _layercheck.up_to_date(module, p["nccl_layers"])
+            res["nccl_layers"] = _layercheck.up_to_date(p["nccl_layers"], module.warn)
             res["up_to_date"] = res["up_to_date"] and res["nccl_layers"]["up_to_date"]
     except BaseException:
         if locking:
@@ -392,6 +395,8 @@ def check(module: AnsibleModule) -> dict:
         res["locked"] = True
         if not res["needs_restart"] and not p["keep_lock"]:
             res["locked"] = not _server.release_lock(p["lock_file"], p["owner"])
+        # The lock file this call leaves behind is its only change to the host.
+        res["changed"] = res["locked"]
     return res
 
 
@@ -471,10 +476,10 @@ def check_state(module: AnsibleModule) -> dict:
     tagged = sorted(pid for pid in procs if _proc.environ_has(pid, p["tag_name"], p["name"]))
     holders = {}
     if p["require_gpu_holders"]:
-        with _gpumod.backend_or_fail(module) as backend:
+        with _gpumod.backend_or_fail(p["backend"]) as backend:
             indices = _nvml.resolve_indices(backend, p["gpus"])
             if not indices:
-                module.fail_json(msg="gpus: this host has no GPUs, so no GPU server can run here", backend=backend.name)
+                raise StepError("gpus: this host has no GPUs, so no GPU server can run here", backend=backend.name)
             for i in indices:
                 holders[i] = [h["pid"] for h in backend.processes(i)]
     tagged_set = set(tagged)
@@ -567,22 +572,26 @@ def main() -> None:
     )
     p = module.params
     if p["action"] == "check":
-        module.exit_json(**check(module))
+        try:
+            result = check(module)
+        except StepError as e:
+            fail(module, e)
+        module.exit_json(**result)
     if p["action"] == "record":
         changed, new = _server.record_state(p["state_file"], p["name"], p["fingerprint"], p["pidfile"], p["timings"],
                                             module.check_mode)
         module.exit_json(changed=changed, state=new)
+    cur = _server.read_state(p["lock_file"])
     if p["action"] == "lock":
         if module.check_mode:
-            cur = _server.read_state(p["lock_file"])
             module.exit_json(changed=cur.get("owner") != p["owner"], lock=cur)
         res = take_lock(module)
-        # A lock is bookkeeping, not a change to the host's configuration.
-        module.exit_json(changed=False, locked=True, **res)
+        # Taking the lock writes the lock file; re-taking this run's own lock changes nothing.
+        module.exit_json(changed=cur.get("owner") != p["owner"], locked=True, **res)
     released = False
     if not module.check_mode:
         released = _server.release_lock(p["lock_file"], p["owner"])
-    module.exit_json(changed=False, released=released)
+    module.exit_json(changed=released if not module.check_mode else cur.get("owner") == p["owner"], released=released)
 
 
 if __name__ == "__main__":

@@ -229,6 +229,7 @@ shadowed:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _sitecustomize
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
 def main() -> None:
@@ -236,7 +237,11 @@ def main() -> None:
         argument_spec=_sitecustomize.argument_spec(),
         supports_check_mode=True,
     )
-    module.exit_json(**_sitecustomize.run(module))
+    try:
+        result = _sitecustomize.run(module.params, module.check_mode, module._diff, module.warn, module)
+    except StepError as e:
+        fail(module, e)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

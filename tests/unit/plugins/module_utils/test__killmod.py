@@ -14,6 +14,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _killmod, _proc
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 KILL_DEFAULTS = dict(signals=["TERM", "KILL"], grace=10.0, final_wait=5.0, poll_interval=0.05, order="launcher_first")
 
@@ -62,9 +63,10 @@ def test_leaders(selected, pidfile, order, want):
     assert _killmod.leaders(chosen, PROCS, order) == want
 
 
-def module(args):
+def params(args):
+    """The selector options as process_kill's AnsibleModule validates them (defaults filled in)."""
     with patch_module_args(args):
-        return AnsibleModule(argument_spec=_killmod.selector_argspec(), supports_check_mode=True)
+        return AnsibleModule(argument_spec=_killmod.selector_argspec(), supports_check_mode=True).params
 
 
 def test_selector_argspec_takes_extra_options():
@@ -73,13 +75,9 @@ def test_selector_argspec_takes_extra_options():
     assert spec["gpu_holders"] == dict(type="list", elements="int", default=[])
 
 
-def test_build_selector_without_a_selector_fails(capsys):
-    # fail_json needs the module's arguments still in place (its JSON profile comes from them).
-    with patch_module_args({}):
-        m = AnsibleModule(argument_spec=_killmod.selector_argspec(), supports_check_mode=True)
-        with pytest.raises(SystemExit):
-            _killmod.build_selector(m, _proc.snapshot())
-    assert "No selector given" in capsys.readouterr().out
+def test_build_selector_without_a_selector_fails():
+    with pytest.raises(StepError, match="No selector given"):
+        _killmod.build_selector(params({}), _proc.snapshot())
 
 
 def test_select_or_fail_selects_a_real_process_by_regex_and_its_children():
@@ -88,8 +86,7 @@ def test_select_or_fail_selects_a_real_process_by_regex_and_its_children():
     p = subprocess.Popen([sys.executable, "-c", code, marker], start_new_session=True)
     try:
         wait_for(lambda: _proc.descendants([p.pid], _proc.snapshot()), 10, "child started")
-        m = module({"cmdline_regex": marker, "include_groups": False})
-        chosen, procs = _killmod.select_or_fail(m)
+        chosen, procs = _killmod.select_or_fail(params({"cmdline_regex": marker, "include_groups": False}))
         child = _proc.descendants([p.pid], procs)
         assert set(chosen["selected"]) == {p.pid} | child and len(child) == 1
         assert chosen["selected"][p.pid] == ["cmdline"]
@@ -101,6 +98,5 @@ def test_select_or_fail_selects_a_real_process_by_regex_and_its_children():
 
 def test_gpu_holder_pids_lists_the_holders_of_the_asked_gpus_only(nvml):
     holder = nvml.hold(gpu=1, mib=4096)
-    m = module({"gpu_holders": [1], "backend": "nvml"})
-    assert holder.pid in _killmod.gpu_holder_pids(m, [1], _proc.snapshot())
-    assert holder.pid not in _killmod.gpu_holder_pids(m, [0], _proc.snapshot())
+    assert holder.pid in _killmod.gpu_holder_pids("nvml", [1], _proc.snapshot())
+    assert holder.pid not in _killmod.gpu_holder_pids("nvml", [0], _proc.snapshot())

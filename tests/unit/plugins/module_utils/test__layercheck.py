@@ -20,7 +20,7 @@ def up_to_date(layers):
     with patch_module_args({"nccl_layers": layers}):
         m = AnsibleModule(argument_spec=dict(nccl_layers=dict(type="dict", options=_layercheck.argument_spec())),
                           supports_check_mode=True)
-        return _layercheck.up_to_date(m, {k: v for k, v in m.params["nccl_layers"].items() if v is not None})
+        return _layercheck.up_to_date({k: v for k, v in m.params["nccl_layers"].items() if v is not None})
 
 
 def test_no_layer_asked_is_up_to_date():

@@ -136,15 +136,17 @@ def test_orphans_without_their_launcher(servers, paths, run_module):
 def test_check_with_lock_takes_and_releases_it_when_nothing_is_to_do(servers, paths, run_module):
     running(servers, paths, run_module)
     r = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:1:a"))
-    assert r["needs_restart"] is False and r["locked"] is False
+    # Taken and released in the same call: the host is as it was.
+    assert r["needs_restart"] is False and r["locked"] is False and r["changed"] is False
     assert not os.path.exists(paths["lock_file"])
     kept = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:1:a", keep_lock=True))
     assert kept["locked"] is True and json.load(open(paths["lock_file"]))["owner"] == "ctl:1:a"
+    assert kept["changed"] is True  # the lock file it leaves behind
 
 
 def test_check_needing_a_restart_keeps_the_lock_and_another_run_is_refused(nvml, paths, run_module):
     r = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:1:a"))
-    assert r["needs_restart"] is True and r["locked"] is True
+    assert r["needs_restart"] is True and r["locked"] is True and r["changed"] is True
     other = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:2:b"))
     assert other["failed"] is True and other["holder"] == "ctl:1:a"
     assert "locked by another gpufleet run (ctl:1:a)" in other["msg"]
@@ -205,15 +207,17 @@ def test_lock_unlock_actions_and_their_check_mode(paths, run_module):
     r = run_module(server_state.main, dict(lk, action="lock", owner="ctl:1:a"), check_mode=True)
     assert r["changed"] is True and not os.path.exists(paths["lock_file"])
     r = run_module(server_state.main, dict(lk, action="lock", owner="ctl:1:a"))
-    assert r["changed"] is False and r["locked"] is True and r["acquired"] is True
+    assert r["changed"] is True and r["locked"] is True and r["acquired"] is True
+    r = run_module(server_state.main, dict(lk, action="lock", owner="ctl:1:a"))
+    assert r["changed"] is False and r["locked"] is True  # its own lock again: nothing changes
     r = run_module(server_state.main, dict(lk, action="lock", owner="ctl:2:b"))
     assert r["failed"] is True and r["holder"] == "ctl:1:a"
     r = run_module(server_state.main, dict(lk, action="unlock", owner="ctl:2:b"))
-    assert r["released"] is False and os.path.exists(paths["lock_file"])
+    assert r["released"] is False and r["changed"] is False and os.path.exists(paths["lock_file"])
     r = run_module(server_state.main, dict(lk, action="unlock", owner="ctl:1:a"), check_mode=True)
-    assert r["released"] is False and os.path.exists(paths["lock_file"])
+    assert r["released"] is False and r["changed"] is True and os.path.exists(paths["lock_file"])
     r = run_module(server_state.main, dict(lk, action="unlock", owner="ctl:1:a"))
-    assert r["released"] is True and not os.path.exists(paths["lock_file"])
+    assert r["released"] is True and r["changed"] is True and not os.path.exists(paths["lock_file"])
 
 
 def test_record_in_check_mode_writes_nothing(servers, paths, run_module, tmp_path):
