@@ -317,6 +317,12 @@ env:
   description: The environment check, as M(gpufleet.serving.process_env) returns it (only expected keys).
   returned: when verify_env is set and the step ran
   type: dict
+  contains:
+    processes:
+      description: One entry per checked process (C(pid), C(role), C(status), the missing and different keys);
+        the gpu_server role counts them as the verified workers.
+      type: list
+      elements: dict
 state:
   description: The state written.
   returned: when record is set and the step ran
@@ -357,6 +363,22 @@ timings:
     - In check mode nothing is signalled and no C(kill_s) is returned.
   returned: always
   type: dict
+  contains:
+    kill_s:
+      description: The stop (with O(launcher=systemd), C(systemctl stop)) plus the sweep of what was left.
+      type: float
+    clean_s:
+      description: The clean gate's wait.
+      type: float
+    launch_s:
+      description: Starting the server (C(systemctl start) and reading its main pid, with O(launcher=systemd)).
+      type: float
+    ready_s:
+      description: The readiness wait (health URL and real request).
+      type: float
+    cycle_s:
+      description: From the first signal to the server answering its real request.
+      type: float
 would_launch:
   description: In check mode, true.
   returned: check mode

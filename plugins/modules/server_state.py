@@ -18,11 +18,11 @@ description:
     RV(needs_restart) is false only when all of that holds; RV(reasons) says why otherwise.
   - O(action=record) writes the state file (fingerprint, pid, timings) after a launch.
   - O(action=lock) and O(action=unlock) take and release a host-side lock so two rollouts never interleave
-    kill and launch on one host. A lock past its TTL is stale and is broken. RV(changed) says whether the lock file
+    kill and launch on one host. A lock past its TTL is stale and is broken. C(changed) says whether the lock file
     changed (taken from nobody or from a stale holder; removed), also in check mode.
   - O(action=check) with O(lock_file) and O(owner) takes the lock first and releases it again when no restart is
     needed (unless O(keep_lock=true)), so an up-to-date host costs one round trip. RV(locked) says whether the
-    lock is still held, and RV(changed) is true exactly then (the call left a lock file behind); a lock taken and
+    lock is still held, and C(changed) is true exactly then (the call left a lock file behind); a lock taken and
     released again leaves the host as it was. In check mode no lock is taken.
   - O(action=check) with O(launchable) first verifies that the server could be launched (its executable, user
     and working directory exist) and fails, before the lock, when it could not; a server that cannot be
@@ -232,10 +232,23 @@ fingerprint_recorded:
   returned: when action is check
   type: str
 workers:
-  description: Live processes carrying the launch tag (pid, ppid, cmdline, holds_gpu).
+  description: Live processes carrying the launch tag.
   returned: when action is check
   type: list
   elements: dict
+  contains:
+    pid:
+      description: Its pid.
+      type: int
+    ppid:
+      description: Its parent's pid (V(1) for an orphan).
+      type: int
+    cmdline:
+      description: Its command line (first 300 characters).
+      type: str
+    holds_gpu:
+      description: Whether it holds one of the GPUs (the gpu_server role counts these as the verified workers).
+      type: bool
 strays:
   description: GPU holders without the launch tag (gpu, pid, cmdline).
   returned: when action is check
@@ -259,6 +272,16 @@ nccl_layers:
       (the file, or its directory, lacks read or search for group and others).
   returned: when nccl_layers is set
   type: dict
+  contains:
+    up_to_date:
+      description: Whether every asked layer is up to date.
+      type: bool
+    sitecustomize:
+      description: The sitecustomize layer's C(up_to_date), C(files), C(error) and C(access).
+      type: dict
+    nccl_conf:
+      description: The nccl.conf layer's C(up_to_date), C(files), C(error) and C(access).
+      type: dict
 locked:
   description: With V(check) or V(lock), whether this run holds the host lock after the call.
   returned: when a lock was asked for
