@@ -15,10 +15,18 @@ description:
   - C(/health) can answer 200 while the server hangs (sglang#22779), so a real request is the stronger gate.
   - Watches the server process named by O(pidfile). If it exits during start-up the module fails at once with
     the tail of O(log_path), instead of waiting out O(timeout).
+  - Check mode polls exactly as a real run does (as M(ansible.builtin.wait_for) waits in check mode) and returns the
+    same result, so O(request) should be one that changes nothing on the server, such as a one-token generation.
 author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
   - gpufleet.serving._attributes.INFO_MODULE
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Polls in check mode too, with the same result (and the same failure for a server that is not up). In a
+        check run after a launch that check mode did not make, skip this task with C(when) on C(ansible_check_mode).
 options:
   health_url:
     description: URL that must answer HTTP 200. Empty skips the health poll.
@@ -135,8 +143,7 @@ def main() -> None:
     err = _server.ready_input_error(p["health_url"], p["request"], p["timeout"], p["interval"])
     if err:
         module.fail_json(msg=err)
-    if module.check_mode:
-        module.exit_json(changed=False, skipped=True, msg="not polled in check mode")
+    # No check-mode branch: polling is a read (GET health_url and the user's request), so check mode polls too.
     ident = _server.pidfile_identity(p["pidfile"]) if p["pidfile"] else None
     if p["pidfile"] and ident is None:
         module.fail_json(msg="pidfile %s is missing or unreadable; was the server launched?" % p["pidfile"])

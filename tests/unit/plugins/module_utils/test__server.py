@@ -171,6 +171,18 @@ def gen_request(srv, **kw):
     return r
 
 
+def test_http_answers_every_status_and_ignores_proxies(http_server, monkeypatch):
+    # The server is on this host: a proxy from the environment must not be used (it would refuse the connection).
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:1")
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:1")
+    client = _server.http_client()
+    assert _server.http(http_server.url + "/health", client=client) == (200, "ok")
+    assert _server.http(http_server.url + "/nothing", client=client) == (404, "no")
+    http_server.gen_code, http_server.gen_body = 503, "busy"
+    assert _server.http(http_server.url + "/generate", "POST", "{}", {"X-A": "1"}) == (503, "busy")
+    assert http_server.bodies == ["{}"]
+
+
 def test_ready_after_health_turns_200_and_the_real_request_succeeds(http_server):
     http_server.health = [503, 503, 200]
     r = _server.wait_ready(None, http_server.url + "/health", gen_request(http_server, expect_regex="pong"),

@@ -82,10 +82,25 @@ def test_log_tail_path_names_the_servers_own_log(srv, tmp_path, run_module):
     assert r["log_tail"] == "RuntimeError: no weights"
 
 
-def test_check_mode_polls_nothing(tmp_path, run_module):
+def test_check_mode_polls_as_a_real_run_does(srv, run_module):
+    args = {"health_url": srv.url + "/health", "request": {"url": srv.url + "/generate", "body": "{}"},
+            "timeout": 5, "interval": 0.05}
+    srv.health = [503, 503, 200]
+    check = run_module(server_ready.main, args, check_mode=True)
+    assert srv.health_calls == 3 and srv.bodies == ["{}"]  # polled until ready, then the real request
+    srv.health_calls = 0
+    real = run_module(server_ready.main, args)
+    assert "failed" not in check and check["changed"] is False and "skipped" not in check
+    assert set(check) == set(real) and check["request_status"] == real["request_status"] == 200
+
+
+def test_check_mode_fails_for_a_server_that_is_not_up(tmp_path, run_module):
+    r = run_module(server_ready.main, {"health_url": "http://127.0.0.1:1/health", "timeout": 0.3, "interval": 0.05},
+                   check_mode=True)
+    assert r["failed"] is True and r["phase"] == "ready" and r["msg"].startswith("server not ready after 0.3 s: health failed")
     r = run_module(server_ready.main, {"health_url": "http://127.0.0.1:1/health", "pidfile": str(tmp_path / "none.pid"),
                                        "timeout": 60}, check_mode=True)
-    assert "failed" not in r and r["changed"] is False and r["skipped"] is True
+    assert r["failed"] is True and "was the server launched?" in r["msg"]
 
 
 @pytest.mark.parametrize("args, msg", [
