@@ -152,6 +152,22 @@ access_fixes:
   elements: dict
   sample: [{"path": "/etc/nccl.conf", "kind": "file", "mode_before": "0600", "mode_after": "0644",
             "reason": "/etc/nccl.conf is not readable by every user (mode 0600)"}]
+  contains:
+    path:
+      description: The file or directory whose mode changed.
+      type: str
+    kind:
+      description: V(file) or V(directory).
+      type: str
+    mode_before:
+      description: Its mode before, in octal.
+      type: str
+    mode_after:
+      description: Its mode after (in check mode, the mode it would get), in octal.
+      type: str
+    reason:
+      description: Why it changed, naming the path and its old mode; the roles list these (C(gpufleet_nccl_access_fixes)).
+      type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
