@@ -224,6 +224,51 @@ def test_unreachable_balancer_fails_the_host_before_its_kill(df):
     df.all_in_rotation(timeout=5)
 
 
+RECORDER = r"""
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def _any(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        rec = {"method": self.command, "path": self.path, "body": self.rfile.read(n).decode(),
+               "auth": self.headers.get("Authorization")}
+        with open(sys.argv[2], "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        self.send_response(204)
+        self.end_headers()
+    do_POST = do_PUT = do_DELETE = _any
+    def log_message(self, *a):
+        pass
+HTTPServer(("10.200.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_http_balancer_sends_remove_then_add_and_hides_its_headers(df):
+    """The generic `http` type against a stand-in that records what it gets (a real HTTP server in the hub)."""
+    calls = df.workdir / "http-calls.jsonl"
+    token = "Bearer s3cr3t-token-of-the-balancer-api"
+    rec = subprocess.Popen(["ip", "netns", "exec", df.fleet.hub, sys.executable, "-c", RECORDER, "8090", str(calls)])
+    try:
+        time.sleep(0.5)
+        base = "http://10.200.0.1:8090/pool/gpufleet/members/{{ inventory_hostname }}"
+        http = {"type": "http", "name": "lb-api", "delegate_to": "{{ inventory_hostname }}",
+                "remove": {"url": base, "method": "DELETE", "headers": {"Authorization": token}},
+                "add": {"url": base, "method": "PUT", "body": '{"port": 30000}', "headers": {"Authorization": token}}}
+        r = df.playbook("rollout", "-vvv", "--limit", "host3", extra_vars={"gpufleet_server_force_restart": True},
+                        vars_override=dict(df.server_vars(), gpufleet_server_balancers=[http]))
+        assert r.rc == 0, r.tail()
+        got = [json.loads(x) for x in calls.read_text().splitlines()]
+        assert [(c["method"], c["path"]) for c in got] == [("DELETE", "/pool/gpufleet/members/host3"),
+                                                           ("PUT", "/pool/gpufleet/members/host3")], got
+        assert got[1]["body"] == '{"port": 30000}' and all(c["auth"] == token for c in got)
+        assert "s3cr3t-token" not in r.out
+        assert r.summary["host3"]["restarted"] and r.summary["host3"]["out_of_rotation"] == []
+    finally:
+        rec.kill()
+        rec.wait()
+    df.all_in_rotation(timeout=10)
+
+
 def test_capacity_guard_refuses_a_batch_before_anything_is_touched(df):
     """75% of 4 must stay in rotation: a batch of 2 (50%) is refused on every host of it, nothing locked or drained."""
     before = _pids(df)
