@@ -3,6 +3,7 @@
 could be called up to date while the apply would change it): same argument names, same expressions."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -12,32 +13,50 @@ pytestmark = pytest.mark.fast  # reads files only
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "nccl_tuning"
 
 
-def _apply_args():
+def _layer_calls():
     tasks = yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text())
-    by_name = {t["name"]: t for t in tasks}
-    site = by_name["Manage the NCCL block in the Python interpreters' sitecustomize.py"]["gpufleet.serving.sitecustomize_env"]
-    conf = by_name["Manage the NCCL block in nccl.conf"]["gpufleet.serving.nccl_conf"]
-    return site, conf
+    return {t["name"]: next((k, v) for k, v in t.items() if k.startswith("gpufleet.serving.")) for t in tasks
+            if any(k.startswith("gpufleet.serving.") for k in t)}
 
 
-def test_check_args_are_the_apply_args():
+def _option_of(var, value):
+    """The option an argument takes from the one dict `var`, or None when it comes from elsewhere."""
+    m = re.fullmatch(r"\{\{ %s\.(\w+)( \| default\(omit\))? \}\}" % var, str(value))
+    return m.group(1) if m else None
+
+
+@pytest.mark.parametrize("task,module,var,own", [
+    ("Manage the NCCL block in the Python interpreters' sitecustomize.py", "gpufleet.serving.sitecustomize_env",
+     "_gpufleet_nccl_sitecustomize_args", {"backup": "{{ gpufleet_nccl_backup }}"}),
+    ("Manage the NCCL block in nccl.conf", "gpufleet.serving.nccl_conf", "_gpufleet_nccl_conf_args",
+     {"backup": "{{ gpufleet_nccl_backup }}"}),
+    # Read-only, before either layer changes; the name policy is left to the sitecustomize task (one warning).
+    ("Check the nccl.conf layer before changing either layer", "gpufleet.serving.nccl_conf", "_gpufleet_nccl_conf_args",
+     {"nccl_names": "ignore"}),
+])
+def test_the_apply_tasks_take_every_argument_from_the_dict_the_check_passes(task, module, var, own):
+    # One source: vars/main.yml's _gpufleet_nccl_*_args, which tasks/desired.yml hands to the up-to-date check.
     v = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
-    site, conf = _apply_args()
-    assert set(site) - {"backup"} == {"interpreters", "path", "env", "state", "mode", "name", "probe_env", "nccl_names",
-                                      "allow_vars"}
-    check_site = v["_gpufleet_nccl_sitecustomize_args"]
-    for k, expr in site.items():
-        if k == "backup":
-            continue
-        # The check's dict is one Jinja expression; each apply argument's variable must be in it under its name.
-        inner = expr.strip().removeprefix("{{").removesuffix("}}").strip()
-        name = "'%s'" % k
-        assert name in check_site, "%s is missing from _gpufleet_nccl_sitecustomize_args" % k
-        for var in [w for w in inner.replace("(", " ").replace(")", " ").split() if w.startswith("gpufleet_nccl_")
-                    or w.startswith("_gpufleet_nccl_env")]:
-            assert var in check_site, "%s: %s is not used by the check" % (k, var)
-    assert {k: " ".join(str(x).split()) for k, x in conf.items() if k != "backup"} == \
-        {k: " ".join(str(x).split()) for k, x in v["_gpufleet_nccl_conf_args"].items()}
+    keys = set(v[var]) if isinstance(v[var], dict) else set(re.findall(r"'(\w+)':", v[var]))
+    name, args = _layer_calls()[task]
+    assert name == module
+    assert {k: x for k, x in args.items() if k in own} == own
+    taken = {k: _option_of(var, x) for k, x in args.items() if k not in own}
+    assert all(taken[k] == k for k in taken), taken  # each option reads its own key of the dict
+    assert set(taken) == keys - set(own), set(taken) ^ (keys - set(own))
+    desired = (ROLE / "tasks" / "desired.yml").read_text()
+    assert "': %s}" % var in desired
+
+
+def test_the_layer_arguments_set_every_option_of_the_modules_but_backup():
+    # An option left to its module default would still be the same for apply and check, but a role setting must
+    # reach both: every option the role controls is in the one dict.
+    v = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _ncclconf, _sitecustomize
+
+    site = set(re.findall(r"'(\w+)':", v["_gpufleet_nccl_sitecustomize_args"]))
+    assert site == set(_sitecustomize.argument_spec()) - {"backup"}
+    assert set(v["_gpufleet_nccl_conf_args"]) == set(_ncclconf.argument_spec()) - {"backup"}
 
 
 def test_fast_check_asks_the_server_check_what_the_roles_check_asks():
