@@ -45,7 +45,7 @@ def manual(df: DrainFleet) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--json")

@@ -143,7 +143,7 @@ class Load:
 
     def stop(self) -> t.Dict[str, t.Any]:
         self.stop_file.write_text("")
-        out, _ = self.p.communicate(timeout=90)
+        out = self.p.communicate(timeout=90)[0]
         assert self.p.returncode == 0, out
         res = json.loads(self.out.read_text())
         res["line"] = out.strip().splitlines()[-1]

@@ -162,7 +162,7 @@ class Balancer:
             argv = [_smg_bin(), "launch", "--host", self.addr, "--port", str(self.port), "--policy", "round_robin",
                     "--health-check-interval-secs", "1", "--health-failure-threshold", "2",
                     "--health-success-threshold", "1", "--log-level", "warn",
-                    "--worker-urls"] + ["http://%s:%d" % (a, server_port) for _, a in hosts]
+                    "--worker-urls"] + ["http://%s:%d" % (a, server_port) for _name, a in hosts]
         with open(self.log, "ab") as logf:
             p = subprocess.Popen(["ip", "netns", "exec", st["hub"]] + argv, stdin=subprocess.DEVNULL, stdout=logf,
                                  stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
@@ -236,7 +236,7 @@ def _alive(pid: int) -> bool:
 
 
 def main(argv: t.Optional[t.Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("action", choices=["up", "down", "status"])
     ap.add_argument("--fleet-dir", required=True, help="the sandbox fleet's --state-dir")
     ap.add_argument("--kind", choices=KINDS)

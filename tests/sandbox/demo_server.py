@@ -22,7 +22,8 @@
   `sglang:num_queue_reqs` (waiting for the TP group). SIGTERM to the launcher drains: it stops accepting (the
   listening socket closes; a request on a kept-alive connection gets 503 with `Connection: close`), lets the
   requests in flight finish (at most `--drain-timeout` seconds, default 60), then stops its workers and exits 0.
-  A SIGTERM sent to the workers themselves during the drain ends them, and the requests in flight then fail (what a kill that signals the whole tree at once does to a real server).
+  A SIGTERM sent to the workers themselves during the drain ends them, and the requests in flight then fail (what a
+  kill that signals the whole tree at once does to a real server).
 - `--hang-after-health`: /health says 200, but workers never answer, so /generate never returns
   (sglang#22779). `--fail-at-startup`: logs an error and exits 1. `--ignore-term`: the launcher and the
   workers ignore SIGTERM (only SIGKILL ends them). Without it, SIGTERM to the launcher stops the

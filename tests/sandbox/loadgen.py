@@ -172,16 +172,16 @@ class Load:
         def pct(q: float) -> t.Optional[float]:
             return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None
 
-        known = [n for _, n in self.in_service if n >= 0]
+        known = [n for _t, n in self.in_service if n >= 0]
         return {"requests": len(recs), "failed": len(failed), "p50": pct(0.50), "p99": pct(0.99),
                 "statuses": {str(s): sum(1 for r in recs if r["status"] == s) for s in sorted({r["status"] for r in recs})},
                 "failures": failed[:50], "min_in_service": min(known) if known else None,
-                "unknown_samples": sum(1 for _, n in self.in_service if n < 0), "in_service": self.in_service,
+                "unknown_samples": sum(1 for _t, n in self.in_service if n < 0), "in_service": self.in_service,
                 "records": recs, "duration": round(time.time() - self.t0, 3)}
 
 
 def main(argv: t.Optional[t.Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--url", required=True, help="http://ADDR:PORT/generate on a sandbox address")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--duration", type=float, default=120, help="stop after this many seconds (at most 900)")

@@ -1,0 +1,64 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Bad load balancer input (issue 17) fails with every broken rule named, before anything is touched: the role's
+preflight (balancers_validate.yml) and the rollout's capacity guard (capacity.yml), run on localhost."""
+from __future__ import annotations
+
+import os
+
+from collection_copy import private_collections
+from helpers import ROOT, run_playbook
+
+PLAY = """- hosts: localhost
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_role:
+        name: gpufleet.serving.gpu_server
+        tasks_from: %s
+"""
+
+
+def _run(tmp_path, entry, extra):
+    pb = tmp_path / ("%s.yml" % entry)
+    pb.write_text(PLAY % entry)
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH="%s:%s" % (private_collections(), ROOT / "collections"))
+    return run_playbook(str(pb), env=env, extra_vars=extra, timeout=120)
+
+
+def test_every_broken_balancer_rule_is_named(tmp_path):
+    r = _run(tmp_path, "balancers_validate", {"gpufleet_server_drain_on_timeout": "wait", "gpufleet_server_balancers": [
+        {"type": "haproxy"}, {"type": "sglang_router", "url": "router:30000"}, {"type": "http", "remove": {"url": "http://x/a"}},
+        {"type": "nginx"}, "text", {"type": "none"}, {"type": "haproxy", "delegate_to": "lb1", "name": "a"},
+        {"type": "http", "name": "a", "remove": {"url": "http://x"}, "add": {"url": "http://x"}}]})
+    assert r.returncode != 0
+    out = " ".join(r.stdout.split())
+    for msg in ("entry 1 (haproxy) needs delegate_to", "entry 2 (sglang_router) needs url",
+                "entry 3 (http) needs remove.url and add.url", "entry 4 type must be one of haproxy, sglang_router, "
+                "http, none, got nginx", "entry 5 must be a dict, got str", "two balancers have the same name",
+                "gpufleet_server_drain_on_timeout must be fail or proceed"):
+        assert msg in out, (msg, r.stdout[-3000:])
+    assert "entry 6" not in out and "entry 7" not in out and "entry 8" not in out
+
+
+def test_good_balancers_pass(tmp_path):
+    r = _run(tmp_path, "balancers_validate", {"gpufleet_server_drain_on_timeout": "fail", "gpufleet_server_balancers": [
+        {"type": "haproxy", "delegate_to": "lb1"}, {"type": "sglang_router", "url": "http://router:30000"}]})
+    assert r.returncode == 0, r.stdout[-3000:]
+
+
+def test_capacity_guard_names_a_bad_setting(tmp_path):
+    r = _run(tmp_path, "capacity", {"gpufleet_rollout_min_in_service": "lots",
+                                    "gpufleet_server_balancers": [{"type": "haproxy", "delegate_to": "lb1"}]})
+    assert r.returncode != 0
+    assert ('gpufleet_rollout_min_in_service must be a number of servers (>= 0) or a percentage such as "75%" (got lots)'
+            in " ".join(r.stdout.split())), r.stdout[-3000:]
+
+
+def test_capacity_guard_lets_a_batch_that_fits_through(tmp_path):
+    # One host with balancers, already up to date: draining nothing leaves 1 of 1 in rotation.
+    r = _run(tmp_path, "capacity", {"gpufleet_rollout_min_in_service": 1, "gpufleet_server_up_to_date": True,
+                                    "gpufleet_server_balancers": [{"type": "haproxy", "delegate_to": "lb1"}]})
+    assert r.returncode == 0, r.stdout[-3000:]
+    r = _run(tmp_path, "capacity", {"gpufleet_rollout_min_in_service": "100%", "gpufleet_server_up_to_date": False,
+                                    "gpufleet_server_balancers": [{"type": "haproxy", "delegate_to": "lb1"}]})
+    assert r.returncode != 0
+    assert "draining localhost would leave 0 of 1 server(s) in rotation, fewer than 1" in " ".join(r.stdout.split())
