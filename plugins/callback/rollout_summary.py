@@ -105,6 +105,44 @@ def _fmt(v: t.Any) -> str:
     return str(v)
 
 
+# The per-host table, in this order; `restarted` shows the row's `restart` wording ("killed, not relaunched").
+COLUMNS = ("host", "status", "restarted", "kill_s", "clean_s", "launch_s", "ready_s", "workers_verified", "failure")
+
+
+def markdown_table(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    """The per-host Markdown table of rows as CallbackModule.rows() builds them (a missing value shows '-')."""
+    table = [list(COLUMNS)]
+    for r in rows:
+        vals = [(r.get("restart") or "-") if c == "restarted" else _fmt(r.get(c)) for c in COLUMNS]
+        table.append([v.replace("|", "/").replace("\n", " ") for v in vals])
+    # Padded columns, so the table reads in a terminal and stays valid Markdown; the last (failure) is not padded.
+    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS) - 1)] + [0]
+    lines = ["| " + " | ".join(v.ljust(w) for v, w in zip(row, widths)) + " |" for row in table]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) if w else "---" for w in widths) + "|")
+    return "\n".join(lines) + "\n"
+
+
+def out_of_rotation(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    """The line naming hosts this run left out of their load balancers ('' when none)."""
+    out = ["%s (%s)" % (r["host"], ", ".join(r["out_of_rotation"])) for r in rows if r.get("out_of_rotation")]
+    return ("left out of rotation: %s; put back by hand once fixed (docs/runbook.md)" % "; ".join(out)) if out else ""
+
+
+def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.Mapping[str, t.Any]]) -> t.List[str]:
+    """The lines said after the table, each a sentence about the whole run: why the rollout halted, which hosts it
+    left out of rotation. A new line about the run goes here, and every output (terminal, files, gpufleet_ci) says it."""
+    notes = []
+    if halted:
+        notes.append(str(halted.get("msg", "rollout halted")).strip())
+    notes.append(out_of_rotation(rows))
+    return [n for n in notes if n]
+
+
+def render_markdown(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.Mapping[str, t.Any]] = None) -> str:
+    """The summary as Markdown: the table, then each note in bold (rollout-summary.md; tools/gpufleet_ci's report)."""
+    return markdown_table(rows) + "".join("\n**%s**\n" % n for n in summary_notes(rows, halted))
+
+
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "aggregate"
@@ -140,14 +178,14 @@ class CallbackModule(CallbackBase):
         except Exception:  # the summary must never break a run
             pass
         try:
-            vm = play.get_variable_manager()
-            inv = vm._inventory
-            # With serial the inventory is restricted to the current batch; the summary must also list the
-            # hosts of later batches (left untouched when a batch fails). --limit still applies.
-            for h in inv.get_hosts(play.hosts, ignore_restrictions=True):
-                if h.name not in self.inventory_hosts:
-                    self.inventory_hosts.append(h.name)
-            self.batch = [h.name for h in inv.get_hosts(play.hosts)]
+            # The play's magic variables, through the public VariableManager API: ansible_play_hosts_all lists the
+            # play's hosts of every batch (serial ignored, --limit applied), so the summary also lists the hosts of
+            # later batches (left untouched when a batch fails); ansible_play_batch is this batch.
+            magic = play.get_variable_manager().get_vars(play=play, include_hostvars=False)
+            for name in magic.get("ansible_play_hosts_all") or []:
+                if name not in self.inventory_hosts:
+                    self.inventory_hosts.append(name)
+            self.batch = list(magic.get("ansible_play_batch") or [])
         except Exception:  # the summary must never break a run
             pass
 
@@ -242,24 +280,6 @@ class CallbackModule(CallbackBase):
             })
         return out
 
-    @staticmethod
-    def out_of_rotation(rows: t.List[t.Dict[str, t.Any]]) -> str:
-        """The line naming hosts this run left out of their load balancers ('' when none)."""
-        out = ["%s (%s)" % (r["host"], ", ".join(r["out_of_rotation"])) for r in rows if r["out_of_rotation"]]
-        return ("left out of rotation: %s; put back by hand once fixed (docs/runbook.md)" % "; ".join(out)) if out else ""
-
-    def markdown(self, rows: t.List[t.Dict[str, t.Any]]) -> str:
-        cols = ["host", "status", "restarted", "kill_s", "clean_s", "launch_s", "ready_s", "workers_verified", "failure"]
-        table = [cols]
-        for r in rows:
-            vals = [r["restart"] if c == "restarted" else _fmt(r[c]) for c in cols]
-            table.append([v.replace("|", "/").replace("\n", " ") for v in vals])
-        # Padded columns, so the table reads in a terminal and stays valid Markdown; the last (failure) is not padded.
-        widths = [max(len(row[i]) for row in table) for i in range(len(cols) - 1)] + [0]
-        lines = ["| " + " | ".join(v.ljust(w) for v, w in zip(row, widths)) + " |" for row in table]
-        lines.insert(1, "|" + "|".join("-" * (w + 2) if w else "---" for w in widths) + "|")
-        return "\n".join(lines) + "\n"
-
     def v2_playbook_on_stats(self, stats: t.Any) -> None:
         if not self.hosts and not any(h for h in self.inventory_hosts):
             return
@@ -268,12 +288,9 @@ class CallbackModule(CallbackBase):
         if not any("restarted" in (self.hosts.get(r["host"]) or {}) or r["status"] != "ok" for r in rows):
             return  # not a gpufleet rollout
         self._display.banner("GPUFLEET %s SUMMARY" % self.playbook().upper())
-        self._display.display(self.markdown(rows))
-        if self.halted:
-            self._display.display(str(self.halted.get("msg", "rollout halted")).strip(), color="red", stderr=False)
-        rotation = self.out_of_rotation(rows)
-        if rotation:
-            self._display.display(rotation, color="red", stderr=False)
+        self._display.display(markdown_table(rows))
+        for note in summary_notes(rows, self.halted):
+            self._display.display(note, color="red", stderr=False)
         d = self.get_option("summary_dir")
         if d:
             os.makedirs(d, exist_ok=True)
@@ -282,8 +299,4 @@ class CallbackModule(CallbackBase):
                            "out_of_rotation": {r["host"]: r["out_of_rotation"] for r in rows if r["out_of_rotation"]}},
                           f, indent=1)
             with open(os.path.join(d, "rollout-summary.md"), "w") as f:
-                f.write(self.markdown(rows))
-                if self.halted:
-                    f.write("\n**%s**\n" % str(self.halted.get("msg", "rollout halted")).strip())
-                if rotation:
-                    f.write("\n**%s**\n" % rotation)
+                f.write(render_markdown(rows, self.halted))

@@ -14,6 +14,7 @@ and exits non-zero when the run failed, a host failed or was unreachable, or a h
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shlex
@@ -21,6 +22,7 @@ import shutil
 import sys
 import tempfile
 import time
+import types
 import typing as t
 
 import yaml
@@ -124,12 +126,13 @@ def run(args: argparse.Namespace) -> int:
             names.update((stats.get(k) or {}).keys())
         for n in sorted(names):
             status = "unreachable" if n in (stats.get("dark") or {}) else ("failed" if n in (stats.get("failures") or {}) else "ok")
-            hosts.append({"host": n, "status": status, "restarted": None, "failure": None})
+            # No restart facts without the callback's summary: the restarted column reads "-".
+            hosts.append({"host": n, "status": status, "restarted": None, "restart": None, "failure": None})
     bad = [h for h in hosts if h["status"] != "ok"]
     report = {"playbook": args.playbook, "status": r.status, "rc": r.rc, "ident": ident,
               "artifacts": os.path.join(pdd, "artifacts", ident), "hosts": hosts, "halted": halted,
               "ok": r.rc == 0 and r.status == "successful" and not bad}
-    md = render_markdown(report)
+    md = render_markdown(report, args.collections_path)
     sys.stdout.write("\n" + md)
     if args.json:
         with open(args.json, "w") as f:
@@ -140,25 +143,25 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 2
 
 
-def render_markdown(report: t.Dict[str, t.Any]) -> str:
-    lines = ["### gpufleet %s: %s (rc %s)" % (report["playbook"], "OK" if report["ok"] else "FAILED", report["rc"]), "",
-             "| host | status | restarted | kill s | clean s | launch s | ready s | workers verified | failure |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for h in report["hosts"]:
-        def f(k: str) -> str:
-            v = h.get(k)
-            return "-" if v is None else ("%.2f" % v if isinstance(v, float) else str(v))
-        restarted = h.get("restarted")
-        # The summary callback's own wording ("killed, not relaunched" for a host whose old server is gone); a run
-        # without the callback's summary has no restart facts ("-").
-        cell = h.get("restart") or ("-" if restarted is None else ("yes" if restarted else ("would" if h.get("would_restart") else "no")))
-        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            h["host"], h["status"], cell,
-            f("kill_s"), f("clean_s"), f("launch_s"), f("ready_s"), f("workers_verified"),
-            (h.get("failure") or "").replace("|", "/").replace("\n", " ")))
-    if report.get("halted"):
-        lines += ["", "**%s**" % str(report["halted"].get("msg", "rollout halted")).strip()]
-    return "\n".join(lines) + "\n"
+def summary_renderer(collections_path: t.Optional[str] = None) -> types.ModuleType:
+    """The rollout_summary callback's module, whose render_markdown writes the table: the one renderer of the per-host
+    summary. Loaded by file from the collection that ran the playbook (the callback that wrote the rows), else from
+    this checkout; it needs only ansible-core, which ansible-runner's ansible-playbook runs from anyway."""
+    rel = os.path.join("plugins", "callback", "rollout_summary.py")
+    candidates = [os.path.join(collections_path, "ansible_collections", "gpufleet", "serving", rel)] if collections_path else []
+    path = next((c for c in candidates + [os.path.join(ROOT, rel)] if os.path.isfile(c)), None)
+    if path is None:
+        raise SystemExit("cannot find the gpufleet.serving rollout_summary callback (%s)" % ", ".join(candidates + [ROOT]))
+    spec = importlib.util.spec_from_file_location("gpufleet_rollout_summary", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def render_markdown(report: t.Dict[str, t.Any], collections_path: t.Optional[str] = None) -> str:
+    """The report's title line, then the callback's summary (table and notes) of report["hosts"]."""
+    title = "### gpufleet %s: %s (rc %s)" % (report["playbook"], "OK" if report["ok"] else "FAILED", report["rc"])
+    return title + "\n\n" + summary_renderer(collections_path).render_markdown(report["hosts"], report.get("halted"))
 
 
 def main(argv: t.Optional[t.List[str]] = None) -> int:
