@@ -303,6 +303,14 @@ def test_failing_host_stays_drained_and_the_run_stops(df):
     assert df.worker_url("host2") not in df.smg_workers()
     assert res["failed"] == 0, res["failures"]
     assert res["min_in_service"] == HOSTS - 1
+    # The audit reports the host left out of rotation as drift; the others are in rotation and UP.
+    a = df.playbook("audit", check=True)
+    assert a.rc != 0
+    out = " ".join(a.out.split())
+    assert "out of rotation on haproxy (MAINT in backend gpufleet)" in out and \
+        "out of rotation on sglang_router (the router does not list %s)" % df.worker_url("host2") in out, a.tail()
+    assert a.recap["host1"]["failed"] == 0, a.tail()  # restarted by this run's canary, back in rotation
+    assert df.haproxy_states()["host2"] == "MAINT"  # the audit changed nothing
 
 
 def test_never_draining_server_times_out_and_stays_out(df):
