@@ -80,6 +80,17 @@ def select_or_fail(p: t.Mapping[str, t.Any]) -> t.Tuple[t.Dict[str, t.Any], t.Ma
 KILL_ORDERS = ["launcher_first", "all_at_once"]
 
 
+def signal_argspec() -> t.Dict[str, t.Any]:
+    """How a kill signals (process_kill's options, server_restart's kill suboptions): one source of the defaults."""
+    return dict(
+        signals=dict(type="list", elements="str", default=["TERM", "KILL"]),
+        grace=dict(type="float", default=10.0),
+        final_wait=dict(type="float", default=5.0),
+        poll_interval=dict(type="float", default=0.01),
+        order=dict(type="str", choices=KILL_ORDERS, default="launcher_first"),
+    )
+
+
 def leaders(chosen: t.Mapping[str, t.Any], procs: t.Mapping[int, _proc.Proc], order: str) -> t.List[int]:
     """The pids that get the first signal alone (order launcher_first): the pidfile's confirmed process when it is
     selected, otherwise the tops of the selected trees (a selected process whose parent is not selected: the launcher

@@ -31,9 +31,6 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import (
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 
-KILL_DEFAULTS = dict(signals=["TERM", "KILL"], grace=10.0, final_wait=5.0, poll_interval=0.01)
-
-
 def argument_spec() -> t.Dict[str, t.Any]:
     gate = _gpumod.clean_gate_argspec()
     gate.pop("gpus")  # one GPU list for the gate, the stray kill and the busy wait
@@ -46,11 +43,7 @@ def argument_spec() -> t.Dict[str, t.Any]:
             cmdline_regex=dict(type="str"),
             gpu_strays=dict(type="bool", default=False),
             exclude_regex=dict(type="list", elements="str"),
-            signals=dict(type="list", elements="str", default=KILL_DEFAULTS["signals"]),
-            grace=dict(type="float", default=KILL_DEFAULTS["grace"]),
-            final_wait=dict(type="float", default=KILL_DEFAULTS["final_wait"]),
-            poll_interval=dict(type="float", default=KILL_DEFAULTS["poll_interval"]),
-            order=dict(type="str", choices=_killmod.KILL_ORDERS, default="launcher_first"),
+            **_killmod.signal_argspec()
         )),
         wait_clean=dict(type="dict", default={}, options=gate),
     )
@@ -160,7 +153,8 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
             _server.mark_lock(p["release_lock"]["lock_file"], p["release_lock"]["owner"], (me.pid, me.start_time))
 
     result["phase"] = "kill"
-    # What was signalled for real; a failed restart's summary shows from it that the old server is gone.
+    # The old server's processes that the kill ended; a failed restart's summary shows from it that the old server is
+    # gone. Counted as ended, not as signalled: with the launcher first, its workers usually exit with it, unsignalled.
     result["killed"] = 0
     # The tag finds every worker, orphans reparented to PID 1 included; the pidfile and an adopted command line
     # find a server started before gpufleet managed it.
@@ -172,7 +166,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
     result["kill"] = res
     result["changed"] = result["changed"] or res["changed"]
     if not module.check_mode:  # nothing was signalled: no time to report (a 0.00 would read as a kill)
-        result["killed"] += res["signalled"]
+        result["killed"] += ended(res)
         timings["kill_s"] = round(timings.get("kill_s", 0.0) + res["elapsed_s"], 4)
 
     if p["kill"]["gpu_strays"]:
@@ -181,7 +175,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         result["strays"] = res
         result["changed"] = result["changed"] or res["changed"]
         if not module.check_mode:
-            result["killed"] += res["signalled"]
+            result["killed"] += ended(res)
 
     if module.check_mode:
         result.update(changed=True, would_launch=True)
@@ -314,6 +308,11 @@ def _systemd_start(module: t.Any, p: t.Mapping[str, t.Any], r: t.Mapping[str, t.
     return proc
 
 
+def ended(kill: t.Mapping[str, t.Any]) -> int:
+    """Processes a kill step selected that are gone after it (signalled, or ended with their launcher)."""
+    return len(kill.get("processes") or []) - len(kill.get("survivors") or [])
+
+
 def release(p: t.Mapping[str, t.Any], result: t.Dict[str, t.Any], check_mode: bool) -> None:
     rl = p["release_lock"]
     if rl and not check_mode:
@@ -335,7 +334,7 @@ def fail_result(result: t.Dict[str, t.Any], e: StepError) -> t.Dict[str, t.Any]:
         out.update(details)
     if phase in ("kill", "strays"):
         # A kill step that failed on survivors still signalled the others (only a real kill can fail so).
-        out["killed"] = out.get("killed", 0) + int(details.get("signalled") or 0)
+        out["killed"] = out.get("killed", 0) + ended(details)
         if phase == "kill" and "elapsed_s" in details:
             out["timings"] = dict(out.get("timings") or {}, kill_s=details["elapsed_s"])
     out["phase"] = details.get("phase") or phase

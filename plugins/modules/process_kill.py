@@ -161,14 +161,8 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._errors import St
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec=_killmod.selector_argspec(
-            signals=dict(type="list", elements="str", default=["TERM", "KILL"]),
-            grace=dict(type="float", default=10.0),
-            final_wait=dict(type="float", default=5.0),
-            poll_interval=dict(type="float", default=0.01),
-            order=dict(type="str", choices=_killmod.KILL_ORDERS, default="launcher_first"),
-            fail_on_survivor=dict(type="bool", default=True),
-        ),
+        argument_spec=_killmod.selector_argspec(fail_on_survivor=dict(type="bool", default=True),
+                                                **_killmod.signal_argspec()),
         supports_check_mode=True,
     )
     try:

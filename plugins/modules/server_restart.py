@@ -351,8 +351,9 @@ dropins_removed:
 killed:
   version_added: 0.2.0
   description:
-    - Processes the kill and stray steps signalled (with O(launcher=systemd), also the tagged processes the unit's
-      stop ended); V(0) in check mode, where C(signalled) in RV(kill) counts those it would signal.
+    - Processes of the old server the kill and stray steps ended, signalled or gone with their launcher (with
+      O(launcher=systemd), also the tagged processes the unit's stop ended); V(0) in check mode, where C(signalled)
+      in RV(kill) counts those it would signal.
     - Also returned when a later step failed; above V(0), the old server is gone although no new one is ready.
   returned: always, but for invalid options
   type: int
