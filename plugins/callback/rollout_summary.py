@@ -43,6 +43,7 @@ import os
 import re
 import typing as t
 
+from ansible import context
 from ansible.plugins.callback import CallbackBase
 
 
@@ -161,7 +162,16 @@ class CallbackModule(CallbackBase):
         self.halted: t.Optional[t.Dict[str, t.Any]] = None
 
     def v2_playbook_on_start(self, playbook: t.Any) -> None:
-        self._note_playbook(getattr(playbook, "_file_name", None) or "")
+        # The command line's playbooks, from context.CLIARGS as ansible-core's own callbacks read the command line
+        # (the Playbook object keeps its file name in a private attribute). A playbook given by FQCN
+        # (gpufleet.serving.audit) is named by its last part.
+        try:
+            for arg in context.CLIARGS.get("args") or ():
+                arg = str(arg)
+                fqcn = re.match(r"^[a-z0-9_]+\.[a-z0-9_]+\.([a-z0-9_]+)$", arg)
+                self._note_playbook(fqcn.group(1) if fqcn and not os.path.exists(arg) else arg)
+        except Exception:  # the summary must never break a run
+            pass
 
     def _note_playbook(self, path: str) -> None:
         name = os.path.splitext(os.path.basename(re.sub(r":\d+$", "", path)))[0]  # a play's path ends with :LINE
