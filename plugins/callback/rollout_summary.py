@@ -267,7 +267,7 @@ class CallbackModule(CallbackBase):
             # a stop (the clean playbook) kills without meaning to relaunch.
             stopped = bool(h.get("stopped"))
             restarted = not stopped and (bool(h.get("restarted")) or (killed > 0 and not would))
-            cell = ("stopped" if killed > 0 else "nothing to stop") if stopped else \
+            cell = ("would stop" if h.get("would_stop") else "stopped" if killed > 0 else "nothing to stop") if stopped else \
                 restart_cell(h.get("status"), restarted, would, h.get("phase"))
             out.append({
                 "host": n,

@@ -55,6 +55,11 @@ def argument_spec() -> t.Dict[str, t.Any]:
             unit=dict(type="str", required=True),
             remove_dropins=dict(type="list", elements="path", default=[]),
         )),
+        retire_unit=dict(type="dict", options=dict(
+            unit=dict(type="str", required=True),
+            files=dict(type="list", elements="path", required=True),
+        )),
+        stop_only=dict(type="bool", default=False),
     )
     spec.update(
         wait_busy=dict(type="dict", options=dict(
@@ -96,8 +101,14 @@ def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
             return "launcher=systemd: command and env belong to the unit, not to this call"
         if not p["systemd"]["unit"].endswith(".service") or "/" in p["systemd"]["unit"]:
             return "systemd.unit must be a service unit name such as gpufleet-sglang.service"
-    elif not p["command"] or not p["command"][0]:
+        bad = [d for d in p["systemd"]["remove_dropins"] if not _systemd.removable_dropin(d, p["systemd"]["unit"])]
+        if bad:
+            return "systemd.remove_dropins: %s: not a drop-in of %s alone under /etc or /run/systemd/system" % (
+                ", ".join(bad), p["systemd"]["unit"])
+    elif not p["stop_only"] and (not p["command"] or not p["command"][0]):
         return "command must be a non-empty argument list"
+    if p["retire_unit"] and (p["launcher"] != "process" or not p["retire_unit"]["unit"].endswith(".service")):
+        return "retire_unit (a service unit name) is for launcher=process only"
     try:
         _server.validate_env(p["env"])
         _server.validate_env({p["tag_name"]: p["name"]}, field="tag_name")
@@ -111,9 +122,9 @@ def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     if err:
         return err
     r = p["wait_ready"]
-    if not r:
+    if not r and not p["stop_only"]:
         return "wait_ready: set health_url or request (a restart ends with a server that answers)"
-    err = _server.ready_input_error(r["health_url"], r["request"], r["timeout"], r["interval"])
+    err = _server.ready_input_error(r["health_url"], r["request"], r["timeout"], r["interval"]) if r else None
     if err:
         return "wait_ready: " + err
     b = p["wait_busy"]
@@ -160,6 +171,8 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
     # find a server started before gpufleet managed it.
     if p["launcher"] == "systemd":
         _systemd_stop(module, p, result)
+    elif p["retire_unit"]:
+        _retire_unit(module, p, result)
     # With systemd, what its stop left: processes outside the unit's cgroup (none, normally).
     res = _kill_step(module, p, tag="%s=%s" % (p["tag_name"], p["name"]), pidfile=p["pidfile"],
                      cmdline_regex=p["kill"]["cmdline_regex"])
@@ -178,13 +191,26 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
             result["killed"] += ended(res)
 
     if module.check_mode:
-        result.update(changed=True, would_launch=True)
+        if p["stop_only"]:
+            would = result["changed"] or (result.get("unit") or {}).get("ActiveState") in ("active", "activating")
+            result.update(changed=would, would_stop=would)
+        else:
+            result.update(changed=True, would_launch=True)
         result.pop("phase")
         return
 
     result["phase"] = "clean"
     result["clean"] = _gpumod.wait_or_fail(gate)
     timings["clean_s"] = result["clean"]["waited_s"]
+    if p["stop_only"]:
+        result.pop("phase")
+        return
+
+    if p["record"]:
+        try:
+            _server.mark_unverified(p["record"]["state_file"])
+        except OSError:
+            pass  # the record step, which must write the same file, reports it
 
     result["phase"] = "launch"
     r = p["wait_ready"]
@@ -273,6 +299,22 @@ def _systemd_stop(module: t.Any, p: t.Mapping[str, t.Any], result: t.Dict[str, t
     result["timings"]["kill_s"] = round(stop_s, 4)
 
 
+def _retire_unit(module: t.Any, p: t.Mapping[str, t.Any], result: t.Dict[str, t.Any]) -> None:
+    """The process launcher runs the server now: a unit the systemd launcher left must not start it at boot."""
+    ru = p["retire_unit"]
+    present = [f for f in ru["files"] if os.path.lexists(f)]
+    if not present:
+        return
+    result["unit_retired"] = present
+    result["changed"] = True
+    if module.check_mode:
+        return
+    try:
+        _systemd.retire(_runner(module), ru["unit"], present)
+    except (_systemd.SystemdError, OSError) as e:
+        raise StepError("cannot retire %s: %s" % (ru["unit"], e))
+
+
 def _systemd_end(module: t.Any, unit: str, since: float) -> str:
     """How systemd saw the unit's main process end, and its journal lines since the start, for a failure message."""
     run = _runner(module)
@@ -293,10 +335,13 @@ def _systemd_start(module: t.Any, p: t.Mapping[str, t.Any], r: t.Mapping[str, t.
     since = time.time()
     t0 = time.monotonic()
     try:
+        # The launch line in the log systemd appends to: a failure's log tail starts there, not at an older launch.
+        _server.write_launch_line(p["log_path"], "systemctl start %s" % unit)
         _systemd.start(run, unit)
         pid = _systemd.main_pid(_systemd.show(run, unit))
-    except _systemd.SystemdError as e:
-        raise StepError("launch of %s failed: %s%s" % (unit, e, _systemd_end(module, unit, since)), **e.details)
+    except (_systemd.SystemdError, OSError) as e:
+        raise StepError("launch of %s failed: %s%s" % (unit, e, _systemd_end(module, unit, since)),
+                        **getattr(e, "details", {}))
     proc = _proc.read_proc(pid) if pid else None
     if proc is None:
         tail, where = _server.failure_tail(p["log_path"], r["log_tail_lines"], r["log_tail_path"], tail_since)

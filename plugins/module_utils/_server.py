@@ -245,6 +245,28 @@ def log_tail(path: str, lines: int = 40, max_bytes: int = 65536) -> str:
 
 
 LAUNCH_LINE = "==== gpufleet launch "
+
+
+def write_launch_line(log_path: str, what: str) -> None:
+    """The launch line (failure_tail starts there) for a start that gpufleet does not make itself: systemd's,
+    which appends the server's output to the same file."""
+    fd = open_log(log_path)
+    try:
+        os.write(fd, ("%s%s: %s\n" % (LAUNCH_LINE, time.strftime("%Y-%m-%dT%H:%M:%S%z"), what)).encode())
+    finally:
+        os.close(fd)
+
+
+def mark_unverified(state_file: str) -> None:
+    """Before a launch: the record says its launch is not verified yet, until record_state writes the verified one.
+    A launch that fails its checks (or a run that dies meanwhile) leaves it so; the check then restarts the server
+    whatever runs, while a server systemd restarted by itself (a reboot, `systemctl restart`) keeps a verified record."""
+    state = read_state(state_file)
+    if state and not state.get("corrupt"):
+        state["verified"] = False
+        write_json_atomic(state_file, state, STATE_MODE)
+
+
 LogStamp = t.Tuple[int, int, int]
 
 
@@ -384,7 +406,7 @@ def record_state(state_file: str, name: str, fingerprint: str, pidfile: str, tim
            "start_time": ident[1] if ident else None, "name": name, "timings": dict(timings)}
     old = read_state(state_file)
     keys = ("fingerprint", "pid", "start_time")
-    changed = {k: old.get(k) for k in keys} != {k: new[k] for k in keys}
+    changed = {k: old.get(k) for k in keys} != {k: new[k] for k in keys} or old.get("verified") is False
     new["recorded_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if changed and not check_mode:
         write_json_atomic(state_file, new, STATE_MODE)

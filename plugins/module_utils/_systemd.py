@@ -16,6 +16,7 @@ in force; the unit file the role wrote is compared byte for byte with the desire
 from __future__ import annotations
 
 import os
+import stat
 import typing as t
 
 Runner = t.Callable[[t.List[str]], t.Tuple[int, str, str]]
@@ -56,12 +57,20 @@ def main_pid(props: t.Mapping[str, str]) -> int:
 
 
 def foreign_dropins(props: t.Mapping[str, str], unit: str) -> t.List[str]:
-    """The drop-ins of this unit (`systemctl edit`, /etc/systemd/system/UNIT.d/*.conf, its /run twin).
+    """The drop-ins in force for this unit: its own (`systemctl edit`: UNIT.d/*.conf under /etc, /run or /usr/lib)
+    and those of a name prefix (gpufleet-.service.d/, which apply to it too).
 
     Type-wide drop-ins (service.d/) are left out: they apply to every service of the host and are the host's policy,
     not an edit of this unit. The role writes no drop-in, so every one listed here is someone else's."""
     return [p for p in (props.get("DropInPaths") or "").split()
-            if os.path.basename(os.path.dirname(p)) == unit + ".d"]
+            if os.path.basename(os.path.dirname(p)) != "service.d"]
+
+
+def removable_dropin(path: str, unit: str) -> bool:
+    """A drop-in of this unit alone, in the admin's or the runtime's directory: one gpufleet may delete."""
+    d = os.path.dirname(path)
+    return (os.path.basename(d) == unit + ".d" and path.endswith(".conf")
+            and d in ("/etc/systemd/system/" + unit + ".d", "/run/systemd/system/" + unit + ".d"))
 
 
 def exit_status(props: t.Mapping[str, str]) -> str:
@@ -72,8 +81,30 @@ def exit_status(props: t.Mapping[str, str]) -> str:
     return "Result=%s, code=%s, status=%s" % (props.get("Result") or "?", code, props.get("ExecMainStatus") or "?")
 
 
+def _file_drift(path: str, desired: str, what: str, secret: bool) -> t.Optional[str]:
+    """Why the file at `path` is not `desired` (a regular file, root's, 0600 when `secret`), or None."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "%s %s is missing" % (what, path)
+    if stat.S_ISLNK(st.st_mode):
+        return "%s %s is a symlink, not the file gpufleet writes" % (what, path)
+    try:
+        with open(path, "rb") as f:
+            same = f.read() == desired.encode()
+    except OSError as e:
+        return "%s %s is unreadable: %s" % (what, path, e.strerror)
+    if not same:
+        return "%s %s differs from the desired one (edited by hand, or a changed setting)" % (what, path)
+    if secret and (stat.S_IMODE(st.st_mode) != 0o600 or st.st_uid != 0):
+        return "%s %s is mode %04o owned by uid %d, not 0600 root's (its values are secret)" % (
+            what, path, stat.S_IMODE(st.st_mode), st.st_uid)
+    return None
+
+
 def drift(props: t.Mapping[str, str], unit: str, unit_path: str, desired: t.Optional[str],
-          enabled: t.Optional[bool]) -> t.Dict[str, t.Any]:
+          enabled: t.Optional[bool], env_file: t.Optional[str] = None,
+          env_content: t.Optional[str] = None) -> t.Dict[str, t.Any]:
     """How the unit systemd would run differs from the desired one.
 
     `restart`: reasons the running server does not run the desired unit (a restart applies them). `other`: drift a
@@ -83,19 +114,15 @@ def drift(props: t.Mapping[str, str], unit: str, unit_path: str, desired: t.Opti
     loaded = props.get("LoadState") == "loaded"
     content_matches: t.Optional[bool] = None
     if desired is not None:
-        try:
-            with open(unit_path, "rb") as f:
-                content_matches = f.read() == desired.encode()
-        except FileNotFoundError:
-            content_matches = False
-            restart.append("unit file %s is missing" % unit_path)
-        except OSError as e:
-            content_matches = False
-            restart.append("unit file %s is unreadable: %s" % (unit_path, e.strerror))
-        else:
-            if not content_matches:
-                restart.append("unit file %s differs from the desired unit (edited by hand, or a changed setting)"
-                               % unit_path)
+        why = _file_drift(unit_path, desired, "unit file", secret=False)
+        content_matches = why is None
+        if why:
+            restart.append(why.replace("the desired one", "the desired unit"))
+    if env_file and env_content is not None:
+        # The server's environment (its secrets): the unit reads it at each start, a reboot's included.
+        why = _file_drift(env_file, env_content, "environment file", secret=True)
+        if why:
+            restart.append(why)
     if loaded and props.get("FragmentPath") and props["FragmentPath"] != unit_path:
         restart.append("systemd loads %s from %s, not from %s" % (unit, props["FragmentPath"], unit_path))
     if loaded and props.get("NeedDaemonReload") == "yes":
@@ -106,7 +133,9 @@ def drift(props: t.Mapping[str, str], unit: str, unit_path: str, desired: t.Opti
         other.append("drop-ins gpufleet did not write change the unit: %s" % ", ".join(dropins))
     state = props.get("UnitFileState") or ""
     if enabled is not None and loaded:
-        if enabled and state not in ("enabled", "enabled-runtime", "static", "alias"):
+        # Only "enabled" survives a reboot as the role means it: enabled-runtime is gone after one, an alias or a
+        # linked unit is not the role's file.
+        if enabled and state != "enabled":
             other.append("unit is %s, not enabled (the server would not come back after a reboot)" % (state or "not enabled"))
         elif not enabled and state in ("enabled", "enabled-runtime"):
             other.append("unit is enabled, and gpufleet_server_systemd_enabled is false")
@@ -140,16 +169,31 @@ def journal_tail(run: Runner, unit: str, since: float, lines: int = 10) -> str:
 
 
 def remove_dropins(paths: t.Sequence[str], unit: str) -> t.List[str]:
-    """Delete the named drop-ins of `unit`; refuses any path that is not one (a typo must not delete another file)."""
+    """Delete the named drop-ins of `unit`; refuses, before deleting any, a path that is not one (a typo, a prefix
+    drop-in other units share, a package's under /usr/lib must not be deleted)."""
+    bad = [p for p in paths if not removable_dropin(p, unit)]
+    if bad:
+        raise SystemdError("%s: not a drop-in of %s alone under /etc or /run/systemd/system; nothing was removed"
+                           % (", ".join(bad), unit))
     removed = []
     for p in paths:
-        d = os.path.dirname(p)
-        if (os.path.basename(d) != unit + ".d" or not p.endswith(".conf")
-                or not d.startswith(("/etc/systemd/system/", "/run/systemd/system/"))):
-            raise SystemdError("%s is not a drop-in of %s under /etc or /run/systemd/system" % (p, unit))
         try:
             os.unlink(p)
             removed.append(p)
         except FileNotFoundError:
             pass
     return removed
+
+
+def retire(run: Runner, unit: str, files: t.Sequence[str]) -> t.List[str]:
+    """Take a unit the systemd launcher installed out of service (stop, disable) and delete its files: the server now
+    runs from another launcher, and an enabled unit would start a second copy at the next boot. Returns the files
+    deleted (none when the unit was never installed)."""
+    present = [f for f in files if os.path.lexists(f)]
+    if not present:
+        return []
+    _call(run, ["systemctl", "disable", "--now", "--", unit], ok=(0, 1, 5))
+    for f in present:
+        os.unlink(f)
+    daemon_reload(run)
+    return present

@@ -83,6 +83,30 @@ options:
         type: list
         elements: path
         default: []
+  retire_unit:
+    version_added: 0.3.0
+    description:
+      - "With O(launcher=process), a unit an earlier systemd launch left (the server moved to the process launcher):
+        when one of O(retire_unit.files) exists, the unit is stopped and disabled (C(systemctl disable --now)) and
+        the files are deleted before the kill, so it cannot start a second server at the next boot."
+    type: dict
+    suboptions:
+      unit:
+        description: The unit's name.
+        type: str
+        required: true
+      files:
+        description: Its unit file and environment file.
+        type: list
+        elements: path
+        required: true
+  stop_only:
+    version_added: 0.3.0
+    description:
+      - Stop the server and verify its GPUs clean (the C(kill), C(strays) and C(clean) steps), then return without a
+        launch. O(command) and O(wait_ready) are not needed then. The clean playbook's stop.
+    type: bool
+    default: false
   command:
     description:
       - Argument vector to execute (no shell). Required with O(launcher=process); with O(launcher=systemd) the unit
@@ -381,9 +405,20 @@ timings:
       description: From the first signal to the server answering its real request.
       type: float
 would_launch:
-  description: In check mode, true.
+  description: In check mode, true (false with O(stop_only)).
   returned: check mode
   type: bool
+would_stop:
+  version_added: 0.3.0
+  description: With O(stop_only) in check mode, whether there is a server to stop.
+  returned: check mode with stop_only
+  type: bool
+unit_retired:
+  version_added: 0.3.0
+  description: The files of the unit O(retire_unit) took out of service (would, in check mode).
+  returned: when there was one
+  type: list
+  elements: str
 lock_released:
   description: Whether this call released the host lock.
   returned: when release_lock is set, outside check mode

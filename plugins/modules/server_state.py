@@ -13,7 +13,8 @@ version_added: 0.1.0
 description:
   - O(action=check) is read-only. It compares the desired O(fingerprint) with the one recorded at the last
     launch, checks that the launcher (pidfile, confirmed as in RV(running)) is alive and is the launch recorded then
-    (a later launch whose checks failed is not), that processes carrying the launch tag hold the GPUs, that no other
+    (a later launch whose checks failed is not, as M(gpufleet.serving.server_restart) marks the record unverified
+    before each launch), that processes carrying the launch tag hold the GPUs, that no other
     process holds them, and that the GPU-holding workers carry O(expected_env).
     RV(needs_restart) is false only when all of that holds; RV(reasons) says why otherwise.
   - O(action=record) writes the state file (fingerprint, pid, timings) after a launch.
@@ -152,8 +153,9 @@ options:
     version_added: 0.3.0
     description:
       - With V(check), the server runs as this systemd unit. Its main pid (C(systemctl show)), not the pidfile, is
-        the launcher, so a unit restarted outside gpufleet (C(systemctl restart)) still reads as running; when the
-        pidfile still names the verified launch on record, that restart is reported in RV(notes), not as a reason.
+        the launcher, so a unit systemd started itself (a reboot, C(systemctl restart)) still reads as running; when
+        the record is of a verified launch (no gpufleet launch failed or was cut short since), that restart is
+        reported in RV(notes), not as a reason.
       - The unit systemd would run is compared with the desired one; see RV(unit).
     type: dict
     suboptions:
@@ -166,7 +168,16 @@ options:
         type: path
         required: true
       unit_content:
-        description: The desired unit file; a file that differs is a reason to restart. Unset skips the comparison.
+        description: The desired unit file; a file that differs (or a symlink) is a reason to restart. Unset skips
+          the comparison.
+        type: str
+      env_file:
+        description: The unit's environment file.
+        type: path
+      env_content:
+        description:
+          - The desired environment file (its values are secret, C(no_log)); a file that differs, is missing, or is not
+            a root-owned 0600 regular file is a reason to restart (the restart rewrites it). Unset skips it.
         type: str
       enabled:
         description: Whether the unit should be enabled; the other state is drift (RV(unit.drift)). Unset skips it.
@@ -175,9 +186,12 @@ options:
         description:
           - Drop-ins of the unit (C(UNIT.d/*.conf) under C(/etc) or C(/run/systemd/system)) change what it runs;
             gpufleet writes none.
+          - Every drop-in in force counts, those of a name prefix (C(gpufleet-.service.d/)) and under C(/usr/lib)
+            included; type-wide ones (C(service.d/)) do not.
           - V(warn) reports them as drift (and a warning); V(remove) makes them a reason to restart (the restart
-            deletes them, M(gpufleet.serving.server_restart) O(gpufleet.serving.server_restart#module:systemd.remove_dropins));
-            V(fail) fails the check.
+            deletes them, M(gpufleet.serving.server_restart) O(gpufleet.serving.server_restart#module:systemd.remove_dropins)),
+            and fails the check when one is not the unit's own under C(/etc) or C(/run/systemd/system); V(fail) fails
+            the check.
         type: str
         choices: [warn, remove, fail]
         default: warn
@@ -431,25 +445,33 @@ def check_unit(module: AnsibleModule, procs: t.Mapping[int, _proc.Proc]) -> t.Di
     try:
         props = _systemd.show(module.run_command, sd["unit"])
     except _systemd.SystemdError as e:
-        module.fail_json(msg="cannot read the state of %s: %s" % (sd["unit"], e), **e.details)
-    d = _systemd.drift(props, sd["unit"], sd["unit_path"], sd["unit_content"], sd["enabled"])
+        raise StepError("cannot read the state of %s: %s" % (sd["unit"], e), **e.details)
+    d = _systemd.drift(props, sd["unit"], sd["unit_path"], sd["unit_content"], sd["enabled"], sd["env_file"],
+                       sd["env_content"])
     pid = _systemd.main_pid(props)
     live = procs.get(pid) if pid else None
     confirmed = live is not None and _proc.environ_has(pid, p["tag_name"], p["name"])
     if d["dropins"] and sd["dropins"] == "fail":
-        module.fail_json(msg="%s has drop-ins gpufleet did not write (%s); gpufleet_server_systemd_dropins is fail: "
-                             "remove them, or set it to remove or warn" % (sd["unit"], ", ".join(d["dropins"])),
-                         dropins=d["dropins"])
+        raise StepError("%s has drop-ins gpufleet did not write (%s); gpufleet_server_systemd_dropins is fail: "
+                        "remove them, or set it to remove or warn" % (sd["unit"], ", ".join(d["dropins"])),
+                        dropins=d["dropins"])
     restart = list(d["restart"])
     drift = list(d["other"])
     if d["dropins"]:
         if sd["dropins"] == "remove":
+            # Only this unit's own drop-ins under /etc or /run are gpufleet's to delete; refuse before anything
+            # is stopped rather than restart onto a unit that still has the others.
+            kept = [x for x in d["dropins"] if not _systemd.removable_dropin(x, sd["unit"])]
+            if kept:
+                raise StepError("%s has drop-ins gpufleet may not delete (%s: a name prefix's, shared with other "
+                                "units, or a package's); remove them by hand" % (sd["unit"], ", ".join(kept)),
+                                dropins=d["dropins"])
             restart.append("drop-ins gpufleet did not write change the unit (removed at the restart): %s"
                            % ", ".join(d["dropins"]))
             drift = [x for x in drift if not x.startswith("drop-ins")]
         else:
-            module.warn("%s: %s; they stay in force (gpufleet_server_systemd_dropins: warn)"
-                        % (sd["unit"], ", ".join(d["dropins"])))
+            module.warn("%s: drop-ins gpufleet did not write change the unit: %s; they stay in force "
+                        "(gpufleet_server_systemd_dropins: warn)" % (sd["unit"], ", ".join(d["dropins"])))
     enabled_ok = not any(x.startswith("unit is") for x in d["other"]) and d["loaded"]
     return dict(loaded=d["loaded"], active_state=props["ActiveState"], main_pid=pid, main_confirmed=confirmed,
                 main_start_time=live.start_time if live else None, unit_file_state=d["enabled_state"],
@@ -484,11 +506,13 @@ def check_state(module: AnsibleModule) -> dict:
     # workers without the environment) runs under the same pidfile; it is not the recorded one, whatever the
     # fingerprint says, and must be restarted.
     on_record = (state.get("pid"), state.get("start_time"))
-    if running and state.get("pid") is not None and launcher != on_record:
-        if unit is not None and _server.pidfile_identity(p["pidfile"] or "") == on_record:
-            # gpufleet writes the pidfile at each of its launches, failed ones included: a pidfile still naming the
-            # verified launch means systemd restarted the unit itself (`systemctl restart`, Restart=), from the
-            # same unit, which the check above compares with the desired one.
+    if state.get("verified") is False:
+        # server_restart marks the record before each launch and rewrites it once every check passed.
+        reasons.append("the last launch by gpufleet did not pass its checks (or its run was interrupted)")
+    elif running and state.get("pid") is not None and launcher != on_record:
+        if unit is not None:
+            # The record is of a verified launch, and no gpufleet launch since: systemd started the unit itself
+            # (a reboot, `systemctl restart`, Restart=), from the unit the check compares with the desired one.
             notes.append("the unit was restarted outside gpufleet (main pid %s, verified launch on record pid %s); "
                          "its unit and its workers' environment are checked as usual" % (launcher[0], on_record[0]))
         else:
@@ -583,6 +607,9 @@ def main() -> None:
                 unit=dict(type="str", required=True),
                 unit_path=dict(type="path", required=True),
                 unit_content=dict(type="str"),
+                env_file=dict(type="path"),
+                # The server's environment: its values are secret.
+                env_content=dict(type="str", no_log=True),
                 enabled=dict(type="bool"),
                 dropins=dict(type="str", choices=["warn", "remove", "fail"], default="warn"),
             )),

@@ -50,6 +50,18 @@ def _show(fleet: t.Any) -> t.Dict[str, str]:
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
+def _wait_healthy(fleet: t.Any) -> None:
+    """Until the demo server answers its health URL on the host (its workers up after a restart by hand)."""
+    code = ("import time, urllib.request as u\n"
+            "for i in range(200):\n"
+            "    try:\n"
+            "        u.urlopen('http://127.0.0.1:%d/health', timeout=1)\n"
+            "        break\n"
+            "    except Exception:\n"
+            "        time.sleep(0.1)\n" % sandbox.PORT)
+    _sh(fleet, "python3 -c \"%s\"" % code)
+
+
 def _host(run: t.Any, fleet: t.Any) -> t.Dict[str, t.Any]:
     return summary(run)[fleet.hosts[0]]
 
@@ -142,8 +154,7 @@ def test_a_hand_restart_reads_as_running(running, tmp_path):
     after = int(_show(host)["MainPID"])
     assert after != before
     # The workers of the new main process must be up before the audit reads them.
-    _sh(host, "python3 -c 'import time, urllib.request as u\nfor i in range(200):\n try:\n  u.urlopen(\"http://127.0.0.1:%d/health\", timeout=1); break\n except Exception: time.sleep(0.1)'"
-        % sandbox.PORT)
+    _wait_healthy(host)
 
     audit = _run(host, tmp_path, "audit", site=AUDIT_SITE)
 
@@ -207,6 +218,9 @@ def test_a_disabled_unit_is_enabled_without_a_restart(running, tmp_path):
 
     audit = _run(host, tmp_path, "audit-disabled", site=AUDIT_SITE)
     assert audit.rc != 0 and "not enabled" in audit.stdout, audit.stdout[-4000:]
+    check = _run(host, tmp_path, "enable-check", cmdline="--check --diff")
+    assert check.rc == 0 and "would enable %s (now disabled)" % UNIT in check.stdout, check.stdout[-4000:]
+    assert _show(host)["UnitFileState"] == "disabled"
     run = _run(host, tmp_path, "enable")
 
     assert run.rc == 0, run.stdout[-6000:]
@@ -217,10 +231,13 @@ def test_a_disabled_unit_is_enabled_without_a_restart(running, tmp_path):
 
 @pytest.mark.reliability(
     section="systemd", case="A unit that fails at start says systemd's exit status and journal",
-    provoked="the systemd launcher with a server that exits 1 at start-up (--fail-at-startup)",
+    provoked="after a rollout, the systemd launcher with a server that exits 1 at start-up (--fail-at-startup); the "
+             "audit; then a command whose interpreter does not exist (exec fails: 203/EXEC)",
     outcome="the host fails in phase startup; the message names the exit status (status=1) and systemd's "
-            "journal lines, and the summary's kill/launch timings are measured")
-def test_a_start_failure_names_the_exit_status_and_the_journal(host, tmp_path):
+            "journal lines, and the summary's kill/launch timings are measured; the audit says the last launch did "
+            "not pass its checks; the second failure's log tail is its own, not the first one's RuntimeError")
+def test_a_start_failure_names_the_exit_status_and_the_journal(running, tmp_path):
+    host = running
     cmd = sandbox.server_vars(host.python, mib=1000)["gpufleet_server_command"] + ["--fail-at-startup"]
 
     run = _run(host, tmp_path, "fail", gpufleet_server_command=cmd)
@@ -230,6 +247,17 @@ def test_a_start_failure_names_the_exit_status_and_the_journal(host, tmp_path):
     assert h["status"] == "failed" and h["phase"] == "startup", h
     assert "status=1" in h["failure"] and "journal" in h["failure"], h["failure"]
     assert h["launch_s"] is not None, h
+    audit = _run(host, tmp_path, "audit-failed", site=AUDIT_SITE)
+    assert audit.rc != 0 and "the last launch by gpufleet did not pass its checks" in audit.stdout, audit.stdout[-3000:]
+
+    # The next failure is another one (exec of a missing interpreter: 203/EXEC): its log tail must not show the
+    # previous launch's RuntimeError, which is still in the log file systemd appends to.
+    _sh(host, "printf '#!/nonexistent/python3\\n' > /usr/local/bin/badshebang && chmod 0755 /usr/local/bin/badshebang")
+    again = _run(host, tmp_path, "fail-exec", gpufleet_server_command=["/usr/local/bin/badshebang"])
+
+    h = _host(again, host)
+    assert h["phase"] == "startup" and "status=203" in h["failure"], h
+    assert "RuntimeError" not in h["failure"] and "fail-at-startup" not in h["failure"], h["failure"]
 
 
 def test_summary_json_is_what_the_tests_read(running, tmp_path):
@@ -237,3 +265,88 @@ def test_summary_json_is_what_the_tests_read(running, tmp_path):
     run = _run(running, tmp_path, "noop")
     h = _host(run, running)
     assert set(json.loads(json.dumps(h))) >= {"restarted", "reasons", "kill_s", "launch_s", "phase", "failure"}, h
+
+
+CLEAN_SITE = "- name: gpufleet clean\n  ansible.builtin.import_playbook: gpufleet.serving.clean\n"
+ENV_FILE = "/etc/gpufleet/demo.env"
+PREFIX_DROPIN = "/etc/systemd/system/gpufleet-.service.d/50-prefix.conf"
+
+
+@pytest.mark.reliability(
+    section="systemd", case="The environment file, a prefix drop-in, a runtime-only enable, and a reboot",
+    provoked="after a rollout: HF_TOKEN edited by hand in /etc/gpufleet/demo.env and the file made 0644, a drop-in "
+             "for every gpufleet-*.service, `systemctl enable --runtime` after a disable; audit, rollout; then the "
+             "pidfile's /run directory wiped and the unit restarted by systemd (what a reboot leaves); audit, rollout",
+    outcome="the audit names all three; the rollout rewrites the env file (0600, the inventory's value, the server "
+            "restarted onto it), enables the unit for good and warns about the prefix drop-in; after the 'reboot' "
+            "the audit passes with a note and the rollout restarts nothing")
+def test_env_file_prefix_dropins_runtime_enable_and_a_reboot(running, tmp_path):
+    host = running
+    _sh(host, "sed -i 's/^NCCL_DEBUG=.*/NCCL_DEBUG=\"WARN\"/' %s && chmod 0644 %s && mkdir -p %s && "
+              "printf '[Service]\\nNice=5\\n' > %s && systemctl disable %s && systemctl enable --runtime %s && "
+              "systemctl daemon-reload" % (ENV_FILE, ENV_FILE, PREFIX_DROPIN.rsplit("/", 1)[0], PREFIX_DROPIN, UNIT, UNIT))
+    try:
+        audit = _run(host, tmp_path, "audit-env", site=AUDIT_SITE)
+        assert audit.rc != 0, audit.stdout[-4000:]
+        for why in ("environment file %s differs" % ENV_FILE, PREFIX_DROPIN, "unit is enabled-runtime, not enabled"):
+            assert why in audit.stdout, (why, audit.stdout[-4000:])
+
+        run = _run(host, tmp_path, "fix-env")
+
+        assert run.rc == 0, run.stdout[-6000:]
+        assert _host(run, host)["restarted"] is True
+        assert "drop-ins gpufleet did not write change the unit: %s" % PREFIX_DROPIN in run.stdout
+        assert _sh(host, "stat -c '%%a %%u' %s" % ENV_FILE).split() == ["600", "0"]
+        assert 'NCCL_DEBUG="INFO"' in _sh(host, "cat %s" % ENV_FILE)
+        assert _show(host)["UnitFileState"] == "enabled"
+    finally:
+        _sh(host, "rm -rf %s && systemctl daemon-reload" % PREFIX_DROPIN.rsplit("/", 1)[0])
+
+    before = int(_show(host)["MainPID"])
+    _sh(host, "rm -rf /run/gpufleet && systemctl restart %s" % UNIT)
+    _wait_healthy(host)
+    after = int(_show(host)["MainPID"])
+    assert after != before
+
+    audit = _run(host, tmp_path, "audit-reboot", site=AUDIT_SITE)
+    assert audit.rc == 0 and "restarted outside gpufleet" in audit.stdout, audit.stdout[-4000:]
+    again = _run(host, tmp_path, "after-reboot")
+    assert again.rc == 0 and _host(again, host)["restarted"] is False, again.stdout[-4000:]
+    assert int(_show(host)["MainPID"]) == after
+
+
+@pytest.mark.reliability(
+    section="systemd", case="The clean playbook stops a unit with the restart's stop; leaving systemd retires the unit",
+    provoked="a systemd server ignoring SIGTERM, grace 2: gpufleet.serving.clean --check, then clean; a rollout "
+             "back; then gpufleet_server_launcher process",
+    outcome="--check says 'would stop' and stops nothing; clean stops the unit in about the grace and the summary "
+            "says stopped with its kill time; the switch to the process launcher disables the unit and deletes its "
+            "unit and environment files (no second server at the next boot) and runs the server itself")
+def test_clean_stops_the_unit_and_a_launcher_switch_retires_it(host, tmp_path):
+    cmd = sandbox.server_vars(host.python, mib=1000)["gpufleet_server_command"] + ["--ignore-term"]
+    first = _run(host, tmp_path, "first", gpufleet_server_command=cmd)
+    assert first.rc == 0, first.stdout[-6000:]
+    pid = int(_show(host)["MainPID"])
+
+    check = _run(host, tmp_path, "clean-check", site=CLEAN_SITE, cmdline="--check", gpufleet_server_command=cmd)
+    assert check.rc == 0, check.stdout[-4000:]
+    assert _host(check, host)["restart"] == "would stop" and int(_show(host)["MainPID"]) == pid
+
+    clean = _run(host, tmp_path, "clean", site=CLEAN_SITE, gpufleet_server_command=cmd)
+
+    assert clean.rc == 0, clean.stdout[-6000:]
+    h = _host(clean, host)
+    assert h["restart"] == "stopped" and h["killed"] >= 1 and 1.8 <= h["kill_s"] <= 8, h
+    assert _show(host)["ActiveState"] in ("inactive", "failed")
+
+    back = _run(host, tmp_path, "back")
+    assert back.rc == 0, back.stdout[-6000:]
+    switched = _run(host, tmp_path, "to-process", gpufleet_server_launcher="process")
+
+    assert switched.rc == 0, switched.stdout[-6000:]
+    assert _host(switched, host)["restarted"] is True
+    show = _show(host)
+    assert show["LoadState"] == "not-found" and show["UnitFileState"] == "", show
+    assert _sh(host, "ls %s %s 2>/dev/null; true" % (UNIT_FILE, ENV_FILE)).strip() == ""
+    launcher = int(_sh(host, "cat /run/gpufleet/demo.pid").split()[0])
+    assert "system.slice/%s" % UNIT not in _sh(host, "cat /proc/%d/cgroup" % launcher)

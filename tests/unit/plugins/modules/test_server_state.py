@@ -412,3 +412,19 @@ def test_the_state_file_is_root_only_under_umask_000_and_the_check_reads_it(serv
     assert os.stat(paths["state_file"]).st_mode & 0o7777 == 0o600
     assert r["fingerprint_recorded"] == "f" * 64 and r["needs_restart"] is False and r["locked"] is True, r
     assert os.stat(paths["lock_file"]).st_mode & 0o7777 == 0o644
+
+
+def test_a_launch_marked_unverified_needs_a_restart_until_recorded(servers, paths, run_module):
+    """server_restart marks the record before each launch; a launch that failed its checks (or a run cut short) leaves
+    the mark, and the same server then needs a restart although its pid and fingerprint are the record's."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _server
+    running(servers, paths, run_module)
+    assert run_module(server_state.main, check_args(paths))["needs_restart"] is False
+    _server.mark_unverified(paths["state_file"])
+    assert os.stat(paths["state_file"]).st_mode & 0o777 == 0o600
+    r = run_module(server_state.main, check_args(paths))
+    assert r["needs_restart"] is True
+    assert "the last launch by gpufleet did not pass its checks (or its run was interrupted)" in r["reasons"]
+    run_module(server_state.main, {"action": "record", "name": NAME, "state_file": paths["state_file"],
+                                   "pidfile": paths["pidfile"], "fingerprint": "f" * 64})
+    assert run_module(server_state.main, check_args(paths))["needs_restart"] is False
