@@ -109,24 +109,14 @@ def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
         return "command must be a non-empty argument list"
     if p["retire_unit"] and (p["launcher"] != "process" or not p["retire_unit"]["unit"].endswith(".service")):
         return "retire_unit (a service unit name) is for launcher=process only"
-    try:
-        _server.validate_env(p["env"])
-        _server.validate_env({p["tag_name"]: p["name"]}, field="tag_name")
-        _server.parse_umask(p["umask"])
-    except _server.ServerError as e:
-        return str(e)
+    err = _server.launch_input_error(p)
+    if err:
+        return err
     err = _killmod.kill_input_error(p["kill"])
     if err:
         return "kill: " + err
-    err = _gpumod.gate_input_error(p["wait_clean"])
-    if err:
-        return err
-    r = p["wait_ready"]
-    if not r and not p["stop_only"]:
+    if not p["wait_ready"] and not p["stop_only"]:
         return "wait_ready: set health_url or request (a restart ends with a server that answers)"
-    err = _server.ready_input_error(r["health_url"], r["request"], r["timeout"], r["interval"]) if r else None
-    if err:
-        return "wait_ready: " + err
     b = p["wait_busy"]
     if b and (b["timeout"] <= 0 or b["poll_interval"] <= 0 or b["min_processes"] < 1):
         return "wait_busy: timeout and poll_interval must be > 0 and min_processes >= 1"

@@ -164,18 +164,10 @@ def main() -> None:
     # Every input is checked before anything is read, killed or started.
     if not p["command"] or not p["command"][0]:
         module.fail_json(msg="command must be a non-empty argument list")
-    try:
-        env = _server.validate_env(p["env"])
-        _server.validate_env({p["tag_name"]: p["name"]}, field="tag_name")
-        _server.parse_umask(p["umask"])
-    except _server.ServerError as e:
-        module.fail_json(msg=str(e))
-    if gate and _gpumod.gate_input_error(gate):
-        module.fail_json(msg=_gpumod.gate_input_error(gate))
-    if ready:
-        err = _server.ready_input_error(ready["health_url"], ready["request"], ready["timeout"], ready["interval"])
-        if err:
-            module.fail_json(msg="wait_ready: " + err)
+    err = _server.launch_input_error(p)
+    if err:
+        module.fail_json(msg=err)
+    env = _server.validate_env(p["env"])
 
     result: t.Dict[str, t.Any] = dict(changed=False, already_running=False, launch_s=0.0)
     tail_since = None  # found running: whatever its own log holds is this server's
