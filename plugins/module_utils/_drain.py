@@ -84,7 +84,8 @@ Fetch = t.Callable[[str], t.Tuple[int, str]]
 
 def wait(fetch: Fetch, url: str, metrics: t.Sequence[str], timeout: float, interval: float,
          once: bool = False, clock: t.Callable[[], float] = time.monotonic,
-         sleep: t.Callable[[float], None] = time.sleep) -> t.Dict[str, t.Any]:
+         sleep: t.Callable[[float], None] = time.sleep,
+         alive: t.Optional[t.Callable[[], t.Optional[str]]] = None) -> t.Dict[str, t.Any]:
     """Read the metrics until their sum is 0, at most `timeout` s (`once`: a single read, for check mode).
 
     Returns {inflight, values, waited_s, reads, server_down}; raises DrainTimeout (with the same keys) when requests
@@ -98,6 +99,13 @@ def wait(fetch: Fetch, url: str, metrics: t.Sequence[str], timeout: float, inter
             status, body = fetch(url)
         except (OSError, socket.timeout) as e:  # URLError is an OSError
             if is_refused(e):
+                # Refused means "not running" only if the server itself does not answer: a metrics URL with a typo
+                # must not pass for a drained server that still has requests in flight.
+                answering = alive() if alive is not None else None
+                if answering:
+                    raise DrainError("%s refused the connection, but the server answers on %s: the metrics URL is "
+                                     "wrong (gpufleet_server_drain_metrics_url); nothing was killed"
+                                     % (url, answering), reads=reads)
                 return dict(inflight=0, values={}, waited_s=round(clock() - t0, 3), reads=reads, server_down=True)
             raise DrainError("%s: the metrics could not be read: %s" % (url, e), reads=reads)
         if status != 200:

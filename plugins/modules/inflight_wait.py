@@ -56,6 +56,13 @@ options:
     description: Verify the server's TLS certificate (https URLs).
     type: bool
     default: true
+  alive_url:
+    version_added: 0.3.0
+    description:
+      - The server's health URL. When O(url) refuses the connection, the server counts as down (nothing in flight)
+        only if this URL does not answer either; a server that answers here has a wrong O(url), and the module
+        fails.
+    type: str
 notes:
   - In check mode the metrics are read once and nothing is waited for.
 seealso:
@@ -120,6 +127,7 @@ def main() -> None:
             on_timeout=dict(type="str", choices=["fail", "proceed"], default="fail"),
             headers=dict(type="dict", default={}, no_log=True),
             validate_certs=dict(type="bool", default=True),
+            alive_url=dict(type="str"),
         ),
         supports_check_mode=True,
     )
@@ -136,8 +144,19 @@ def main() -> None:
         except HTTPError as e:
             return e.code, ""
 
+    def alive() -> t.Optional[str]:
+        """The alive URL when the server answers there at all (any HTTP status), else None."""
+        if not p["alive_url"]:
+            return None
+        try:
+            fetch(p["alive_url"])
+        except Exception:  # pylint: disable=broad-except
+            return None
+        return p["alive_url"]
+
     try:
-        res = _drain.wait(fetch, p["url"], p["metrics"], p["timeout"], p["interval"], once=module.check_mode)
+        res = _drain.wait(fetch, p["url"], p["metrics"], p["timeout"], p["interval"], once=module.check_mode,
+                          alive=alive)
     except _drain.DrainTimeout as e:
         if p["on_timeout"] == "fail":
             module.fail_json(msg=str(e), drained=False, **e.result)

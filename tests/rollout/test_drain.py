@@ -342,3 +342,70 @@ def test_never_draining_server_times_out_and_stays_out(df):
     while df.haproxy_states()["host1"] != "UP" or not df.smg_workers().get(df.worker_url("host1")):
         assert time.monotonic() < deadline, (df.haproxy_states(), df.smg_workers())
         time.sleep(0.2)
+
+
+class _Recorder:
+    """An HTTP balancer API on the controller (127.0.0.1): records each call; answers `add_status` to PUT."""
+
+    def __init__(self, add_status: int) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        calls = self.calls = []  # type: t.List[t.Tuple[str, str]]
+
+        class H(BaseHTTPRequestHandler):
+            def _any(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                calls.append((self.command, self.path))
+                self.send_response(add_status if self.command == "PUT" else 204)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            do_PUT = do_DELETE = _any
+
+            def log_message(self, *a: t.Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = "http://127.0.0.1:%d/members/{{ inventory_hostname }}" % self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_host_its_balancer_will_not_take_back_is_taken_out_again_and_reported_restarted(df):
+    """The balancer refuses the add (HTTP 500) after a verified restart of host3: the host fails, is taken out again
+    (never left in rotation unconfirmed), and the summary says its server was restarted. The entry has no delegate_to
+    (default localhost), and gpufleet_rollout_min_in_service 3 with --limit host3 counts the other hosts of the group
+    as serving."""
+    rec = _Recorder(add_status=500)
+    try:
+        http = {"type": "http", "name": "lb-api", "remove": {"url": rec.url, "method": "DELETE"},
+                "add": {"url": rec.url, "method": "PUT", "body": "{}"}}
+        r = df.playbook("rollout", "--limit", "host3",
+                        extra_vars={"gpufleet_server_force_restart": True, "gpufleet_rollout_min_in_service": 3},
+                        vars_override=dict(df.server_vars(), gpufleet_server_balancers=[http]))
+    finally:
+        rec.close()
+    assert r.rc != 0
+    h = r.summary["host3"]
+    assert h["status"] == "failed" and "could not be put back into rotation after its verified restart" in h["failure"], h
+    assert h["restarted"] is True and h["killed"] > 0 and h["kill_s"] is not None, h
+    assert h["out_of_rotation"] == ["lb-api"], h
+    assert rec.calls == [("DELETE", "/members/host3"), ("PUT", "/members/host3"), ("DELETE", "/members/host3")]
+    df.all_in_rotation(timeout=15)  # haproxy and smg were not in this run's list
+
+
+def test_a_wrong_metrics_url_fails_the_host_before_its_kill(df):
+    """The metrics URL refuses the connection while the server answers on its health URL: not a stopped server with
+    nothing in flight, a wrong URL. The host fails before its kill (same processes) and stays out."""
+    before = _pids(df)
+    r = df.playbook("rollout", "--limit", "host4", extra_vars={"gpufleet_server_force_restart": True},
+                    vars_override=dict(df.server_vars(), gpufleet_server_drain_metrics_url="http://127.0.0.1:30999/metrics"))
+    assert r.rc != 0
+    h = r.summary["host4"]
+    assert h["status"] == "failed" and "the metrics URL is wrong" in h["failure"], h
+    assert _pids(df)["host4"] == before["host4"]
+    assert h["out_of_rotation"] == ["haproxy", "sglang_router"], h
+    df.put_back("host4")
+    df.all_in_rotation(timeout=15)
