@@ -273,9 +273,9 @@ def _systemd_stop(module: t.Any, p: t.Mapping[str, t.Any], result: t.Dict[str, t
         removed = _systemd.remove_dropins(p["systemd"]["remove_dropins"], unit)
         if removed:
             result.update(dropins_removed=removed, changed=True)
-        if removed or props["LoadState"] != "loaded" or props["NeedDaemonReload"] == "yes":
-            # The unit file the caller just wrote: this stop already uses its TimeoutStopSec, the start its command.
-            _systemd.daemon_reload(run)
+        # The unit file the caller wrote (and one restored behind systemd's back): this stop already uses its
+        # TimeoutStopSec, the start its command.
+        _systemd.daemon_reload(run)
         procs = _proc.snapshot()
         tagged = [pr for pid, pr in procs.items() if _proc.environ_has(pid, p["tag_name"], p["name"])]
         t0 = time.monotonic()
@@ -335,7 +335,8 @@ def _systemd_start(module: t.Any, p: t.Mapping[str, t.Any], r: t.Mapping[str, t.
     proc = _proc.read_proc(pid) if pid else None
     if proc is None:
         tail, where = _server.failure_tail(p["log_path"], r["log_tail_lines"], r["log_tail_path"], tail_since)
-        last = " | ".join(ln.strip() for ln in tail.splitlines()[-3:] if ln.strip())[-300:]
+        last = " | ".join(ln.strip() for ln in tail.splitlines()[-3:]
+                          if ln.strip() and not ln.startswith(_server.LAUNCH_LINE))[-300:]
         raise StepError("%s exited during start-up after %.1f s%s; log tail (%s): %s"
                         % (unit, time.monotonic() - t0, _systemd_end(module, unit, since), where, last or "(empty)"),
                         phase="startup", log_tail=tail)

@@ -371,7 +371,8 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
         if identity is not None and not _proc.is_alive(identity):
             tail, where = failure_tail(log_path, tail_lines, tail_path, tail_since)
             # The last lines hold the cause (a traceback ends with it); keep them short enough for one-line summaries.
-            last = " | ".join(ln.strip() for ln in tail.splitlines()[-3:] if ln.strip())
+            # The launch line says nothing of the cause.
+            last = " | ".join(ln.strip() for ln in tail.splitlines()[-3:] if ln.strip() and not ln.startswith(LAUNCH_LINE))
             if len(last) > 300:
                 last = "..." + last[-297:]
             raise ServerError("server process %d exited during start-up after %.1f s; log tail (%s): %s"

@@ -23,7 +23,29 @@ Runner = t.Callable[[t.List[str]], t.Tuple[int, str, str]]
 
 # What the engine and the check read; one `systemctl show` call.
 PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "Result", "ExecMainCode", "ExecMainStatus",
-              "UnitFileState", "FragmentPath", "DropInPaths", "NeedDaemonReload", "TimeoutStopUSec", "KillMode")
+              "UnitFileState", "FragmentPath", "DropInPaths", "NeedDaemonReload", "TimeoutStopUSec", "KillMode",
+              "Restart")
+
+_SPAN_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def span_seconds(text: str) -> t.Optional[float]:
+    """systemctl show's time span ('5min', '1min 30s', '500ms', '2s') in seconds; None for infinity or unparsable."""
+    total = 0.0
+    parts = (text or "").split()
+    if not parts:
+        return None
+    for part in parts:
+        num = part.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = part[len(num):] or "s"
+        if unit not in _SPAN_UNITS:
+            return None
+        try:
+            total += float(num) * _SPAN_UNITS[unit]
+        except ValueError:
+            return None
+    return total
+
 
 # siginfo's si_code for a child's end, as systemctl status spells it.
 _EXIT_CODES = {"1": "exited", "2": "killed", "3": "dumped"}
@@ -104,7 +126,8 @@ def _file_drift(path: str, desired: str, what: str, secret: bool) -> t.Optional[
 
 def drift(props: t.Mapping[str, str], unit: str, unit_path: str, desired: t.Optional[str],
           enabled: t.Optional[bool], env_file: t.Optional[str] = None,
-          env_content: t.Optional[str] = None) -> t.Dict[str, t.Any]:
+          env_content: t.Optional[str] = None,
+          loaded_settings: t.Optional[t.Mapping[str, t.Any]] = None) -> t.Dict[str, t.Any]:
     """How the unit systemd would run differs from the desired one.
 
     `restart`: reasons the running server does not run the desired unit (a restart applies them). `other`: drift a
@@ -123,8 +146,24 @@ def drift(props: t.Mapping[str, str], unit: str, unit_path: str, desired: t.Opti
         why = _file_drift(env_file, env_content, "environment file", secret=True)
         if why:
             restart.append(why)
-    if loaded and props.get("FragmentPath") and props["FragmentPath"] != unit_path:
-        restart.append("systemd loads %s from %s, not from %s" % (unit, props["FragmentPath"], unit_path))
+    fragment = props.get("FragmentPath") or ""
+    if loaded and fragment and fragment != unit_path and fragment != "/dev/null":
+        # Another unit file of the same name wins over the role's (/etc/systemd/system.control, a unit path earlier
+        # in systemd's list): rewriting the role's file and restarting would change nothing, at each run.
+        raise SystemdError("systemd loads %s from %s, not from %s (another unit file of that name overrides the "
+                           "role's): remove it (and systemctl daemon-reload); nothing was changed"
+                           % (unit, fragment, unit_path), fragment_path=fragment)
+    if (loaded and content_matches and props.get("NeedDaemonReload") != "yes" and loaded_settings
+            and not foreign_dropins(props, unit)):  # drop-ins change these on purpose: reported as such
+        # The file is right but systemd may run an older one (restored with its old mtime after a reload): compare
+        # what the role sets with what systemd has loaded.
+        for key, want in sorted(loaded_settings.items()):
+            have = props.get(key, "")
+            same = (abs((span_seconds(have) or -1.0) - float(want)) < 0.0015 if key == "TimeoutStopUSec"
+                    else have == str(want))
+            if not same:
+                restart.append("systemd runs %s with %s=%s, not the unit file's %s (a daemon-reload applies the file)"
+                               % (unit, key, have or "?", want))
     if loaded and props.get("NeedDaemonReload") == "yes":
         # The file on disk is not what systemd runs: a restart after a daemon-reload makes them one.
         restart.append("the unit file changed on disk since systemd loaded it (daemon-reload pending)")

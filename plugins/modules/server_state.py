@@ -182,6 +182,14 @@ options:
       enabled:
         description: Whether the unit should be enabled; the other state is drift (RV(unit.drift)). Unset skips it.
         type: bool
+      loaded:
+        description:
+          - Properties systemd must have loaded for the unit (C(systemctl show) names and values, C(TimeoutStopUSec) in
+            seconds), compared when the unit file is right, no reload is pending and no drop-in changes them (a
+            file restored with its old modification time after a reload hides what systemd runs).
+          - A unit file of the same name that systemd loads from another place (C(/etc/systemd/system.control)) fails
+            the check, as rewriting the desired file would change nothing.
+        type: dict
       dropins:
         description:
           - Drop-ins of the unit (C(UNIT.d/*.conf) under C(/etc) or C(/run/systemd/system)) change what it runs;
@@ -446,8 +454,11 @@ def check_unit(module: AnsibleModule, procs: t.Mapping[int, _proc.Proc]) -> t.Di
         props = _systemd.show(module.run_command, sd["unit"])
     except _systemd.SystemdError as e:
         raise StepError("cannot read the state of %s: %s" % (sd["unit"], e), **e.details)
-    d = _systemd.drift(props, sd["unit"], sd["unit_path"], sd["unit_content"], sd["enabled"], sd["env_file"],
-                       sd["env_content"])
+    try:
+        d = _systemd.drift(props, sd["unit"], sd["unit_path"], sd["unit_content"], sd["enabled"], sd["env_file"],
+                           sd["env_content"], sd["loaded"])
+    except _systemd.SystemdError as e:
+        raise StepError(str(e), **e.details)
     pid = _systemd.main_pid(props)
     live = procs.get(pid) if pid else None
     confirmed = live is not None and _proc.environ_has(pid, p["tag_name"], p["name"])
@@ -611,6 +622,7 @@ def main() -> None:
                 # The server's environment: its values are secret.
                 env_content=dict(type="str", no_log=True),
                 enabled=dict(type="bool"),
+                loaded=dict(type="dict"),
                 dropins=dict(type="str", choices=["warn", "remove", "fail"], default="warn"),
             )),
             backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),

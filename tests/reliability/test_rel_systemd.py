@@ -350,3 +350,42 @@ def test_clean_stops_the_unit_and_a_launcher_switch_retires_it(host, tmp_path):
     assert _sh(host, "ls %s %s 2>/dev/null; true" % (UNIT_FILE, ENV_FILE)).strip() == ""
     launcher = int(_sh(host, "cat /run/gpufleet/demo.pid").split()[0])
     assert "system.slice/%s" % UNIT not in _sh(host, "cat /proc/%d/cgroup" % launcher)
+
+
+@pytest.mark.reliability(
+    section="systemd",
+    case="What systemd runs, not only the file: an overriding unit, a file restored behind a reload, runtime links",
+    provoked="after a rollout: (1) a copy of the unit with Restart=always under /etc/systemd/system.control + "
+             "daemon-reload; rollout; (2) that copy removed, the unit edited (TimeoutStopSec=300) + daemon-reload and "
+             "the original file put back with its old mtime (no reload pending); audit, rollout; (3) `systemctl enable "
+             "--runtime` and gpufleet_server_systemd_enabled false; rollout",
+    outcome="(1) the host fails before anything is stopped, naming the overriding file (no restart loop); (2) the "
+            "audit reports the loaded TimeoutStopUSec, the rollout reloads and restarts onto the file (2 s again); "
+            "(3) the unit ends disabled, runtime link included")
+def test_what_systemd_runs_is_checked_not_only_the_file(running, tmp_path):
+    host = running
+    pid = int(_show(host)["MainPID"])
+    control = "/etc/systemd/system.control/" + UNIT
+    _sh(host, "mkdir -p /etc/systemd/system.control && sed 's/^Restart=no$/Restart=always/' %s > %s && "
+              "systemctl daemon-reload" % (UNIT_FILE, control))
+    try:
+        run = _run(host, tmp_path, "control")
+        assert run.rc != 0
+        assert "systemd loads %s from %s" % (UNIT, control) in _host(run, host)["failure"], _host(run, host)
+        assert int(_show(host)["MainPID"]) == pid
+    finally:
+        _sh(host, "rm -f %s && systemctl daemon-reload" % control)
+
+    _sh(host, "cp -a %s /root/unit.bak && sed -i 's/^TimeoutStopSec=.*/TimeoutStopSec=300/' %s && systemctl daemon-reload "
+              "&& cp -a /root/unit.bak %s" % (UNIT_FILE, UNIT_FILE, UNIT_FILE))
+    assert _show(host)["TimeoutStopUSec"] == "5min"
+    audit = _run(host, tmp_path, "audit-loaded", site=AUDIT_SITE)
+    assert audit.rc != 0 and "with TimeoutStopUSec=5min" in audit.stdout, audit.stdout[-3000:]
+    fixed = _run(host, tmp_path, "loaded")
+    assert fixed.rc == 0 and _host(fixed, host)["restarted"] is True, fixed.stdout[-4000:]
+    assert _show(host)["TimeoutStopUSec"] == "2s"
+
+    _sh(host, "systemctl enable --runtime %s" % UNIT)
+    off = _run(host, tmp_path, "disable", gpufleet_server_systemd_enabled=False)
+    assert off.rc == 0, off.stdout[-4000:]
+    assert _sh(host, "systemctl is-enabled %s; true" % UNIT).strip() == "disabled"
