@@ -259,7 +259,6 @@ def test_a_start_failure_names_the_exit_status_and_the_journal(running, tmp_path
     assert "RuntimeError" not in h["failure"] and "fail-at-startup" not in h["failure"], h["failure"]
 
 
-
 CLEAN_SITE = "- name: gpufleet clean\n  ansible.builtin.import_playbook: gpufleet.serving.clean\n"
 ENV_FILE = "/etc/gpufleet/demo.env"
 PREFIX_DROPIN = "/etc/systemd/system/gpufleet-.service.d/50-prefix.conf"
