@@ -88,7 +88,7 @@ def wait(fetch: Fetch, url: str, metrics: t.Sequence[str], timeout: float, inter
          alive: t.Optional[t.Callable[[], t.Optional[str]]] = None) -> t.Dict[str, t.Any]:
     """Read the metrics until their sum is 0, at most `timeout` s (`once`: a single read, for check mode).
 
-    Returns {inflight, values, waited_s, reads, server_down}; raises DrainTimeout (with the same keys) when requests
+    Returns {inflight, gauges, waited_s, reads, server_down}; raises DrainTimeout (with the same keys) when requests
     are still in flight at the deadline, DrainError when the URL answers without any of the metrics or with an error.
     """
     t0 = clock()
@@ -106,7 +106,7 @@ def wait(fetch: Fetch, url: str, metrics: t.Sequence[str], timeout: float, inter
                     raise DrainError("%s refused the connection, but the server answers on %s: the metrics URL is "
                                      "wrong (gpufleet_server_drain_metrics_url); nothing was killed"
                                      % (url, answering), reads=reads)
-                return dict(inflight=0, values={}, waited_s=round(clock() - t0, 3), reads=reads, server_down=True)
+                return dict(inflight=0, gauges={}, waited_s=round(clock() - t0, 3), reads=reads, server_down=True)
             raise DrainError("%s: the metrics could not be read: %s" % (url, e), reads=reads)
         if status != 200:
             raise DrainError("%s answered HTTP %s; the metrics could not be read" % (url, status), reads=reads)
@@ -115,7 +115,7 @@ def wait(fetch: Fetch, url: str, metrics: t.Sequence[str], timeout: float, inter
             raise DrainError("%s has none of the metrics %s: set the metric names (vLLM: vllm:num_requests_running, "
                              "vllm:num_requests_waiting)" % (url, ", ".join(metrics)), reads=reads)
         inflight = sum(values.values())
-        res = dict(inflight=inflight, values=values, waited_s=round(clock() - t0, 3), reads=reads, server_down=False)
+        res = dict(inflight=inflight, gauges=values, waited_s=round(clock() - t0, 3), reads=reads, server_down=False)
         if inflight <= 0 or once:
             return res
         if clock() - t0 >= timeout:

@@ -90,7 +90,7 @@ inflight:
   description: Requests in flight at the last read (the sum of O(metrics)).
   returned: always
   type: float
-values:
+gauges:
   description: Each metric found, summed over its label sets, at the last read.
   returned: always
   type: dict
