@@ -16,6 +16,7 @@ including renamed and deprecated ones that older NCCL releases still read.
 from __future__ import annotations
 
 import difflib
+import json
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock
@@ -233,3 +234,37 @@ def apply_name_policy(warn: t.Callable[[str], None], names: t.Iterable[str], pol
     for w in report.warnings():
         warn(w)
     return report
+
+
+def role_names_refused(env: t.Any, profile: t.Any, allow_vars: t.Any) -> str:
+    """The nccl_tuning role's refusal of gpufleet_nccl_env / gpufleet_nccl_allow_vars, before the host is touched:
+    one sentence per rule broken, "" when the names are fine (the gpufleet.serving.nccl_names_refused filter).
+
+    The same rules as check_allowed (which the layer modules apply), worded for the role's variables. Only names the
+    modules would judge: none with profile none (the blocks are removed), none that are not valid names (the modules
+    name those); input of the wrong type is the role's other check's to report."""
+    if profile == "none":
+        return ""
+    judged = sorted((str(k) for k in env if _envblock.ENV_NAME_RE.fullmatch(str(k))), key=str.lower) \
+        if isinstance(env, t.Mapping) else []
+    allowed = [a for a in allow_vars if isinstance(a, str)] \
+        if isinstance(allow_vars, t.Sequence) and not isinstance(allow_vars, (str, bytes)) else []
+    bad_allow = [a for a in allowed if not _envblock.ENV_NAME_RE.fullmatch(a)]
+    # Each spelling by itself: http_proxy and HTTP_PROXY are both named.
+    forbidden = sorted({n for n in judged + allowed if forbidden_reason(n)}, key=str.lower)
+    not_allowed = [n for n in judged if not n.startswith("NCCL_") and n not in allowed and n not in forbidden]
+    parts = []
+    if bad_allow:
+        parts.append("gpufleet_nccl_allow_vars must list exact variable names (no patterns), got "
+                     + ", ".join(json.dumps(a) for a in bad_allow))
+    if forbidden:
+        parts.append("%s %s never written host-wide, even when listed in gpufleet_nccl_allow_vars; give %s to the "
+                     "server alone (gpufleet_server_env)"
+                     % (", ".join("%s (%s)" % (n, forbidden_reason(n)) for n in forbidden), _are(forbidden),
+                        "it" if len(forbidden) == 1 else "them"))
+    if not_allowed:
+        parts.append("%s in gpufleet_nccl_env %s (NCCL_*): list each exact name in gpufleet_nccl_allow_vars to write "
+                     "it host-wide, or give it to the server alone (gpufleet_server_env)"
+                     % (", ".join(not_allowed), "is not an NCCL variable" if len(not_allowed) == 1
+                        else "are not NCCL variables"))
+    return "; ".join(parts)

@@ -132,7 +132,60 @@ def test_allow_listed_nccl_name_is_not_unknown():
     assert _ncclvars.check_names(["NCCL_NEWER_THAN_KNOWN"], ["NCCL_NEWER_THAN_KNOWN"]).unknown == {}
 
 
-def test_role_forbidden_list_equals_the_module_utils_list():
-    groups = yaml.safe_load((ROOT / "roles" / "nccl_tuning" / "vars" / "main.yml").read_text())["_gpufleet_nccl_forbidden"]
-    assert {n: g["why"] for g in groups for n in g["names"]} == _ncclvars.FORBIDDEN_NAMES
-    assert {p: g["why"] for g in groups for p in g["prefixes"]} == _ncclvars.FORBIDDEN_PREFIXES
+_FORBIDDEN_TAIL = " never written host-wide, even when listed in gpufleet_nccl_allow_vars; give %s to the server alone " \
+    "(gpufleet_server_env)"
+_NOT_NCCL_TAIL = " (NCCL_*): list each exact name in gpufleet_nccl_allow_vars to write it host-wide, or give it to the " \
+    "server alone (gpufleet_server_env)"
+_LOADER = "the dynamic loader or the C library reads it in every program"
+_NET = "it redirects the network traffic or the TLS trust of every program that honours it"
+
+
+@pytest.mark.parametrize("env, profile, allow, expected", [
+    ({"NCCL_PROTO": "LL"}, "custom", [], ""),
+    ({"NCCL_PROTO": "LL", "LD_PRELOAD": "x"}, "custom", [], "LD_PRELOAD (%s) is" % _LOADER + _FORBIDDEN_TAIL % "it"),
+    ({"LD_PRELOAD": "x"}, "custom", ["LD_PRELOAD"], "LD_PRELOAD (%s) is" % _LOADER + _FORBIDDEN_TAIL % "it"),
+    ({"FOO": "bar", "NCCL_PROTO": "LL"}, "custom", [], "FOO in gpufleet_nccl_env is not an NCCL variable" + _NOT_NCCL_TAIL),
+    ({"TORCH_X": "1", "FOO": "2"}, "pcie_only", ["TORCH_X"], "FOO in gpufleet_nccl_env is not an NCCL variable" + _NOT_NCCL_TAIL),
+    # Sorted ignoring case, as the role's Jinja did.
+    ({"ZED": "1", "alpha": "2", "Beta": "3"}, "pcie_only", [],
+     "alpha, Beta, ZED in gpufleet_nccl_env are not NCCL variables" + _NOT_NCCL_TAIL),
+    ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}, "custom", ["TORCH_NCCL_*"],
+     'gpufleet_nccl_allow_vars must list exact variable names (no patterns), got "TORCH_NCCL_*"; '
+     "TORCH_NCCL_ASYNC_ERROR_HANDLING in gpufleet_nccl_env is not an NCCL variable" + _NOT_NCCL_TAIL),
+    # Each spelling is named by itself (the Jinja this replaces kept one of two spellings differing only in case).
+    ({"http_proxy": "x", "HTTP_PROXY": "y"}, "pcie_only", [],
+     "http_proxy (%s), HTTP_PROXY (%s) are" % (_NET, _NET) + _FORBIDDEN_TAIL % "them"),
+    # An allow-list entry with a line break is not an exact name.
+    ({"NCCL_A": "1"}, "custom", ["PATH\n"], 'gpufleet_nccl_allow_vars must list exact variable names (no patterns), '
+                                            'got "PATH\\n"'),
+    # Not judged: profile none (the blocks are removed), invalid names (the modules name them), wrong types.
+    ({"LD_PRELOAD": "x", "FOO": "1"}, "none", ["PATH", "X*"], ""),
+    ({"NCCL PROTO": "LL", "9X": "1"}, "pcie_only", [], ""),
+    (["NCCL_PROTO=LL"], "pcie_only", "FOO", ""),
+    ({"A": "1"}, "pcie_only", {"A": 1}, "A in gpufleet_nccl_env is not an NCCL variable" + _NOT_NCCL_TAIL),
+])
+def test_role_names_refused(env, profile, allow, expected):
+    assert _ncclvars.role_names_refused(env, profile, allow) == expected
+
+
+@pytest.mark.parametrize("env, allow", [
+    ({"NCCL_PROTO": "LL"}, []), ({"LD_PRELOAD": "x"}, ["LD_PRELOAD"]), ({"ld_preload": "x"}, []), ({"FOO": "1"}, []),
+    ({"FOO": "1"}, ["FOO"]), ({"NCCL_X": "1"}, ["PATH"]), ({"NCCL_X": "1"}, ["path"]), ({"NCCL_X": "1"}, ["X*"]),
+    ({"PYTHONPATH": "/x", "NCCL_A": "1"}, ["PYTHONPATH"]), ({"TORCH_A": "1", "TORCH_B": "2"}, ["TORCH_A"]),
+])
+def test_role_refuses_what_the_layer_modules_refuse(env, allow):
+    # The role's check before the host is touched must refuse exactly what the modules would refuse on it.
+    try:
+        _ncclvars.check_allowed(env, allow, option="gpufleet_nccl_allow_vars")
+        refused_by_modules = False
+    except _ncclvars.NotAllowed:
+        refused_by_modules = True
+    assert bool(_ncclvars.role_names_refused(env, "custom", allow)) is refused_by_modules
+
+
+def test_the_role_checks_names_through_the_filter():
+    # One list of forbidden names (this module's): the role's vars call the filter, they hold no copy.
+    text = (ROOT / "roles" / "nccl_tuning" / "vars" / "main.yml").read_text()
+    assert "gpufleet.serving.nccl_names_refused(" in text and "LD_" not in text
+    from ansible_collections.gpufleet.serving.plugins.filter.nccl_names_refused import FilterModule
+    assert FilterModule().filters()["nccl_names_refused"] is _ncclvars.role_names_refused
