@@ -25,6 +25,9 @@ description:
   - Hosts the role left out of their load balancers (C(gpufleet_server_balancers), a host that failed after its
     drain began) are named after the table (C(left out of rotation)) and in the JSON's C(out_of_rotation); each row
     has C(out_of_rotation) (balancer names) and C(would_drain) (check mode).
+  - A server the role found out of rotation by someone else (HAProxy MAINT with no drain record of gpufleet's) or in an
+    operator's DRAIN is left as found after its restart. Such hosts are named after the table (C(left as found)) and in
+    each row's and the JSON's C(left_as_found) (balancer name to state).
 requirements:
   - enable in ansible.cfg with C(callbacks_enabled = gpufleet.serving.rollout_summary)
 options:
@@ -129,6 +132,13 @@ def out_of_rotation(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     return ("left out of rotation: %s; put back by hand once fixed (docs/runbook.md)" % "; ".join(out)) if out else ""
 
 
+def left_as_found(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    """The line naming servers found out of rotation (or in DRAIN) by someone else and left so ('' when none)."""
+    out = ["%s (%s)" % (r["host"], ", ".join("%s %s" % kv for kv in sorted(r["left_as_found"].items())))
+           for r in rows if r.get("left_as_found")]
+    return ("left as found, taken out by someone else, not by gpufleet: %s" % "; ".join(out)) if out else ""
+
+
 def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.Mapping[str, t.Any]]) -> t.List[str]:
     """The lines said after the table, each a sentence about the whole run: why the rollout halted, which hosts it
     left out of rotation. A new line about the run goes here, and every output (terminal, files, gpufleet_ci) says it."""
@@ -136,6 +146,7 @@ def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.
     if halted:
         notes.append(str(halted.get("msg", "rollout halted")).strip())
     notes.append(out_of_rotation(rows))
+    notes.append(left_as_found(rows))
     return [n for n in notes if n]
 
 
@@ -287,6 +298,7 @@ class CallbackModule(CallbackBase):
                 "failure": h.get("failure"),
                 "out_of_rotation": list((h.get("rotation") or {}).get("out_of") or []),
                 "would_drain": bool((h.get("rotation") or {}).get("would_drain")),
+                "left_as_found": dict((h.get("rotation") or {}).get("left_as_found") or {}),
             })
         return out
 
@@ -306,7 +318,8 @@ class CallbackModule(CallbackBase):
             os.makedirs(d, exist_ok=True)
             with open(os.path.join(d, "rollout-summary.json"), "w") as f:
                 json.dump({"playbook": self.playbook(), "hosts": rows, "halted": self.halted,
-                           "out_of_rotation": {r["host"]: r["out_of_rotation"] for r in rows if r["out_of_rotation"]}},
+                           "out_of_rotation": {r["host"]: r["out_of_rotation"] for r in rows if r["out_of_rotation"]},
+                           "left_as_found": {r["host"]: r["left_as_found"] for r in rows if r["left_as_found"]}},
                           f, indent=1)
             with open(os.path.join(d, "rollout-summary.md"), "w") as f:
                 f.write(render_markdown(rows, self.halted))

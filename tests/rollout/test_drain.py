@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 LOADGEN = ROOT / "tests" / "sandbox" / "loadgen.py"
 SMG_PORT = 8081
 HOSTS = 4
+RECORD = "/var/lib/gpufleet/demo.rotation.json"  # gpufleet's drains of the host (rotation_record)
 
 
 def _skip() -> t.Optional[str]:
@@ -120,6 +121,14 @@ class DrainFleet(RolloutFleet):
         if self.worker_url(host) not in self.smg_workers():
             self.fleet.hub_run(["curl", "-sf", "-XPOST", self.smg.url + "/workers", "-H", "Content-Type: application/json",
                                 "-d", json.dumps({"url": self.worker_url(host)})], check=True)
+
+    def drain_record(self, host: str) -> t.Optional[t.Tuple[str, t.Dict[str, t.Any]]]:
+        """(mode, drains) of the host's drain record (rotation_record), None when there is none."""
+        p = self.fleet.ssh(host, "stat -c %%a %s && cat %s" % (RECORD, RECORD))
+        if p.returncode != 0:
+            return None
+        mode, body = p.stdout.split("\n", 1)
+        return mode.strip(), json.loads(body)["drains"]
 
     # -- load ------------------------------------------------------------------------------------
     def load(self, via: str, name: str, clients: int = 4) -> "Load":
@@ -282,6 +291,13 @@ def test_capacity_guard_refuses_a_batch_before_anything_is_touched(df):
     assert r.summary["host3"]["status"] == "not run"
     assert _pids(df) == before
     df.all_in_rotation(timeout=5)
+    # The clean playbook (a stop drains first) has the same guard.
+    c = df.playbook("clean", extra_vars={"gpufleet_rollout_serial": ["50%"], "gpufleet_rollout_min_in_service": "75%"})
+    assert c.rc != 0
+    assert ("gpufleet_rollout_min_in_service: draining host1, host2 would leave 2 of 4 server(s) in rotation, "
+            "fewer than 3; nothing was touched") in c.summary["host1"]["failure"], c.summary["host1"]
+    assert _pids(df) == before
+    df.all_in_rotation(timeout=5)
 
 
 def test_failing_host_stays_drained_and_the_run_stops(df):
@@ -311,6 +327,120 @@ def test_failing_host_stays_drained_and_the_run_stops(df):
         "out of rotation on sglang_router (the router does not list %s)" % df.worker_url("host2") in out, a.tail()
     assert a.recap["host1"]["failed"] == 0, a.tail()  # restarted by this run's canary, back in rotation
     assert df.haproxy_states()["host2"] == "MAINT"  # the audit changed nothing
+    # gpufleet's own drain, on record (root only): the audit says so, and the next run puts host2 back in both
+    # balancers (the router does not list it: not a wrong worker_url, the record says gpufleet removed it).
+    mode, drains = df.drain_record("host2")
+    assert mode == "600" and drains["haproxy"]["found"] == "UP" and drains["sglang_router"]["found"] == "listed", drains
+    assert drains["haproxy"]["server"] == "host2" and drains["sglang_router"]["server"] == df.worker_url("host2")
+    assert "out of rotation on haproxy (MAINT in backend gpufleet) by gpufleet (run %s" % drains["haproxy"]["run"] in out
+    assert "not by gpufleet" not in out, a.tail()
+    b = df.playbook("rollout", "--limit", "host2", extra_vars={"gpufleet_server_force_restart": True})
+    assert b.rc == 0, b.tail()
+    assert b.summary["host2"]["out_of_rotation"] == [] and b.summary["host2"]["left_as_found"] == {}
+    _wait_in_rotation(df, "host2", timeout=5)
+    assert df.drain_record("host2") is None  # back in service: the record is cleared
+
+
+def test_sglang_router_wrong_worker_url_fails_the_host_before_its_kill(df):
+    """A worker_url the router does not list, with no record of gpufleet removing it: a misconfiguration, not a host
+    already out. The host fails before anything is touched, naming the router and the URL."""
+    before = _pids(df)
+    bad = "http://10.200.0.250:30000"
+    smg = {"type": "sglang_router", "url": df.smg.url, "delegate_to": "{{ inventory_hostname }}", "worker_url": bad}
+    r = df.playbook("rollout", "--limit", "host2", extra_vars={"gpufleet_server_force_restart": True},
+                    vars_override=dict(df.server_vars(), gpufleet_server_balancers=[smg]))
+    assert r.rc != 0
+    h = r.summary["host2"]
+    assert h["status"] == "failed" and not h["restarted"] and h["out_of_rotation"] == [], h
+    assert ("sglang_router sglang_router (%s) does not list the worker %s and gpufleet has no record of taking it out"
+            % (df.smg.url, bad)) in " ".join(h["failure"].split()), h["failure"]
+    assert _pids(df)["host2"] == before["host2"]
+    assert df.drain_record("host2") is None
+    df.all_in_rotation(timeout=5)
+
+
+def test_servers_taken_out_by_hand_are_left_as_found(df):
+    """host3 in MAINT and host4 in DRAIN, set by hand in HAProxy: both restarted (and back in the router), host3 stays
+    MAINT, host4 goes back to DRAIN, and the summary and the audit say it was not gpufleet."""
+    cmd = lambda c: _balancer.haproxy_cmd(df.haproxy.sock, c)  # noqa: E731
+    cmd("set server %s/host3 state maint" % _balancer.BACKEND)
+    cmd("set server %s/host4 state drain" % _balancer.BACKEND)
+    try:
+        r = df.playbook("rollout", "--limit", "host3,host4", extra_vars={"gpufleet_server_force_restart": True})
+        assert r.rc == 0, r.tail()
+        assert r.summary["host3"]["restarted"] and r.summary["host4"]["restarted"]
+        assert r.summary["host3"]["left_as_found"] == {"haproxy": "MAINT"}, r.summary["host3"]
+        assert r.summary["host4"]["left_as_found"] == {"haproxy": "DRAIN"}, r.summary["host4"]
+        assert r.summary["host3"]["out_of_rotation"] == [] and r.summary["host4"]["out_of_rotation"] == []
+        summary = json.loads((df.last_summary / "rollout-summary.json").read_text())
+        assert summary["left_as_found"] == {"host3": {"haproxy": "MAINT"}, "host4": {"haproxy": "DRAIN"}}, summary
+        assert "left as found, taken out by someone else, not by gpufleet: host3 (haproxy MAINT); host4 (haproxy DRAIN)" \
+            in r.out, r.tail()
+        states = df.haproxy_states()
+        assert states["host3"] == "MAINT" and states["host4"].startswith("DRAIN"), states
+        assert df.smg_workers().get(df.worker_url("host3")) is not None
+        assert df.drain_record("host3") is None and df.drain_record("host4") is None
+        a = df.playbook("audit", "--limit", "host3", check=True)
+        assert a.rc != 0
+        assert "out of rotation on haproxy (MAINT in backend gpufleet), not by gpufleet" in " ".join(a.out.split()), a.tail()
+    finally:
+        df.put_back("host3")
+        df.put_back("host4")
+    _wait_in_rotation(df, "host3")
+    _wait_in_rotation(df, "host4")
+
+
+def test_haproxy_reload_keeps_maint_only_with_its_server_state_file(df):
+    """The runbook's remedy, on the real HAProxy: dump `show servers state` to its server-state-file before the reload
+    and MAINT survives it; without the dump the new process starts the server from its config."""
+    _balancer.haproxy_cmd(df.haproxy.sock, "set server %s/host4 state maint" % _balancer.BACKEND)
+    try:
+        pid = df.haproxy.pid()
+        df.haproxy.reload(save_state=True)
+        assert df.haproxy.pid() != pid
+        assert df.haproxy_states()["host4"] == "MAINT"
+        df.haproxy.reload(save_state=False)
+        assert df.haproxy_states()["host4"] != "MAINT"
+    finally:
+        df.put_back("host4")
+    _wait_in_rotation(df, "host4")
+
+
+def test_a_server_back_in_rotation_before_its_kill_fails_the_host(df):
+    """HAProxy is reloaded without its state file while host4 drains (a request of 6 s in flight there, the drain
+    proceeds after 3 s): HAProxy forgot MAINT and routes to host4 again. The re-check right before the kill fails the
+    host; nothing is killed."""
+    before = _pids(df)
+    slow = subprocess.Popen(["ip", "netns", "exec", df.fleet.hub, "curl", "-s", "-m", "30", "-XPOST",
+                             "http://%s:30000/generate" % df.fleet.addr("host4"), "-d",
+                             json.dumps({"text": "slow", "delay": 6})],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def reload_once_drained() -> None:
+        deadline = time.monotonic() + 60
+        while df.haproxy_states().get("host4") != "MAINT" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        df.haproxy.reload(save_state=False)
+
+    import threading
+    th = threading.Thread(target=reload_once_drained)
+    try:
+        time.sleep(0.5)
+        th.start()
+        r = df.playbook("rollout", "--limit", "host4", extra_vars={"gpufleet_server_force_restart": True},
+                        vars_override=dict(df.server_vars(), gpufleet_server_drain_timeout=3,
+                                           gpufleet_server_drain_on_timeout="proceed"))
+        th.join(timeout=60)
+        assert r.rc != 0
+        h = r.summary["host4"]
+        assert h["status"] == "failed" and "haproxy has the server back in rotation (UP) since gpufleet took it out" \
+            in " ".join(h["failure"].split()), h
+        assert h["out_of_rotation"] == ["sglang_router"], h  # HAProxy routes to it again: not out there
+        assert _pids(df)["host4"] == before["host4"]
+    finally:
+        slow.wait(timeout=30)
+    df.put_back("host4")
+    _wait_in_rotation(df, "host4")
 
 
 def test_never_draining_server_times_out_and_stays_out(df):

@@ -6,6 +6,7 @@
     balancer.py up --fleet-dir DIR --kind smg [--port 8081]
     balancer.py status --fleet-dir DIR --kind haproxy      # JSON: each server's state (UP, DOWN, MAINT, DRAIN)
     balancer.py down --fleet-dir DIR [--kind haproxy|smg]
+    balancer.py reload --fleet-dir DIR --kind haproxy [--no-save-state]   # a new HAProxy takes over (-sf)
 
 Both run in the fleet's hub network namespace (the bridge every host is on, address 10.200.0.1), so they reach every
 host's server and every host reaches them; nothing listens in this machine's own namespace. Files go to
@@ -15,7 +16,9 @@ what community.general.haproxy talks to; a unix socket is a file, so the control
 HAProxy: backend `gpufleet`, one server per host named like the host (`host1`, ...), `option httpchk GET /health`,
 checks every 200 ms, 2 to rise, 2 to fall; `retries 2` with the default `retry-on conn-failure` and `option redispatch`:
 a request whose connection could not be made goes to another server, one that reached a server never is (POST
-/generate is not idempotent). smg: `smg launch --worker-urls http://<host>:30000 ... --policy round_robin` with a
+/generate is not idempotent). Its config has `server-state-file` + `load-server-state-from-file global`: `reload` first
+dumps `show servers state` to that file (what a reload must do to keep a server in MAINT, docs/runbook.md), unless
+--no-save-state, then starts a new HAProxy that takes over from the old one (-sf). smg: `smg launch --worker-urls http://<host>:30000 ... --policy round_robin` with a
 1 s health check; GET /workers lists the workers, POST /workers {"url"} adds one, DELETE /workers/<id> removes one.
 """
 from __future__ import annotations
@@ -47,6 +50,8 @@ global
     stats socket {sock} mode 600 level admin
     pidfile {pidfile}
     maxconn 2000
+    # A reload keeps each server's admin state (MAINT, DRAIN) only from this file, dumped before the reload.
+    server-state-file {state_file}
 
 defaults
     mode http
@@ -56,6 +61,7 @@ defaults
     timeout client 120s
     timeout server 120s
     timeout http-keep-alive 2s
+    load-server-state-from-file global
     # Retry only what never reached a server (the default retry-on conn-failure): POST /generate is not idempotent.
     retries 2
     option redispatch 1
@@ -132,6 +138,7 @@ class Balancer:
         self.pidfile = self.dir / "pid"
         self.sock = str(self.dir / "haproxy.sock")
         self.log = self.dir / "log"
+        self.state_file = self.dir / "servers.state"
 
     @property
     def addr(self) -> str:
@@ -155,8 +162,10 @@ class Balancer:
         if self.kind == "haproxy":
             cfg = self.dir / "haproxy.cfg"
             cfg.write_text(HAPROXY_CFG.format(
-                sock=self.sock, pidfile=self.pidfile, addr=self.addr, port=self.port, backend=BACKEND,
+                sock=self.sock, pidfile=self.pidfile, state_file=self.state_file, addr=self.addr, port=self.port, backend=BACKEND,
                 servers="\n".join("    server %s %s:%d check" % (n, a, server_port) for n, a in hosts)))
+            if self.state_file.exists():
+                self.state_file.unlink()  # an earlier fleet's servers' states
             argv = [_haproxy_bin(), "-db", "-f", str(cfg)]
         else:
             argv = [_smg_bin(), "launch", "--host", self.addr, "--port", str(self.port), "--policy", "round_robin",
@@ -176,6 +185,44 @@ class Balancer:
                 raise BalancerError("%s did not listen on %s within %ss" % (self.kind, self.url, timeout))
             time.sleep(0.05)
         return self
+
+    def reload(self, save_state: bool = True, timeout: float = 20) -> None:
+        """HAProxy's reload: a new process on the same config takes over from the old one (-sf), as `systemctl reload
+        haproxy` does. With save_state, `show servers state` goes to the server-state-file first; without, the new
+        process starts every server from its config (MAINT forgotten)."""
+        if self.kind != "haproxy":
+            raise BalancerError("reload is for haproxy")
+        st = self._state()
+        old = self.pid()
+        if save_state:
+            self.state_file.write_text(haproxy_cmd(self.sock, "show servers state"))
+        elif self.state_file.exists():
+            self.state_file.unlink()
+        argv = [_haproxy_bin(), "-db", "-f", str(self.dir / "haproxy.cfg")] + (["-sf", str(old)] if old else [])
+        with open(self.log, "ab") as logf:
+            p = subprocess.Popen(["ip", "netns", "exec", st["hub"]] + argv, stdin=subprocess.DEVNULL, stdout=logf,
+                                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+        self.pidfile.write_text("%d\n" % p.pid)
+        deadline = time.monotonic() + timeout
+        while True:  # the socket answers from the new process
+            try:
+                if "Pid: %d\n" % p.pid in haproxy_cmd(self.sock, "show info"):
+                    break
+            except OSError:
+                pass
+            if p.poll() is not None:
+                raise BalancerError("haproxy reload exited with %s: %s" % (p.returncode, self.log.read_text()[-1500:]))
+            if time.monotonic() > deadline:
+                raise BalancerError("the reloaded haproxy did not answer on %s within %ss" % (self.sock, timeout))
+            time.sleep(0.05)
+        if old:  # the old process finishes its connections and exits: reap it (it is our child when we started it)
+            deadline = time.monotonic() + 10
+            while _alive(old) and time.monotonic() < deadline:
+                try:
+                    os.waitpid(old, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+                time.sleep(0.05)
 
     def _listening(self) -> bool:
         st = self._state()
@@ -237,11 +284,12 @@ def _alive(pid: int) -> bool:
 
 def main(argv: t.Optional[t.Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
-    ap.add_argument("action", choices=["up", "down", "status"])
+    ap.add_argument("action", choices=["up", "down", "status", "reload"])
     ap.add_argument("--fleet-dir", required=True, help="the sandbox fleet's --state-dir")
     ap.add_argument("--kind", choices=KINDS)
     ap.add_argument("--port", type=int)
     ap.add_argument("--server-port", type=int, default=30000)
+    ap.add_argument("--no-save-state", action="store_true", help="reload without dumping the servers' states")
     a = ap.parse_args(argv)
     try:
         kinds = [a.kind] if a.kind else (list(KINDS) if a.action == "down" else [])
@@ -254,6 +302,8 @@ def main(argv: t.Optional[t.Sequence[str]] = None) -> int:
                 print(json.dumps({"kind": k, "url": b.url, "socket": b.sock if k == "haproxy" else None}))
             elif a.action == "down":
                 b.down()
+            elif a.action == "reload":
+                b.reload(save_state=not a.no_save_state)
             else:
                 print(json.dumps(b.status(), indent=1))
     except BalancerError as e:

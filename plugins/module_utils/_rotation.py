@@ -1,0 +1,66 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection.
+# Breaking changes can happen without notice.
+
+"""gpufleet's own drains of a host (rotation_record): which balancer entry it took the host out of, the state it found
+the server in, when and in which run. A balancer's own state cannot tell an operator's MAINT (or a wrong worker URL)
+from the drain of an earlier failed run of gpufleet; this record can."""
+
+from __future__ import annotations
+
+import os
+import time
+import typing as t
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _server
+
+# As the server's state file: root only (the record names the balancers and the run).
+RECORD_MODE = _server.STATE_MODE
+
+
+class RecordError(Exception):
+    pass
+
+
+def read(path: str) -> t.Dict[str, t.Dict[str, t.Any]]:
+    """{balancer name: entry}; {} when there is no record. A record that is not what gpufleet writes is an error: a
+    drain must never be taken for an operator's (or the other way round) on a guess."""
+    data = _server.read_state(path)
+    if data.get("corrupt") or not isinstance(data.get("drains", {}), dict):
+        raise RecordError("%s is not a gpufleet drain record (move it away once the host's balancers are checked)" % path)
+    return {str(k): dict(v) for k, v in data.get("drains", {}).items() if isinstance(v, dict)}
+
+
+def add(path: str, balancer: str, entry: t.Mapping[str, t.Any], keep: bool = True,
+        check_mode: bool = False) -> t.Tuple[bool, t.Dict[str, t.Dict[str, t.Any]]]:
+    """Record that gpufleet takes the host out of `balancer`. With `keep`, an entry already there stays as it is: it
+    says what an earlier run found before it drained the host (what the host goes back to), which this run cannot see
+    any more. Without (the server was found in rotation: the host was put back by hand since), it is replaced."""
+    records = read(path)
+    if balancer in records and keep:
+        if not check_mode:
+            _server.restrict_mode(path, RECORD_MODE)
+        return False, records
+    records[balancer] = dict(entry, at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    if not check_mode:
+        _server.write_json_atomic(path, {"drains": records}, RECORD_MODE)
+    return True, records
+
+
+def clear(path: str, balancers: t.Sequence[str],
+          check_mode: bool = False) -> t.Tuple[bool, t.Dict[str, t.Dict[str, t.Any]]]:
+    """Remove the entries of `balancers` (the host is back in service there); the file goes when none is left."""
+    records = read(path)
+    left = {k: v for k, v in records.items() if k not in balancers}
+    if left == records:
+        return False, records
+    if not check_mode:
+        if left:
+            _server.write_json_atomic(path, {"drains": left}, RECORD_MODE)
+        else:
+            os.unlink(path)
+    return True, left

@@ -1,0 +1,129 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: rotation_record
+short_description: Keep the host's record of the load balancers gpufleet took it out of
+version_added: 0.3.0
+description:
+  - The gpu_server role records each drain it makes (the balancer entry, the state it found the server in, when, the
+    run) before it takes the host out, and clears the entries once the host is back in service. A balancer's own
+    state cannot tell an earlier failed run's drain from a server an operator took out by hand, or from a wrong
+    worker URL; the record can.
+  - O(action=read) only reads. O(action=add) keeps an entry already there when O(keep=true) (what an earlier run found
+    is what the host goes back to) and replaces it otherwise. O(action=clear) removes the entries of O(balancers); the file goes when none is left.
+  - The file is root-only (mode 0600), as the server's state file.
+author: gpufleet contributors (@gpufleet)
+extends_documentation_fragment:
+  - gpufleet.serving._attributes
+attributes:
+  check_mode:
+    support: full
+    details: V(add) and V(clear) report what they would change and write nothing.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+options:
+  path:
+    description: The record file, for example C(/var/lib/gpufleet/NAME.rotation.json).
+    type: path
+    required: true
+  action:
+    description: What to do.
+    type: str
+    choices: [read, add, clear]
+    default: read
+  balancer:
+    description: With V(add), the balancer entry's name.
+    type: str
+  found:
+    description: With V(add), the state gpufleet found the server in there (for example V(UP), V(DRAIN), V(listed)).
+    type: str
+  server:
+    description: With V(add), the server as the balancer names it (HAProxy server name, worker URL, request URL).
+    type: str
+  run:
+    description: With V(add), the run that drains the host (the host lock's owner).
+    type: str
+  keep:
+    description:
+      - With V(add), keep an entry already there for O(balancer).
+      - The role sets it false when it found the server in rotation, so a record that a put-back by hand left behind
+        is replaced.
+    type: bool
+    default: true
+  balancers:
+    description: With V(clear), the balancer entries the host is back in.
+    type: list
+    elements: str
+    default: []
+"""
+
+EXAMPLES = r"""
+- name: Record that the host is taken out of HAProxy
+  gpufleet.serving.rotation_record:
+    path: /var/lib/gpufleet/sglang.rotation.json
+    action: add
+    balancer: haproxy
+    found: UP
+    server: host1
+    run: "{{ gpufleet_run_id }}"
+
+- name: Clear the record once the host is back in service
+  gpufleet.serving.rotation_record:
+    path: /var/lib/gpufleet/sglang.rotation.json
+    action: clear
+    balancers: [haproxy]
+"""
+
+RETURN = r"""
+records:
+  description: The record after the call, by balancer name (each with C(found), C(server), C(run), C(at)).
+  returned: always
+  type: dict
+  sample: {"haproxy": {"found": "UP", "server": "host1", "run": "ctl:1234:...", "at": "2026-11-30T22:00:00+0000"}}
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _rotation
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type="path", required=True),
+            action=dict(type="str", choices=["read", "add", "clear"], default="read"),
+            balancer=dict(type="str"),
+            found=dict(type="str"),
+            server=dict(type="str"),
+            run=dict(type="str"),
+            keep=dict(type="bool", default=True),
+            balancers=dict(type="list", elements="str", default=[]),
+        ),
+        required_if=[("action", "add", ("balancer", "found"))],
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        if p["action"] == "read":
+            module.exit_json(changed=False, records=_rotation.read(p["path"]))
+        if p["action"] == "add":
+            changed, records = _rotation.add(p["path"], p["balancer"],
+                                             {"found": p["found"], "server": p["server"], "run": p["run"]},
+                                             p["keep"], module.check_mode)
+        else:
+            changed, records = _rotation.clear(p["path"], p["balancers"], module.check_mode)
+    except (_rotation.RecordError, OSError) as e:
+        module.fail_json(msg="drain record %s: %s" % (p["path"], e), path=p["path"])
+    module.exit_json(changed=changed, records=records)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""rotation_record main() in-process, on real files: the host's record of gpufleet's own drains."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+from ansible_collections.gpufleet.serving.plugins.modules import rotation_record
+
+
+def _mode(path):
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_add_keep_replace_clear_and_read(tmp_path, run_module):
+    path = str(tmp_path / "state" / "demo.rotation.json")
+    r = run_module(rotation_record.main, {"path": path})
+    assert r["changed"] is False and r["records"] == {} and not os.path.exists(path)
+    r = run_module(rotation_record.main, {"path": path, "action": "add", "balancer": "haproxy", "found": "DRAIN",
+                                          "server": "host1", "run": "run-1"})
+    assert r["changed"] is True and r["records"]["haproxy"]["found"] == "DRAIN" and r["records"]["haproxy"]["at"]
+    assert _mode(path) == 0o600  # root only, as the server's state file, whatever the umask
+    # An earlier run's entry is kept (keep, the default): what the host goes back to.
+    r = run_module(rotation_record.main, {"path": path, "action": "add", "balancer": "haproxy", "found": "MAINT",
+                                          "run": "run-2"})
+    assert r["changed"] is False and r["records"]["haproxy"]["found"] == "DRAIN" and r["records"]["haproxy"]["run"] == "run-1"
+    # Found in rotation (keep false): a stale entry is replaced.
+    r = run_module(rotation_record.main, {"path": path, "action": "add", "balancer": "haproxy", "found": "UP",
+                                          "run": "run-3", "keep": False})
+    assert r["changed"] is True and r["records"]["haproxy"]["run"] == "run-3"
+    run_module(rotation_record.main, {"path": path, "action": "add", "balancer": "smg", "found": "listed"})
+    assert sorted(json.loads(open(path).read())["drains"]) == ["haproxy", "smg"]
+    r = run_module(rotation_record.main, {"path": path, "action": "clear", "balancers": ["haproxy"]})
+    assert r["changed"] is True and list(r["records"]) == ["smg"]
+    r = run_module(rotation_record.main, {"path": path, "action": "clear", "balancers": ["haproxy", "smg"]})
+    assert r["changed"] is True and r["records"] == {} and not os.path.exists(path)
+    assert run_module(rotation_record.main, {"path": path, "action": "clear", "balancers": ["smg"]})["changed"] is False
+
+
+def test_check_mode_writes_nothing(tmp_path, run_module):
+    path = str(tmp_path / "demo.rotation.json")
+    r = run_module(rotation_record.main, {"path": path, "action": "add", "balancer": "haproxy", "found": "UP"},
+                   check_mode=True)
+    assert r["changed"] is True and not os.path.exists(path)
+
+
+def test_a_file_that_is_not_a_record_fails_and_is_left_alone(tmp_path, run_module):
+    path = tmp_path / "demo.rotation.json"
+    path.write_text("not json")
+    r = run_module(rotation_record.main, {"path": str(path), "action": "add", "balancer": "haproxy", "found": "UP"})
+    assert r["failed"] is True and "is not a gpufleet drain record" in r["msg"]
+    assert path.read_text() == "not json"
+
+
+def test_add_needs_balancer_and_found(tmp_path, run_module):
+    r = run_module(rotation_record.main, {"path": str(tmp_path / "x.json"), "action": "add"})
+    assert r["failed"] is True and "balancer" in r["msg"] and "found" in r["msg"]
