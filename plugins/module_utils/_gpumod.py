@@ -21,7 +21,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._errors import St
 
 
 def clean_gate_argspec() -> t.Dict[str, t.Any]:
-    """Options of a clean wait, as gpu_wait takes them and server_launch's wait_clean does."""
+    """Options of a clean wait, as gpu_wait takes them and server_restart's wait_clean does (less gpus and backend)."""
     return dict(
         gpus=dict(type="list", elements="int", default=[]),
         timeout=dict(type="float", default=30.0),

@@ -46,6 +46,7 @@ def argument_spec() -> t.Dict[str, t.Any]:
             **_killmod.signal_argspec()
         )),
         wait_clean=dict(type="dict", default={}, options=gate),
+        wait_ready=dict(type="dict", options=_server.ready_argspec()),
     )
     # With the systemd launcher the unit defines the command and its environment.
     spec["command"] = dict(type="list", elements="str")
@@ -109,9 +110,13 @@ def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
         return "command must be a non-empty argument list"
     if p["retire_unit"] and (p["launcher"] != "process" or not p["retire_unit"]["unit"].endswith(".service")):
         return "retire_unit (a service unit name) is for launcher=process only"
-    err = _server.launch_input_error(p)
+    err = _server.launch_input_error(p) or (_gpumod.gate_input_error(p["wait_clean"]) if p["wait_clean"] else None)
     if err:
         return err
+    r = p["wait_ready"]
+    err = _server.ready_input_error(r["health_url"], r["request"], r["timeout"], r["interval"]) if r else None
+    if err:
+        return "wait_ready: " + err
     err = _killmod.kill_input_error(p["kill"])
     if err:
         return "kill: " + err

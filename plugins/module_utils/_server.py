@@ -25,7 +25,7 @@ import urllib.error
 
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError, Request
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod, _proc
+from ansible_collections.gpufleet.serving.plugins.module_utils import _proc
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -74,36 +74,33 @@ def launch_argspec(**extra: t.Any) -> t.Dict[str, t.Any]:
         log_path=dict(type="path", required=True),
         tag_name=dict(type="str", default="GPUFLEET_SERVICE"),
         umask=dict(type="str", default="0022"),
-        wait_ready=dict(type="dict", options=dict(
-            health_url=dict(type="str", default=""),
-            request=dict(type="dict", default={}, options=request_argspec()),
-            timeout=dict(type="float", default=600.0),
-            interval=dict(type="float", default=0.25),
-            log_tail_lines=dict(type="int", default=40),
-            log_tail_path=dict(type="path"),
-        )),
     )
     spec.update(extra)
     return spec
 
 
+def ready_argspec() -> t.Dict[str, t.Any]:
+    """server_restart's wait_ready: server_ready's options for the server the restart launched."""
+    return dict(
+        health_url=dict(type="str", default=""),
+        request=dict(type="dict", default={}, options=request_argspec()),
+        timeout=dict(type="float", default=600.0),
+        interval=dict(type="float", default=0.25),
+        log_tail_lines=dict(type="int", default=40),
+        log_tail_path=dict(type="path"),
+    )
+
+
 def launch_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
-    """What is wrong with the options of launch_argspec (env, tag, umask, wait_ready and its clean gate), or None:
-    server_launch and server_restart check their common options with this one function."""
+    """What is wrong with the options of launch_argspec (env, tag, umask), or None: server_launch and server_restart
+    check their common options with this one function."""
     try:
         validate_env(p["env"])
         validate_env({p["tag_name"]: p["name"]}, field="tag_name")
         parse_umask(p["umask"])
     except ServerError as e:
         return str(e)
-    gate = p.get("wait_clean")
-    if gate:
-        err = _gpumod.gate_input_error(gate)
-        if err:
-            return err
-    r = p["wait_ready"]
-    err = ready_input_error(r["health_url"], r["request"], r["timeout"], r["interval"]) if r else None
-    return "wait_ready: " + err if err else None
+    return None
 
 
 def validate_env(env: t.Mapping[str, t.Any], field: str = "env") -> t.Dict[str, str]:

@@ -187,6 +187,68 @@ options:
       max_used_mib:
         description: Highest used memory (MiB) that still counts as clean; unset picks the default of C(gpu_wait).
         type: int
+  wait_ready:
+    version_added: 0.2.0
+    description:
+      - Wait until the server is ready, as M(gpufleet.serving.server_ready) does, failing at once with the log tail
+        if the server dies during start-up.
+      - Required unless O(stop_only=true). Not evaluated in check mode.
+    type: dict
+    suboptions:
+      health_url:
+        description: URL that must answer HTTP 200. Empty skips the health poll.
+        type: str
+        default: ""
+      request:
+        description: A real request that must succeed, as O(gpufleet.serving.server_ready#module:request). Empty skips it.
+        type: dict
+        default: {}
+        suboptions:
+          url:
+            description: URL of the request. Required when any other key is set.
+            type: str
+          method:
+            description: HTTP method; C(POST) when unset.
+            type: str
+          body:
+            description: Request body.
+            type: str
+          headers:
+            description:
+              - Request headers.
+              - The values are secret (C(no_log)), as the values of O(env) are, so an C(Authorization) header may
+                hold a token.
+            type: dict
+          status:
+            description: Status the response must have; C(200) when unset.
+            type: int
+          expect_regex:
+            description: Regular expression the response body must match.
+            type: str
+          timeout:
+            description: Seconds per attempt; C(10) when unset.
+            type: float
+      timeout:
+        description: Seconds to wait for readiness. Must be greater than 0.
+        type: float
+        default: 600
+      interval:
+        description: Seconds between polls. Must be greater than 0.
+        type: float
+        default: 0.25
+      log_tail_lines:
+        description: Lines of O(log_path) returned on failure.
+        type: int
+        default: 40
+      log_tail_path:
+        version_added: 0.2.0
+        description:
+          - The server's own log file, for a server that writes its log there (its C(--log) option, say) rather
+            than to its standard output and error, which O(log_path) captures. A start-up failure's log tail is
+            read from it when the server wrote to it since the launch, else from O(log_path).
+          - Unset, the tail comes from O(log_path); when that holds only gpufleet's launch line, the failure says
+            so and points here.
+        type: path
   wait_busy:
     description: Wait until the workers hold the GPUs. Unset skips the step.
     type: dict

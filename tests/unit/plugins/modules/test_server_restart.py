@@ -176,6 +176,37 @@ def test_a_server_logging_to_its_own_file_fails_with_that_files_tail(server, run
     r = run_module(server_restart.main, a)
     assert r["failed"] and r["phase"] == "startup", r
     assert "log tail (%s): " % own in r["msg"] and "RuntimeError: demo failure at startup" in r["msg"], r["msg"]
+    assert "RuntimeError: demo failure at startup" in r["log_tail"]
+
+    # A start that wrote nothing there: the file's old lines are not passed off as this start's cause.
+    a["command"] = [sys.executable, "-c", "import sys; print('ImportError: no module named torch', flush=True); sys.exit(1)"]
+    r = run_module(server_restart.main, a)
+    assert r["failed"] and r["phase"] == "startup", r
+    assert "nothing new in %s" % own in r["msg"] and "ImportError: no module named torch" in r["msg"], r["msg"]
+    assert "RuntimeError" not in r["msg"]
+
+    # Without log_tail_path, a launch log that holds only gpufleet's launch line says where to look.
+    a["command"] = [sys.executable, str(demo), "--port", "9", "--fail-at-startup", "--log", str(own)]
+    a["wait_ready"] = dict(a["wait_ready"], log_tail_path=None)
+    r = run_module(server_restart.main, a)
+    assert r["failed"] and r["phase"] == "startup", r
+    assert "RuntimeError" not in r["msg"] and "name that file in log_tail_path" in r["msg"], r["msg"]
+
+
+def test_a_secret_cut_by_the_start_up_message_does_not_leak(server, run_module):
+    """The start-up failure message keeps the last 297 characters of the log tail, which can cut through a token the
+    server printed; the part left (24 of its characters here) is masked like the whole token."""
+    a = server
+    token = "hf_PVbYcfn9Nvx65ZRgpczxWICGmwo2kM"
+    a["command"] = ["/bin/sh", "-c", 'echo "loading with token=$HF_TOKEN"; printf "A%.0s" $(seq 270); echo; exit 1']
+    a["env"] = dict(a["env"], HF_TOKEN=token)
+    r = run_module(server_restart.main, a)
+    assert r["failed"] and r["phase"] == "startup" and "exited during start-up" in r["msg"], r["msg"]
+    with open(a["log_path"]) as f:
+        assert token in f.read()  # the server did print it
+    assert "..." in r["msg"] and "********" in r["msg"] and "A" * 200 in r["msg"], r["msg"]
+    text = str(r)
+    assert not [token[i:i + 8] for i in range(len(token) - 7) if token[i:i + 8] in text], text
 
 
 def test_gpu_strays_kills_the_untagged_holder_then_launches(server, run_module, nvml):
@@ -226,6 +257,9 @@ def test_check_mode_lists_what_it_would_kill_and_changes_nothing(server, run_mod
     ({"env": {"BAD-NAME": "x"}}, "env: invalid variable name 'BAD-NAME'"),
     ({"verify_env": {"expected": {}}}, "verify_env: expected must name at least one variable"),
     ({"wait_busy": {"min_processes": 0}}, "wait_busy: "),
+    ({"wait_clean": {"timeout": 0}}, "wait_clean: timeout and poll_interval must be greater than 0 seconds"),
+    ({"wait_ready": {"request": {"body": "{}"}}}, "wait_ready: request.url is required when request is set"),
+    ({"wait_ready": {"health_url": "http://x/", "interval": 0}}, "wait_ready: interval must be greater than 0 seconds"),
 ])
 def test_bad_input_fails_before_anything_is_killed(server, run_module, change, msg):
     a = server
