@@ -109,12 +109,13 @@ server_down:
 """
 
 import typing as t
-from urllib.error import HTTPError
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.urls import open_url
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _drain
+from ansible_collections.gpufleet.serving.plugins.module_utils import _drain, _server
+
+# A metrics page lists every gauge and histogram of the server (vLLM's runs to hundreds of KiB with many models).
+METRICS_MAX_BYTES = 4 * 1024 * 1024
 
 
 def main() -> None:
@@ -136,13 +137,10 @@ def main() -> None:
     if err:
         module.fail_json(msg=err)
     headers = {str(k): str(v) for k, v in p["headers"].items()}
+    client = _server.http_client(validate_certs=p["validate_certs"])  # one client (one SSL context) for every read
 
     def fetch(url: str) -> t.Tuple[int, str]:
-        try:
-            r = open_url(url, headers=headers, validate_certs=p["validate_certs"], timeout=5, use_proxy=False)
-            return r.getcode(), r.read(4 * 1024 * 1024).decode("utf-8", "replace")
-        except HTTPError as e:
-            return e.code, ""
+        return _server.http(url, headers=headers, timeout=5.0, client=client, max_bytes=METRICS_MAX_BYTES)
 
     def alive() -> t.Optional[str]:
         """The alive URL when the server answers there at all (any HTTP status), else None."""
