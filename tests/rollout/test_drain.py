@@ -231,6 +231,14 @@ def test_unreachable_balancer_fails_the_host_before_its_kill(df):
     assert r.summary["host2"]["out_of_rotation"] == []  # haproxy came first and failed: nothing was drained
     assert res["failed"] == 0, res["failures"]
     df.all_in_rotation(timeout=5)
+    # The capacity guard reads the balancers itself: one it cannot read refuses the batch, before anything is touched.
+    r = df.playbook("rollout", "--limit", "host2", extra_vars={"gpufleet_server_force_restart": True,
+                                                               "gpufleet_rollout_min_in_service": 1},
+                    vars_override={"gpufleet_server_balancers": df.balancers("/nonexistent/haproxy.sock")})
+    assert r.rc != 0
+    assert ("gpufleet_rollout_min_in_service: could not read HAProxy /nonexistent/haproxy.sock on localhost"
+            in r.summary["host2"]["failure"]), r.summary["host2"]
+    assert _pids(df)["host2"] == before["host2"]
 
 
 RECORDER = r"""
@@ -291,6 +299,23 @@ def test_capacity_guard_refuses_a_batch_before_anything_is_touched(df):
     assert r.summary["host3"]["status"] == "not run"
     assert _pids(df) == before
     df.all_in_rotation(timeout=5)
+    # Counted from the balancers' own state: host4 in MAINT in HAProxy and host3's worker removed from the router, by
+    # hand, are out although the play knows nothing of it.
+    _balancer.haproxy_cmd(df.haproxy.sock, "set server %s/host4 state maint" % _balancer.BACKEND)
+    wid = [w["id"] for w in json.loads(df.fleet.hub_run(["curl", "-sf", df.smg.url + "/workers"], check=True).stdout)["workers"]
+           if w["url"] == df.worker_url("host3")][0]
+    df.fleet.hub_run(["curl", "-sf", "-XDELETE", "%s/workers/%s" % (df.smg.url, wid)], check=True)
+    try:
+        r = df.playbook("rollout", "--limit", "host1", extra_vars={"gpufleet_server_force_restart": True,
+                                                                   "gpufleet_rollout_min_in_service": 2})
+        assert r.rc != 0
+        assert ("gpufleet_rollout_min_in_service: draining host1 would leave 1 of 4 server(s) in rotation (host3, host4 "
+                "already out), fewer than 2; nothing was touched") in r.summary["host1"]["failure"], r.summary["host1"]
+        assert _pids(df) == before
+    finally:
+        df.put_back("host3")
+        df.put_back("host4")
+    df.all_in_rotation(timeout=30)
     # The clean playbook (a stop drains first) has the same guard.
     c = df.playbook("clean", extra_vars={"gpufleet_rollout_serial": ["50%"], "gpufleet_rollout_min_in_service": "75%"})
     assert c.rc != 0
