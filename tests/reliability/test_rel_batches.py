@@ -259,3 +259,41 @@ def test_bad_input_fails_before_the_fast_path_and_takes_no_lock(fleet4):
         assert after[h]["files"] == before[h]["files"]
         listing = rf.fleet.ssh(h, "ls -A /run/gpufleet /tmp", check=True).stdout
         assert ".lock" not in listing and "evil" not in listing, listing
+
+
+@pytest.mark.reliability(
+    section="input", case="Bad input in a forced restart: validated once per host, before any host is touched",
+    provoked="gpufleet.serving.restart (forced, one batch of 4, max_fail_percentage 50) with gpufleet_nccl_env LD_PRELOAD on host2 and a "
+             "gpufleet_server_env name with a space on host3",
+    outcome="host2 and host3 fail in the rollout's validation with the role's messages ('LD_PRELOAD (the dynamic loader "
+            "...) is never written host-wide', 'invalid variable name(s) \"BAD NAME\"'), processes and files unchanged; "
+            "host1 and host4 restarted; the roles, which the rollout tells its checks already ran, run neither check "
+            "again (each check's task runs once in the output)")
+def test_a_forced_restart_validates_each_host_once_before_any_host_is_touched(fleet4):
+    rf = fleet4
+    before = rf.snapshot()
+
+    run = rf.playbook("restart", host_vars={"host2": {"gpufleet_nccl_env": {"LD_PRELOAD": "/tmp/evil.so"}},
+                                            "host3": {"gpufleet_server_env": {"BAD NAME": "1"}}},
+                      extra_vars={"gpufleet_rollout_serial": ["100%"], "gpufleet_rollout_max_fail_percentage": 50})
+
+    assert run.rc == 2, run.tail()
+    f2, f3 = run.summary["host2"]["failure"], run.summary["host3"]["failure"]
+    assert "LD_PRELOAD (the dynamic loader or the C library reads it in every program) is never written host-wide" in f2, f2
+    assert 'invalid variable name(s) "BAD NAME"' in f3, f3
+    after = rf.snapshot()
+    for h in ("host2", "host3"):
+        assert run.recap[h]["changed"] == 0, run.recap
+        assert after.identities(h) == before.identities(h)
+        assert after[h]["files"] == before[h]["files"]
+        assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"]
+    for h in ("host1", "host4"):
+        assert run.summary[h]["restarted"] is True, run.summary[h]
+        assert after.identities(h) != before.identities(h)
+    # The checks ran in the rollout's pre-tasks only; inside the roles their includes were skipped.
+    for task in ("gpufleet.serving.gpu_server : Assert the server environment is valid",
+                 "gpufleet.serving.nccl_tuning : Refuse variables the NCCL layers must not write host-wide"):
+        assert run.out.count("TASK [%s]" % task) == 1, (task, run.out[-3000:])
+    for task in ("gpufleet.serving.gpu_server : Validate the server definition",
+                 "gpufleet.serving.nccl_tuning : Check the NCCL tuning input"):
+        assert "TASK [%s]" % task in run.out, task
