@@ -67,15 +67,6 @@ def test_launch_in_a_new_session_tagged_with_a_clean_env_pidfile_and_log(tmp_pat
     assert "hf_secret" not in text and "hf_secret" not in repr(r)
 
 
-def test_second_run_finds_it_running_and_changes_nothing(tmp_path, run_module, launched):
-    first = run_module(server_launch.main, args(tmp_path))
-    launched.append(first["pid"])
-    again = run_module(server_launch.main, args(tmp_path))
-    assert again["changed"] is False and again["already_running"] is True and again["pid"] == first["pid"]
-    checked = run_module(server_launch.main, args(tmp_path), check_mode=True)
-    assert checked["changed"] is False and checked["pid"] == first["pid"]
-
-
 def test_check_mode_starts_nothing(tmp_path, run_module):
     r = run_module(server_launch.main, args(tmp_path), check_mode=True)
     assert r["changed"] is True and r["pid"] is None and r["already_running"] is False

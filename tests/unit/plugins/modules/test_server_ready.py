@@ -26,19 +26,6 @@ def pidfile_of(tmp_path, p):
     return str(pf)
 
 
-def test_ready_with_health_and_a_real_request(srv, tmp_path, run_module):
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    try:
-        r = run_module(server_ready.main, {"health_url": srv.url + "/health", "pidfile": pidfile_of(tmp_path, p),
-                                           "request": {"url": srv.url + "/generate", "body": "{}", "expect_regex": "pong"},
-                                           "timeout": 5, "interval": 0.05})
-    finally:
-        p.kill()
-        p.wait()
-    assert "failed" not in r and r["changed"] is False
-    assert r["request_status"] == 200 and r["ready_s"] < 5 and r["health_s"] is not None
-
-
 def test_health_200_and_failing_request_times_out_with_the_hang_hint_and_log_tail(srv, tmp_path, run_module):
     srv.gen_code = 500
     log = tmp_path / "demo.log"

@@ -224,16 +224,6 @@ def test_lock_unlock_actions_and_their_check_mode(paths, run_module):
     assert r["released"] is True and r["changed"] is True and not os.path.exists(paths["lock_file"])
 
 
-def test_record_in_check_mode_writes_nothing(servers, paths, run_module, tmp_path):
-    s = servers()
-    os.makedirs(os.path.dirname(paths["pidfile"]))
-    s.write_pidfile(Path(paths["pidfile"]))
-    r = run_module(server_state.main, {"action": "record", "name": NAME, "state_file": paths["state_file"],
-                                       "pidfile": paths["pidfile"], "fingerprint": "f" * 64}, check_mode=True)
-    assert r["changed"] is True and r["state"]["pid"] == s.pid
-    assert not os.path.exists(paths["state_file"])
-
-
 @pytest.mark.parametrize("args, msg", [
     ({"action": "record", "name": NAME, "state_file": "/tmp/x.json"}, "action is record but all of the following are missing: fingerprint, pidfile"),
     ({"action": "lock", "name": NAME, "state_file": "/tmp/x.json"}, "action is lock but all of the following are missing: lock_file, owner"),
