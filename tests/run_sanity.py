@@ -6,128 +6,22 @@
     .venv/bin/python tests/run_sanity.py [--python 3.11] [--dir DIR] [ansible-test sanity options...]
     .venv-core-newest/bin/python tests/run_sanity.py      # the newest ansible-core (scripts/setup)
 
-The ansible-test run is the one installed beside the interpreter that runs this script (its venv's bin/),
-and --python defaults to that interpreter's version: run it with a venv's python to test that venv's core.
-
-1. Copies the checkout (scripts/install-collection; a real copy, tests/ included) to
-   DIR/ansible_collections/gpufleet/serving and commits it to a throw-away git repo there, so
-   ansible-test lists exactly the files of the copy.
-2. Offline, ansible-test's venv bootstrap downloads get-pip.py from ci-files.testing.ansible.com and
-   fails. It first looks in ~/.ansible/test/cache/get_pip_<pip version>.py (the version is read from
-   the installed ansible_test), so a stand-in is written there that runs ensurepip and then installs
-   the requested pip from the package index. ensurepip wipes the PIP_* variables and sets
-   PIP_CONFIG_FILE=/dev/null (dropping the machine's index/CA settings): the stand-in restores os.environ.
-3. Runs `ansible-test sanity --venv --python X` (requirements come from PyPI into cached venvs under
-   ~/.ansible/test/venv). Exit status is ansible-test's.
+The copy, the get-pip stand-in and the environment are tests/ansible_test_offline.py's: `ansible-test sanity --venv
+--python X` runs in DIR/ansible_collections/gpufleet/serving (requirements come from PyPI into cached venvs under
+~/.ansible/test/venv). Exit status is ansible-test's.
 """
 from __future__ import annotations
 
-import argparse
-import fcntl
-import os
-import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-
-GET_PIP_STAND_IN = '''# get-pip.py stand-in written by gpufleet tests/run_sanity.py (offline ansible-test bootstrap).
-import os
-import subprocess
-import sys
-
-
-def main():
-    saved = dict(os.environ)
-    import ensurepip
-    ensurepip.bootstrap(upgrade=True)
-    # ensurepip removes PIP_* and sets PIP_CONFIG_FILE=/dev/null; the install below needs the machine's settings.
-    os.environ.clear()
-    os.environ.update(saved)
-    args = [a for a in sys.argv[1:] if a not in ("--no-setuptools", "--no-wheel")]
-    sys.exit(subprocess.call([sys.executable, "-m", "pip", "install"] + args))
-
-
-if __name__ == "__main__":
-    main()
-'''
-
-
-def pip_bootstrap_version() -> str:
-    import ansible_test
-
-    # python_requirements.get_venv_packages(): default_packages = dict(pip='24.2', ...)
-    src = (Path(ansible_test.__file__).parent / "_internal" / "python_requirements.py").read_text()
-    m = re.search(r"""default_packages\s*=\s*dict\(\s*pip=['"]([0-9.]+)['"]""", src)
-    if not m:
-        raise SystemExit("cannot find ansible-test's pip bootstrap version in python_requirements.py")
-    return m.group(1)
-
-
-def core_version() -> str:
-    from ansible.release import __version__
-
-    return ".".join(__version__.split(".")[:2])
-
-
-def ensure_get_pip_stand_in() -> Path:
-    version = pip_bootstrap_version()
-    cache = Path.home() / ".ansible" / "test" / "cache" / ("get_pip_%s.py" % version.replace(".", "_"))
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    if not cache.exists() or cache.read_text() != GET_PIP_STAND_IN:
-        if cache.exists() and "gpufleet" not in cache.read_text():
-            return cache  # a real get-pip.py someone downloaded: use it
-        tmp = cache.with_suffix(".tmp")
-        tmp.write_text(GET_PIP_STAND_IN)
-        tmp.replace(cache)
-    return cache
-
-
-def copy_collection(base: Path) -> Path:
-    # Keep tests/output across runs: ansible-test's delegation venv lives there (a warm run is much faster).
-    dest = base / "ansible_collections" / "gpufleet" / "serving"
-    kept = base / "output-kept"
-    if (dest / "tests" / "output").is_dir():
-        shutil.rmtree(kept, ignore_errors=True)
-        (dest / "tests" / "output").rename(kept)
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "install-collection"), str(base)], check=True,
-                         stdout=subprocess.PIPE, text=True).stdout.strip()
-    assert Path(out) == dest, out
-    if kept.is_dir():
-        shutil.rmtree(dest / "tests" / "output", ignore_errors=True)  # a stray one copied from the checkout
-        kept.rename(dest / "tests" / "output")
-    # ansible-test lists git's tracked AND untracked files: keep its own output out of the listing.
-    (dest / ".gitignore").write_text("/tests/output/\n")
-    env = dict(os.environ, GIT_AUTHOR_NAME="sanity", GIT_AUTHOR_EMAIL="sanity@invalid",
-               GIT_COMMITTER_NAME="sanity", GIT_COMMITTER_EMAIL="sanity@invalid")
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-q", "-m", "sanity snapshot"]):
-        subprocess.run(cmd, cwd=str(dest), check=True, env=env, stdout=subprocess.DEVNULL)
-    return dest
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ansible_test_offline as offline  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--python", default="%d.%d" % sys.version_info[:2])
-    # One copy per ansible-core: its delegation venv belongs to that ansible-test, and two cores' runs
-    # must not wait on each other's lock.
-    ap.add_argument("--dir", default=str(Path.home() / ".cache" / ("gpufleet-sanity-%s" % core_version())),
-                    help="where the copy (and ansible-test's cached delegation venv) lives; reused between runs")
-    a, rest = ap.parse_known_args(argv)
-    ensure_get_pip_stand_in()
-    base = Path(a.dir)
-    base.mkdir(parents=True, exist_ok=True)
-    with open(base / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one run at a time per copy
-        dest = copy_collection(base)
-        env = dict(os.environ)
-        env["PATH"] = str(BIN) + os.pathsep + env.get("PATH", "")
-        env.pop("ANSIBLE_COLLECTIONS_PATH", None)
-        cmd = [str(BIN / "ansible-test"), "sanity", "--venv", "--python", a.python, "--color", "no"] + rest
-        print("+ (cd %s && %s)" % (dest, " ".join(cmd)), flush=True)
-        return subprocess.call(cmd, cwd=str(dest), env=env)
+    with offline.copy_for("sanity", __doc__, argv, get_pip=True) as s:
+        return offline.ansible_test(s, ["sanity", "--venv"])
 
 
 if __name__ == "__main__":
