@@ -251,7 +251,9 @@ def role_names_refused(env: t.Any, profile: t.Any, allow_vars: t.Any) -> str:
         if isinstance(allow_vars, t.Sequence) and not isinstance(allow_vars, (str, bytes)) else []
     bad_allow = [a for a in allowed if not _envblock.ENV_NAME_RE.fullmatch(a)]
     # Each spelling by itself: http_proxy and HTTP_PROXY are both named.
-    forbidden = sorted({n for n in judged + allowed if forbidden_reason(n)}, key=str.lower)
+    # A stable sort of an ordered de-duplication: spellings that differ only in case (http_proxy, HTTP_PROXY) keep
+    # the user's order, not a set's hash order (which changes with PYTHONHASHSEED).
+    forbidden = sorted(dict.fromkeys(n for n in judged + allowed if forbidden_reason(n)), key=str.lower)
     not_allowed = [n for n in judged if not n.startswith("NCCL_") and n not in allowed and n not in forbidden]
     parts = []
     if bad_allow:
