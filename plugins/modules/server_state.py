@@ -24,7 +24,8 @@ description:
   - O(action=check) with O(lock_file) and O(owner) takes the lock first and releases it again when no restart is
     needed (unless O(keep_lock=true)), so an up-to-date host costs one round trip. RV(locked) says whether the
     lock is still held, and C(changed) is true exactly then (the call left a lock file behind); a lock taken and
-    released again leaves the host as it was. In check mode no lock is taken.
+    released again leaves the host as it was. In check mode no lock is taken, and C(changed) says whether the real
+    call would leave one behind (a restart is needed, or O(keep_lock=true)).
   - O(action=check) with O(launchable) first verifies that the server could be launched (its executable, user
     and working directory exist) and fails, before the lock, when it could not; a server that cannot be
     relaunched must never be stopped.
@@ -442,6 +443,10 @@ def check(module: AnsibleModule) -> dict:
             res["locked"] = not _server.release_lock(p["lock_file"], p["owner"])
         # The lock file this call leaves behind is its only change to the host.
         res["changed"] = res["locked"]
+    elif p["lock_file"] and p["owner"]:
+        # Check mode takes no lock but predicts the real call: it keeps the lock when a restart is needed.
+        res["locked"] = False
+        res["changed"] = bool(res["needs_restart"] or p["keep_lock"])
     return res
 
 
