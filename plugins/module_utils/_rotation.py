@@ -12,6 +12,7 @@ from the drain of an earlier failed run of gpufleet; this record can."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import typing as t
@@ -64,3 +65,8 @@ def clear(path: str, balancers: t.Sequence[str],
         else:
             os.unlink(path)
     return True, left
+
+
+def render(records: t.Mapping[str, t.Mapping[str, t.Any]]) -> str:
+    """The record as --diff shows it: what the file holds, or nothing when there is no file."""
+    return json.dumps({"drains": records}, indent=2, sort_keys=True) + "\n" if records else ""

@@ -26,7 +26,8 @@ attributes:
     support: full
     details: V(add) and V(clear) report what they would change and write nothing.
   diff_mode:
-    support: none
+    support: full
+    details: V(add) and V(clear) show the record before and after.
   idempotent:
     support: full
 options:
@@ -90,6 +91,8 @@ records:
   sample: {"haproxy": {"found": "UP", "server": "host1", "run": "ctl:1234:...", "at": "2026-11-30T22:00:00+0000"}}
 """
 
+import typing as t
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _rotation
@@ -112,8 +115,9 @@ def main() -> None:
     )
     p = module.params
     try:
+        before = _rotation.read(p["path"])
         if p["action"] == "read":
-            module.exit_json(changed=False, records=_rotation.read(p["path"]))
+            module.exit_json(changed=False, records=before)
         if p["action"] == "add":
             changed, records = _rotation.add(p["path"], p["balancer"],
                                              {"found": p["found"], "server": p["server"], "run": p["run"]},
@@ -122,7 +126,11 @@ def main() -> None:
             changed, records = _rotation.clear(p["path"], p["balancers"], module.check_mode)
     except (_rotation.RecordError, OSError) as e:
         module.fail_json(msg="drain record %s: %s" % (p["path"], e), path=p["path"])
-    module.exit_json(changed=changed, records=records)
+    result: t.Dict[str, t.Any] = dict(changed=changed, records=records)
+    if module._diff and changed:
+        result["diff"] = dict(before=_rotation.render(before), after=_rotation.render(records),
+                              before_header=p["path"], after_header=p["path"])
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

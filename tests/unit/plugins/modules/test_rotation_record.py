@@ -45,6 +45,18 @@ def test_check_mode_writes_nothing(tmp_path, run_module):
     assert r["changed"] is True and not os.path.exists(path)
 
 
+def test_diff_shows_the_record_before_and_after(tmp_path, run_module):
+    path = str(tmp_path / "demo.rotation.json")
+    args = {"path": path, "action": "add", "balancer": "haproxy", "found": "UP", "server": "host1", "_ansible_diff": True}
+    r = run_module(rotation_record.main, args, check_mode=True)
+    assert r["diff"]["before"] == "" and json.loads(r["diff"]["after"])["drains"]["haproxy"]["server"] == "host1"
+    assert not os.path.exists(path)
+    run_module(rotation_record.main, args)
+    assert "diff" not in run_module(rotation_record.main, args)  # kept: nothing changed, nothing to show
+    r = run_module(rotation_record.main, {"path": path, "action": "clear", "balancers": ["haproxy"], "_ansible_diff": True})
+    assert json.loads(r["diff"]["before"])["drains"]["haproxy"]["found"] == "UP" and r["diff"]["after"] == ""
+
+
 def test_a_file_that_is_not_a_record_fails_and_is_left_alone(tmp_path, run_module):
     path = tmp_path / "demo.rotation.json"
     path.write_text("not json")
