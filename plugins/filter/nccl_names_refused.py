@@ -36,7 +36,7 @@ options:
 """
 
 EXAMPLES = r"""
-- name: Refuse variables the NCCL layers must not write host-wide
+- name: Assert the NCCL tuning variables are valid
   ansible.builtin.assert:
     that: _refused | length == 0
     fail_msg: "Refused NCCL tuning variable name(s), nothing was changed: {{ _refused }}."

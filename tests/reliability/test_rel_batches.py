@@ -291,8 +291,8 @@ def test_a_forced_restart_validates_each_host_once_before_any_host_is_touched(fl
         assert run.summary[h]["restarted"] is True, run.summary[h]
         assert after.identities(h) != before.identities(h)
     # The checks ran in the rollout's pre-tasks only; inside the roles their includes were skipped.
-    for task in ("gpufleet.serving.gpu_server : Assert the server environment is valid",
-                 "gpufleet.serving.nccl_tuning : Refuse variables the NCCL layers must not write host-wide"):
+    for task in ("gpufleet.serving.gpu_server : Assert the server definition is usable",
+                 "gpufleet.serving.nccl_tuning : Assert the NCCL tuning variables are valid"):
         assert run.out.count("TASK [%s]" % task) == 1, (task, run.out[-3000:])
     for task in ("gpufleet.serving.gpu_server : Validate the server definition",
                  "gpufleet.serving.nccl_tuning : Check the NCCL tuning input"):
