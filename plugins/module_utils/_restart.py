@@ -22,7 +22,9 @@ a restart's wall time (each task is a module round trip to every host).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
 import typing as t
 
@@ -146,12 +148,49 @@ def _kill_step(module: t.Any, p: t.Mapping[str, t.Any], **selector: t.Any) -> t.
     return _killmod.run_kill(params, module.check_mode)
 
 
+def preflight(p: t.Mapping[str, t.Any]) -> None:
+    """What would fail after the kill, checked before it: a server that cannot be relaunched is never stopped."""
+    if not p["stop_only"] and p["launcher"] == "process":
+        problems = _server.launch_problems(p["command"][0], p["user"], p["workdir"])
+        if problems:
+            raise StepError("cannot run this server, nothing was stopped: %s" % "; ".join(problems), phase="preflight",
+                            launch_problems=problems)
+    if p["gpus"]:
+        try:
+            _all_gpus(p)
+        except StepError as e:  # a GPU index this host lacks, or no GPU backend at all
+            raise StepError("gpus: %s; nothing was stopped" % e, **dict(e.details, phase="preflight"))
+
+
+@contextlib.contextmanager
+def shielded(active: bool) -> t.Iterator[t.List[str]]:
+    """Once the cycle starts it runs to its end (the docs' promise; a takeover waits for this process): ansible-playbook
+    passes SIGTERM and Ctrl-C on to its workers' process groups (os.killpg), and with the local connection this module
+    is in one; an ssh hang-up sends SIGHUP. The signals that come meanwhile are noted (yielded list), not obeyed.
+    Handlers, not SIG_IGN: an ignored signal would stay ignored in the server this cycle execs, a handler does not."""
+    got: t.List[str] = []
+    if not active:
+        yield got
+        return
+    sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    before = {s: signal.getsignal(s) for s in sigs}
+    for s in sigs:
+        signal.signal(s, lambda signum, _frame: got.append(signal.Signals(signum).name))
+    try:
+        yield got
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
 def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
     """Run the cycle, filling `result` as it goes; raises StepError (with `phase`) at the first failing step."""
     p = module.params
     gate = dict(p["wait_clean"], gpus=p["gpus"], backend=p["backend"])
     timings = result["timings"]
     t0 = time.monotonic()
+    result["phase"] = "preflight"
+    preflight(p)
     if p["release_lock"] and not module.check_mode:
         # If the controller dies now, this cycle still runs to its end here; a takeover waits for this process.
         me = _proc.read_proc(os.getpid())

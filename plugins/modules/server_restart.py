@@ -20,6 +20,8 @@ description:
     the process launcher's kill does. A unit file changed on disk is loaded first (C(systemctl daemon-reload)), so
     the stop already uses its grace. The start is C(systemctl start); the unit's main pid is the launcher (written
     to O(pidfile)). A start-up failure names systemd's exit status and its journal lines."
+  - "C(preflight): before anything is stopped, the launch's executable (an absolute O(command[0])), O(user) and
+    O(workdir) must exist and O(gpus) must name GPUs of this host; otherwise the module fails and stops nothing."
   - "C(kill): every process carrying the launch tag O(tag_name)=O(name) (workers orphaned to PID 1 included), the
     process O(pidfile) names when confirmed and, with O(kill.cmdline_regex), an adopted server started before
     gpufleet; TERM, grace, KILL, as M(gpufleet.serving.process_kill) does. The pidfile's process is confirmed only by
@@ -40,7 +42,8 @@ description:
     M(gpufleet.serving.server_state) C(action=record) does."
   - With O(release_lock), the host lock is released at the end, whether the cycle passed or failed. While the cycle
     runs, the lock names this module's process; if the controller dies meanwhile (Ctrl-C, SIGTERM), the cycle still
-    runs to its end on the host, and a later run that takes over the dead run's lock waits for this process first
+    runs to its end on the host (a SIGTERM, SIGINT or SIGHUP that reaches this module during the cycle is not obeyed
+    and is named in a warning; SIGKILL still stops it), and a later run that takes over the dead run's lock waits for this process first
     (O(gpufleet.serving.server_state#module:break_owner)), so two restarts never interleave on one host.
   - Each step is the code of the single-step module; one call instead of seven saves an ansible task start per
     step and host (about 0.3 s of CPU on each side per host), which is most of a fleet restart's wall time.
@@ -490,7 +493,7 @@ log_tail:
   returned: failure in the ready step
   type: str
 phase:
-  description: The step that failed - V(kill), V(strays), V(clean) (nothing launched), V(launch), V(startup) (the
+  description: The step that failed - V(preflight) (nothing stopped), V(kill), V(strays), V(clean) (nothing launched), V(launch), V(startup) (the
     server died), V(ready) (timeout), V(busy), V(verify_env) or V(record).
   returned: failure
   type: str
@@ -511,17 +514,21 @@ def main() -> None:
         module.fail_json(msg=err)
     result: t.Dict[str, t.Any] = dict(changed=False, timings={})
     failure: t.Optional[StepError] = None
-    try:
-        _restart.run(module, result)
-    except StepError as e:
-        failure = e
-    except Exception as e:  # pylint: disable=broad-except
-        # An unexpected error (an OSError writing the state file, say) is reported with its phase like any failure.
-        failure = StepError("%s: unexpected error: %s" % (result.get("phase", "restart"), e),
-                            exception=traceback.format_exc())
-    finally:
-        # The documented promise: the host lock is released whether the cycle passed or failed, whatever failed.
-        _restart.release(p, result, module.check_mode)
+    with _restart.shielded(not module.check_mode) as signals:
+        try:
+            _restart.run(module, result)
+        except StepError as e:
+            failure = e
+        except Exception as e:  # pylint: disable=broad-except
+            # An unexpected error (an OSError writing the state file, say) is reported with its phase like any failure.
+            failure = StepError("%s: unexpected error: %s" % (result.get("phase", "restart"), e),
+                                exception=traceback.format_exc())
+        finally:
+            # The documented promise: the host lock is released whether the cycle passed or failed, whatever failed.
+            _restart.release(p, result, module.check_mode)
+    if signals:
+        module.warn("%s came during the restart and was not obeyed: the cycle ran to its end (a controller that "
+                    "stopped meanwhile does not stop a restart it started)" % ", ".join(sorted(set(signals))))
     if failure is not None:
         module.fail_json(msg=str(failure), **_restart.fail_result(result, failure))
     module.exit_json(**result)

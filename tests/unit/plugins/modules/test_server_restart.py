@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _restart, _server
 from ansible_collections.gpufleet.serving.plugins.modules import server_restart
 
 from helpers import FAKE_NVML_DIR, pid_alive
@@ -309,3 +310,42 @@ def test_a_bad_umask_fails_before_anything_is_killed(server, run_module):
     r = run_module(server_restart.main, dict(a, umask="0o22"))
     assert r["failed"] and "umask must be an octal mode" in r["msg"], r
     assert first["pid"] in _tagged(a)
+
+
+def test_launch_input_that_would_fail_after_the_kill_fails_before_it(server, run_module):
+    # A server that cannot be relaunched is never stopped: each of these failed after the kill before (phase clean
+    # or launch), leaving the host without its server.
+    first = run_module(server_restart.main, server)
+    assert not first.get("failed"), first
+    running = _tagged(server)
+    for bad, phrase in [({"gpus": [7]}, "GPU index 7 does not exist on this host"),
+                        ({"user": "nosuchuser-gpufleet"}, "user nosuchuser-gpufleet does not exist"),
+                        ({"workdir": "/nonexistent-gpufleet"}, "workdir /nonexistent-gpufleet is not a directory"),
+                        ({"command": ["/nonexistent-gpufleet/python3"]}, "is not an executable file")]:
+        for check_mode in (True, False):
+            r = run_module(server_restart.main, dict(server, **bad), check_mode=check_mode)
+            assert r["failed"] and r["phase"] == "preflight", (bad, r)
+            assert phrase in r["msg"] and "nothing was stopped" in r["msg"], r["msg"]
+            assert r.get("killed", 0) == 0 and _tagged(server) == running, bad
+            assert not os.path.exists(server["release_lock"]["lock_file"])  # released all the same
+
+
+def test_the_cycle_notes_termination_signals_without_obeying_them_and_execd_children_keep_theirs():
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    with _restart.shielded(True) as got:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGHUP)
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            status = open("/proc/%d/status" % child.pid).read()
+        finally:
+            child.kill()
+            child.wait()
+    assert got == ["SIGTERM", "SIGHUP"]
+    # Handlers, not SIG_IGN: a server the cycle launches must still stop on SIGTERM.
+    ignored = int(re.search(r"^SigIgn:\s*([0-9a-f]+)$", status, re.M).group(1), 16)
+    assert not ignored & (1 << (signal.SIGTERM - 1)) and not ignored & (1 << (signal.SIGHUP - 1))
+    assert {s: signal.getsignal(s) for s in before} == before
+    with _restart.shielded(False) as got:  # check mode: nothing changes
+        assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
+    assert got == []
