@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 name: nccl_names_refused
 short_description: Why the nccl_tuning role refuses the NCCL variable names it was given, or an empty string
-version_added: 0.3.0
+version_added: 0.2.0
 description:
   - The nccl_tuning role's name check, run on the controller before any host is touched. Both NCCL layers write
     host-wide, so a name in O(_input) (C(gpufleet_nccl_env)) must be C(NCCL_*) or listed exactly in O(allow_vars),

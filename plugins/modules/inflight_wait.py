@@ -9,7 +9,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: inflight_wait
 short_description: Wait until a server has no requests in flight, from its own Prometheus metrics
-version_added: 0.3.0
+version_added: 0.2.0
 description:
   - Reads O(url) (the server's Prometheus metrics) every O(interval) seconds until the sum of O(metrics) over all their
     label sets is 0, for at most O(timeout) seconds. The gpu_server role runs it after taking a host out of its load
@@ -57,7 +57,7 @@ options:
     type: bool
     default: true
   alive_url:
-    version_added: 0.3.0
+    version_added: 0.2.0
     description:
       - The server's health URL. When O(url) refuses the connection, the server counts as down (nothing in flight)
         only if this URL does not answer either; a server that answers here has a wrong O(url), and the module

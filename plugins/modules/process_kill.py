@@ -71,7 +71,7 @@ options:
     type: str
     choices: [launcher_first, all_at_once]
     default: launcher_first
-    version_added: 0.3.0
+    version_added: 0.2.0
   fail_on_survivor:
     description: Fail when a process survives the last signal.
     type: bool
@@ -127,7 +127,7 @@ signalled_first:
   returned: always
   type: list
   elements: int
-  version_added: 0.3.0
+  version_added: 0.2.0
 notes:
   description: Facts about the selection, such as a stale or unconfirmed pidfile.
   returned: always

@@ -9,7 +9,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: rotation_record
 short_description: Keep the host's record of the load balancers gpufleet took it out of
-version_added: 0.3.0
+version_added: 0.2.0
 description:
   - The gpu_server role records each drain it makes (the balancer entry, the state it found the server in, when, the
     run) before it takes the host out, and clears the entries once the host is back in service. A balancer's own

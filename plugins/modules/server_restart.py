@@ -63,7 +63,7 @@ attributes:
     details: A restart always restarts; the gpu_server role calls it only when a restart is needed.
 options:
   launcher:
-    version_added: 0.3.0
+    version_added: 0.2.0
     description:
       - How the server is started and stopped. V(process) starts O(command) in its own session; V(systemd) starts
         and stops the unit O(systemd.unit).
@@ -71,7 +71,7 @@ options:
     choices: [process, systemd]
     default: process
   systemd:
-    version_added: 0.3.0
+    version_added: 0.2.0
     description: The unit, with O(launcher=systemd) (required then).
     type: dict
     suboptions:
@@ -87,7 +87,7 @@ options:
         elements: path
         default: []
   retire_unit:
-    version_added: 0.3.0
+    version_added: 0.2.0
     description:
       - "With O(launcher=process), a unit an earlier systemd launch left (the server moved to the process launcher):
         when one of O(retire_unit.files) exists, the unit is stopped and disabled (C(systemctl disable --now)) and
@@ -104,7 +104,7 @@ options:
         elements: path
         required: true
   stop_only:
-    version_added: 0.3.0
+    version_added: 0.2.0
     description:
       - Stop the server and verify its GPUs clean (the C(kill), C(strays) and C(clean) steps), then return without a
         launch. O(command) and O(wait_ready) are not needed then. The clean playbook's stop.
@@ -173,7 +173,7 @@ options:
         type: str
         choices: [launcher_first, all_at_once]
         default: launcher_first
-        version_added: 0.3.0
+        version_added: 0.2.0
   wait_clean:
     description: The clean gate before the launch.
     type: dict
@@ -417,7 +417,7 @@ state:
   returned: when record is set and the step ran
   type: dict
 unit:
-  version_added: 0.3.0
+  version_added: 0.2.0
   description: The unit as systemd reported it before the stop.
   returned: when launcher is systemd
   type: dict
@@ -432,7 +432,7 @@ unit:
       description: The unit's main pid (V(0) when none).
       type: str
 dropins_removed:
-  version_added: 0.3.0
+  version_added: 0.2.0
   description: The drop-ins O(systemd.remove_dropins) deleted.
   returned: when some were deleted
   type: list
@@ -474,12 +474,12 @@ would_launch:
   returned: check mode
   type: bool
 would_stop:
-  version_added: 0.3.0
+  version_added: 0.2.0
   description: With O(stop_only) in check mode, whether there is a server to stop.
   returned: check mode with stop_only
   type: bool
 unit_retired:
-  version_added: 0.3.0
+  version_added: 0.2.0
   description: The files of the unit O(retire_unit) took out of service (would, in check mode).
   returned: when there was one
   type: list

@@ -151,7 +151,7 @@ options:
         description: The options of M(gpufleet.serving.nccl_conf) (O(gpufleet.serving.nccl_conf#module:backup) excepted).
         type: dict
   systemd:
-    version_added: 0.3.0
+    version_added: 0.2.0
     description:
       - With V(check), the server runs as this systemd unit. Its main pid (C(systemctl show)), not the pidfile, is
         the launcher, so a unit systemd started itself (a reboot, C(systemctl restart)) still reads as running; when
@@ -324,7 +324,7 @@ holder:
   returned: when the lock is held by another run
   type: str
 unit:
-  version_added: 0.3.0
+  version_added: 0.2.0
   description: With V(check) and O(systemd), the unit as systemd has it.
   returned: when systemd is set
   type: dict
@@ -363,7 +363,7 @@ unit:
       type: list
       elements: str
 notes:
-  version_added: 0.3.0
+  version_added: 0.2.0
   description: With V(check), what was found and is not a reason to restart (a unit restarted outside gpufleet).
   returned: when there is one
   type: list

@@ -81,3 +81,14 @@ def test_requires_ansible_is_the_tested_core_series():
     for role in (ROOT / "roles").iterdir():
         meta = yaml.safe_load((role / "meta" / "main.yml").read_text())
         assert Version(str(meta["galaxy_info"]["min_ansible_version"])) == Version("%d.%d" % (low.major, low.minor)), role.name
+
+
+def test_no_version_added_is_later_than_the_collection_version():
+    # ansible-doc prints "added in version X": a version the collection has not reached misleads its users.
+    current = Version(_galaxy()["version"])
+    found = []
+    for path in list((ROOT / "plugins").rglob("*.py")) + list((ROOT / "roles").rglob("argument_specs.yml")):
+        for v in re.findall(r"version_added:\s*['\"]?([0-9][0-9.]*)", path.read_text()):
+            found.append(v)
+            assert Version(v) <= current, "%s: version_added %s > galaxy.yml's %s" % (path.relative_to(ROOT), v, current)
+    assert found  # the pattern still finds the modules' version_added
