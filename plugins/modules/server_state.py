@@ -24,8 +24,9 @@ description:
   - O(action=check) with O(lock_file) and O(owner) takes the lock first and releases it again when no restart is
     needed (unless O(keep_lock=true)), so an up-to-date host costs one round trip. RV(locked) says whether the
     lock is still held, and C(changed) is true exactly then (the call left a lock file behind); a lock taken and
-    released again leaves the host as it was. In check mode no lock is taken, and C(changed) says whether the real
-    call would leave one behind (a restart is needed, or O(keep_lock=true)).
+    released again leaves the host as it was. A lock this O(owner) already held before the call (O(action=lock), or
+    an earlier check that kept it) is kept and is no change. In check mode no lock is taken, and C(changed) says
+    whether the real call would leave one behind (a restart is needed, or O(keep_lock=true)).
   - O(action=check) with O(launchable) first verifies that the server could be launched (its executable, user
     and working directory exist) and fails, before the lock, when it could not; a server that cannot be
     relaunched must never be stopped.
@@ -116,11 +117,11 @@ options:
     description: With V(lock)/V(unlock), an id of this run (controller host, pid, time).
     type: str
   lock_ttl:
-    description: Seconds after which a lock is stale.
+    description: Seconds after which a lock is stale; must be > 0.
     type: float
     default: 1800
   lock_wait:
-    description: Seconds to wait for another run's lock before failing.
+    description: Seconds to wait for another run's lock before failing; must be >= 0.
     type: float
     default: 0
   break_owner:
@@ -384,6 +385,19 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import (
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
+def lock_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
+    """A lock that cannot exclude anybody (expired when written, an empty owner) is refused before anything is done."""
+    if p["owner"] is not None and not p["owner"].strip():
+        return "owner must not be empty (it names the run that holds the lock)"
+    if p["lock_ttl"] <= 0:
+        return "lock_ttl must be > 0 seconds, got %s (a lock past its TTL is broken by the next run)" % p["lock_ttl"]
+    if p["lock_wait"] < 0:
+        return "lock_wait must be >= 0 seconds, got %s" % p["lock_wait"]
+    if p["lock_file"] and os.path.isdir(p["lock_file"]):
+        return "lock_file %s is a directory; name the lock file itself" % p["lock_file"]
+    return None
+
+
 def take_lock(module: AnsibleModule) -> dict:
     p = module.params
     if p["break_owner"] and p["break_owner"] != p["owner"]:
@@ -420,6 +434,8 @@ def check(module: AnsibleModule) -> dict:
         if problems:
             module.fail_json(msg="cannot run this server: %s." % "; ".join(problems), launch_problems=problems)
     locking = bool(p["lock_file"] and p["owner"]) and not module.check_mode
+    # This run's lock from an earlier call (action=lock, or a check that kept it) is neither taken nor dropped here.
+    held_before = bool(p["lock_file"] and p["owner"]) and _server.read_state(p["lock_file"]).get("owner") == p["owner"]
     if locking:
         take_lock(module)
     try:
@@ -429,7 +445,7 @@ def check(module: AnsibleModule) -> dict:
             res["nccl_layers"] = _layercheck.up_to_date(p["nccl_layers"], module.warn)
             res["up_to_date"] = res["up_to_date"] and res["nccl_layers"]["up_to_date"]
     except BaseException:
-        if locking:
+        if locking and not held_before:
             _server.release_lock(p["lock_file"], p["owner"])
         raise
     if p["lock_file"] and not p["owner"]:
@@ -439,14 +455,14 @@ def check(module: AnsibleModule) -> dict:
             res["up_to_date"] = False
     if locking:
         res["locked"] = True
-        if not res["needs_restart"] and not p["keep_lock"]:
+        if not res["needs_restart"] and not p["keep_lock"] and not held_before:
             res["locked"] = not _server.release_lock(p["lock_file"], p["owner"])
-        # The lock file this call leaves behind is its only change to the host.
-        res["changed"] = res["locked"]
+        # The lock file this call leaves behind, when it was not there before, is its only change to the host.
+        res["changed"] = res["locked"] and not held_before
     elif p["lock_file"] and p["owner"]:
         # Check mode takes no lock but predicts the real call: it keeps the lock when a restart is needed.
-        res["locked"] = False
-        res["changed"] = bool(res["needs_restart"] or p["keep_lock"])
+        res["locked"] = held_before
+        res["changed"] = bool(res["needs_restart"] or p["keep_lock"]) and not held_before
     return res
 
 
@@ -638,6 +654,9 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
+    err = lock_input_error(p)
+    if err:
+        module.fail_json(msg=err)
     if p["action"] == "check":
         try:
             result = check(module)

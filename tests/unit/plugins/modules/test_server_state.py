@@ -235,6 +235,48 @@ def test_bad_input(run_module, args, msg):
     assert r["failed"] is True and msg in r["msg"], r["msg"]
 
 
+@pytest.mark.parametrize("kw, msg", [
+    ({"lock_ttl": -5}, "lock_ttl must be > 0 seconds, got -5.0"),
+    ({"lock_ttl": 0}, "lock_ttl must be > 0 seconds"),
+    ({"lock_wait": -5}, "lock_wait must be >= 0 seconds, got -5.0"),
+    ({"owner": " "}, "owner must not be empty"),
+])
+def test_a_lock_that_excludes_nobody_is_refused_and_nothing_is_written(paths, run_module, kw, msg):
+    for action in ("lock", "check"):
+        args = dict(check_args(paths), action=action, lock_file=paths["lock_file"], owner="ctl:1:a")
+        r = run_module(server_state.main, dict(args, **kw))
+        assert r["failed"] is True and msg in r["msg"], r["msg"]
+        assert not os.path.exists(paths["lock_file"])
+
+
+def test_a_lock_file_that_is_a_directory_is_named(paths, run_module):
+    os.makedirs(paths["lock_file"])
+    r = run_module(server_state.main, {"action": "lock", "name": NAME, "state_file": paths["state_file"],
+                                       "lock_file": paths["lock_file"], "owner": "ctl:1:a"})
+    assert r["failed"] is True and "lock_file %s is a directory" % paths["lock_file"] in r["msg"], r["msg"]
+
+
+def test_check_keeps_a_lock_this_run_already_held_and_reports_no_change_for_it(servers, paths, run_module):
+    running(servers, paths, run_module)
+    lk = dict(lock_file=paths["lock_file"], owner="ctl:1:a")
+    assert run_module(server_state.main, dict(check_args(paths), action="lock", **lk))["changed"] is True
+    # Up to date: the run's own lock, taken before, is not dropped (it was dropped, reported unchanged).
+    for check_mode in (True, False):
+        r = run_module(server_state.main, check_args(paths, **lk), check_mode=check_mode)
+        assert r["needs_restart"] is False and r["changed"] is False and r["locked"] is True, r
+        assert os.path.exists(paths["lock_file"])
+    run_module(server_state.main, dict(check_args(paths), action="unlock", **lk))
+    # Restart needed: the first check takes the lock (changed), a second identical one changes nothing more, and
+    # check mode predicted both.
+    drift = check_args(paths, fingerprint="e" * 64, **lk)
+    predicted = run_module(server_state.main, drift, check_mode=True)
+    first = run_module(server_state.main, drift)
+    predicted2 = run_module(server_state.main, drift, check_mode=True)
+    second = run_module(server_state.main, drift)
+    assert predicted["changed"] is True and first["changed"] is True and first["locked"] is True
+    assert predicted2["changed"] is False and second["changed"] is False and second["locked"] is True
+
+
 @pytest.mark.parametrize("launchable, problems", [
     ({"command": "/nonexistent/python3"}, ["command[0] /nonexistent/python3 is not an executable file"]),
     ({"command": "/usr/bin"}, ["command[0] /usr/bin is not an executable file"]),
