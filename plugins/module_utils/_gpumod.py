@@ -36,6 +36,8 @@ def gate_input_error(opts: t.Mapping[str, t.Any]) -> t.Optional[str]:
     if opts["timeout"] <= 0 or opts["poll_interval"] <= 0:
         return "wait_clean: timeout and poll_interval must be greater than 0 seconds, got %s and %s" % (
             opts["timeout"], opts["poll_interval"])
+    if (opts.get("max_used_mib") or 0) < 0:
+        return "wait_clean: max_used_mib must be >= 0 MiB, got %s" % opts["max_used_mib"]
     return None
 
 

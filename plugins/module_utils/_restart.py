@@ -117,6 +117,8 @@ def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
         return err
     r = p["wait_ready"]
     err = _server.ready_input_error(r["health_url"], r["request"], r["timeout"], r["interval"]) if r else None
+    if r and not err and r["log_tail_lines"] < 0:
+        err = "log_tail_lines must be >= 0, got %s" % r["log_tail_lines"]
     if err:
         return "wait_ready: " + err
     err = _killmod.kill_input_error(p["kill"])

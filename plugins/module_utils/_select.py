@@ -63,8 +63,17 @@ def parse_tag(tag: str) -> t.Tuple[str, str]:
     return name, value
 
 
+def _compile(option: str, regex: str) -> t.Pattern[str]:
+    try:
+        return re.compile(regex)
+    except re.error as e:
+        raise SelectError("%s: invalid regular expression %r: %s" % (option, regex, e))
+
+
 def read_pidfile(path: str) -> t.Tuple[int, int | None]:
     """Our pidfiles hold 'PID START_TIME'; foreign ones hold just 'PID'."""
+    if os.path.isdir(path):
+        raise SelectError("pidfile %s is a directory; name the pidfile itself" % path)
     with open(path) as f:
         parts = f.read().split()
     if not parts or not parts[0].isdigit():
@@ -131,13 +140,10 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
     if procs is None:
         procs = _proc.snapshot()
     me = os.getpid() if self_pid is None else self_pid
-    try:
-        cmd_rx = re.compile(sel.cmdline_regex) if sel.cmdline_regex else None
-        excl = [re.compile(r) for r in sel.exclude_regex]
-        if sel.pidfile_cmdline_regex:
-            re.compile(sel.pidfile_cmdline_regex)
-    except re.error as e:
-        raise SelectError("invalid regular expression: %s" % e)
+    cmd_rx = _compile("cmdline_regex", sel.cmdline_regex) if sel.cmdline_regex else None
+    excl = [_compile("exclude_regex", r) for r in sel.exclude_regex]
+    if sel.pidfile_cmdline_regex:
+        _compile("pidfile_cmdline_regex", sel.pidfile_cmdline_regex)
     tag = parse_tag(sel.tag) if sel.tag else None
     uid = None
     if sel.user is not None:

@@ -22,6 +22,7 @@ import subprocess
 import time
 import typing as t
 import urllib.error
+from urllib.parse import urlparse
 
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError, Request
 
@@ -356,7 +357,20 @@ def ready_input_error(health_url: str, request: t.Mapping[str, t.Any], timeout: 
         return "set health_url or request (or both)"
     if request and not request.get("url"):
         return "request.url is required when request is set"
+    for what, url in (("health_url", health_url), ("request.url", (request or {}).get("url"))):
+        if url and not _http_url(url):
+            return "%s must be an http:// or https:// URL with a host, got %r" % (what, url)
+    if request and request.get("expect_regex"):
+        try:
+            re.compile(request["expect_regex"])
+        except re.error as e:
+            return "request.expect_regex: invalid regular expression %r: %s" % (request["expect_regex"], e)
     return None
+
+
+def _http_url(url: str) -> bool:
+    u = urlparse(url)
+    return u.scheme in ("http", "https") and bool(u.netloc)
 
 
 def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request: t.Mapping[str, t.Any],

@@ -78,30 +78,30 @@ EXAMPLES = r"""
 RETURN = r"""
 waited_s:
   description: Seconds spent waiting.
-  returned: always
+  returned: when the GPUs were read (success, and a wait that timed out)
   type: float
   sample: 0.161
 polls:
   description: How many times the GPUs were read.
-  returned: always
+  returned: when the GPUs were read (success, and a wait that timed out)
   type: int
   sample: 9
 backend:
   description: V(nvml) or V(nvidia-smi).
-  returned: always
+  returned: when a GPU backend was opened
   type: str
 max_used_mib:
   description: The clean threshold that was applied.
-  returned: always
+  returned: when the GPUs were read (success, and a wait that timed out)
   type: int
 gpus:
   description: Final reading per GPU (index, used_mib, total_mib, free_mib, reserved_mib, memory_api, processes).
-  returned: always
+  returned: when the GPUs were read (success, and a wait that timed out)
   type: list
   elements: dict
 holders:
   description: Processes still holding the GPUs at the end (gpu, pid, user, cmdline, used_mib).
-  returned: always
+  returned: when the GPUs were read (success, and a wait that timed out)
   type: list
   elements: dict
 """
@@ -127,6 +127,10 @@ def main() -> None:
         module.fail_json(msg="timeout must be greater than 0 seconds, got %s" % p["timeout"])
     if p["poll_interval"] <= 0:
         module.fail_json(msg="poll_interval must be greater than 0 seconds, got %s" % p["poll_interval"])
+    # A negative threshold or count can never be met: it would wait out the whole timeout.
+    for k in ("max_used_mib", "min_processes", "min_used_mib"):
+        if (p[k] or 0) < 0:
+            module.fail_json(msg="%s must be >= 0, got %s" % (k, p[k]))
     try:
         res = _gpumod.wait_or_fail(p, state=p["state"], min_processes=p["min_processes"],
                                    min_used_mib=p["min_used_mib"])

@@ -140,7 +140,8 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    err = _server.ready_input_error(p["health_url"], p["request"], p["timeout"], p["interval"])
+    err = _server.ready_input_error(p["health_url"], p["request"], p["timeout"], p["interval"]) or (
+        "log_tail_lines must be >= 0, got %s" % p["log_tail_lines"] if p["log_tail_lines"] < 0 else None)
     if err:
         module.fail_json(msg=err)
     # No check-mode branch: polling is a read (GET health_url and the user's request), so check mode polls too.

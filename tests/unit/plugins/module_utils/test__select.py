@@ -109,9 +109,9 @@ def test_self_not_matched_by_own_cmdline():
 
 
 @pytest.mark.parametrize("kw,msg", [
-    (dict(cmdline_regex="("), "invalid regular expression"),
-    (dict(pids=[1], exclude_regex=["[z-a]"]), "invalid regular expression"),
-    (dict(pidfile="/x", pidfile_cmdline_regex="*"), "invalid regular expression"),
+    (dict(cmdline_regex="("), "cmdline_regex: invalid regular expression"),
+    (dict(pids=[1], exclude_regex=["[z-a]"]), "exclude_regex: invalid regular expression"),
+    (dict(pidfile="/x", pidfile_cmdline_regex="*"), "pidfile_cmdline_regex: invalid regular expression"),
     (dict(tag="novalue"), "tag must look like NAME=VALUE"),
     (dict(tag="=x"), "tag must look like NAME=VALUE"),
     (dict(tag="1BAD=x"), "tag must look like NAME=VALUE"),
@@ -316,3 +316,8 @@ def test_pidfile_cmdline_regex_mismatch_is_unconfirmed(real_sleep, tmp_path):
                                         pidfile_cmdline_regex="vllm"))
     assert r["selected"] == {} and r["pidfile"]["status"] == "unconfirmed"
     assert "does not match" in r["pidfile"]["reason"]
+
+
+def test_a_pidfile_that_is_a_directory_is_named(tmp_path):
+    with pytest.raises(_select.SelectError, match="pidfile %s is a directory; name the pidfile itself" % tmp_path):
+        _select.read_pidfile(str(tmp_path))

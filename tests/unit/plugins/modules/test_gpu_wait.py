@@ -74,6 +74,10 @@ def test_timeout_failure_lists_holders(nvml, run_module):
     ({"gpus": [0, 7]}, "GPU index 7 does not exist on this host (it has 2 GPUs: 0..1)"),
     ({"state": "idle"}, "value of state must be one of: clean, busy, got: idle"),
     ({"timeout": "soon"}, "timeout"),
+    # A threshold or count that can never be met would wait out the whole timeout.
+    ({"max_used_mib": -5}, "max_used_mib must be >= 0, got -5"),
+    ({"state": "busy", "min_processes": -1}, "min_processes must be >= 0, got -1"),
+    ({"state": "busy", "min_used_mib": -1}, "min_used_mib must be >= 0, got -1"),
 ])
 def test_bad_input(nvml, run_module, args, msg):
     r = run_module(gpu_wait.main, args)

@@ -95,6 +95,12 @@ def test_check_mode_fails_for_a_server_that_is_not_up(tmp_path, run_module):
     ({"health_url": "http://x/health", "interval": -1}, "interval must be greater than 0 seconds, got -1.0"),
     ({}, "set health_url or request (or both)"),
     ({"request": {"body": "{}"}}, "request.url is required when request is set"),
+    # Each would have polled until the timeout (600 s by default) before failing.
+    ({"health_url": "notaurl"}, "health_url must be an http:// or https:// URL with a host, got 'notaurl'"),
+    ({"request": {"url": "file:///etc/passwd"}}, "request.url must be an http:// or https:// URL with a host, got 'file:///etc/passwd'"),
+    ({"request": {"url": "http://x/generate", "expect_regex": "("}},
+     "request.expect_regex: invalid regular expression '(': missing ), unterminated subpattern at position 0"),
+    ({"health_url": "http://x/health", "log_tail_lines": -3}, "log_tail_lines must be >= 0, got -3"),
 ])
 def test_bad_input(run_module, args, msg):
     r = run_module(server_ready.main, args)
