@@ -231,6 +231,32 @@ def diff_entry(path: str, before: t.Optional[str], after: t.Optional[str]) -> t.
     }
 
 
+def blocks_only(text: t.Optional[str]) -> t.Optional[str]:
+    """`text` with gpufleet's blocks as they are and every run of other lines as one summary line: what --diff
+    shows of a file that is not gpufleet's alone. Those lines are unchanged (only blocks are written) and may set
+    secrets (a sitecustomize.py exporting a token), which a diff must not print."""
+    if text is None:
+        return None
+    out: t.List[str] = []
+    hidden = 0
+    inside = False
+    for ln in split_lines(text):
+        bare = ln.rstrip("\r\n")
+        if not inside and bare.startswith("# BEGIN %s " % MARK):
+            inside = True
+        if inside:
+            if hidden:
+                out.append("# ... %d line%s not written by gpufleet (unchanged, not shown)\n" % (hidden, "" if hidden == 1 else "s"))
+                hidden = 0
+            out.append(ln)
+            inside = not bare.startswith("# END %s " % MARK)
+        else:
+            hidden += 1
+    if hidden:
+        out.append("# ... %d line%s not written by gpufleet (unchanged, not shown)\n" % (hidden, "" if hidden == 1 else "s"))
+    return "".join(out)
+
+
 class FileOps(t.Protocol):
     """What writing a layer file needs of AnsibleModule: its backup and its atomic move (SELinux contexts kept)."""
 

@@ -342,7 +342,8 @@ def run(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
         keys = sorted(env) if present else sorted(set(parse_body(old_block)) | set(env))
         plans.append((target, real, links, members, current, desired, content_changed, fixes, keys))
         if content_changed and diff:
-            diffs.append(_envblock.diff_entry(real, current, desired))
+            # Only gpufleet's blocks: the file's other lines are the user's and may export secrets.
+            diffs.append(_envblock.diff_entry(real, _envblock.blocks_only(current), _envblock.blocks_only(desired)))
         if diff:
             diffs.extend(_envblock.access_diff(fixes))
 

@@ -55,7 +55,8 @@ attributes:
     details: Computes the change and reports the currently exported values; writes nothing.
   diff_mode:
     support: full
-    details: Returns the file before and after, one entry per file, and each mode it changes (RV(access_fixes)).
+    details: Returns gpufleet's blocks of each file before and after (the file's other lines, unchanged, as a line
+      that counts them, as they may export secrets), one entry per file, and each mode it changes (RV(access_fixes)).
   idempotent:
     support: full
 options:

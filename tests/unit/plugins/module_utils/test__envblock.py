@@ -131,3 +131,15 @@ def test_symlink_loop_is_refused(tmp_path):
     b.symlink_to(a)
     with pytest.raises(_envblock.BlockError, match="too many levels"):
         _envblock.resolve_target(str(a))
+
+
+def test_blocks_only_counts_the_files_own_lines_instead_of_printing_them():
+    text = ('import os\nos.environ.setdefault("HF_TOKEN", "hf_SECRET")\n'
+            "# BEGIN gpufleet nccl\nos.environ['NCCL_PROTO'] = 'LL'\n# END gpufleet nccl\n"
+            "x = 1\n")
+    shown = _envblock.blocks_only(text)
+    assert "hf_SECRET" not in shown and "x = 1" not in shown
+    assert shown == ("# ... 2 lines not written by gpufleet (unchanged, not shown)\n"
+                     "# BEGIN gpufleet nccl\nos.environ['NCCL_PROTO'] = 'LL'\n# END gpufleet nccl\n"
+                     "# ... 1 line not written by gpufleet (unchanged, not shown)\n")
+    assert _envblock.blocks_only(None) is None and _envblock.blocks_only("") == ""
