@@ -16,6 +16,7 @@ Writes go to a temp file in the target's directory and are moved over it atomica
 
 from __future__ import annotations
 
+import decimal
 import math
 import os
 import re
@@ -64,6 +65,9 @@ def normalize_env(env: t.Any, field: str = "env") -> t.Dict[str, str]:
             if not math.isfinite(v):
                 raise BlockError("%s: value of %s must be a finite number, got %r" % (field, k, v))
             v = repr(v)
+            if "e" in v:
+                # Decimal text, never an exponent: 1e20 is 100000000000000000000 (an integer parse of 1e+20 reads 1).
+                v = format(decimal.Decimal(v), "f")
         v = str(v)
         if "\0" in v:
             raise BlockError("%s: value of %s contains a NUL character, which no environment can hold" % (field, k))

@@ -131,3 +131,10 @@ def test_discover_interpreters_only_takes_python3_names(tmp_path):
     got = _sitecustomize.discover_interpreters([str(tmp_path / "python3*")])
     # python3.99 resolves to python3.11: de-duplicated.
     assert got == [str(tmp_path / "python3"), str(tmp_path / "python3.11")]
+
+
+@pytest.mark.parametrize("value, text", [(1e20, "100000000000000000000"), (1.5e-7, "0.00000015"), (0.5, "0.5"),
+                                         (2.0, "2.0"), (16777216, "16777216")])
+def test_numbers_are_exported_as_decimal_text_never_an_exponent(value, text):
+    # An integer parse of '1e+20' (strtol, NCCL's) reads 1.
+    assert _envblock.normalize_env({"NCCL_BUFFSIZE": value}) == {"NCCL_BUFFSIZE": text}
