@@ -329,6 +329,16 @@ def run(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
             desired = new_text(current, name, env if present else None, p["mode"], real)
             if desired is not None and desired != current:
                 compile(_envblock.encode(desired), real, "exec", dont_inherit=True)
+                if present:
+                    # The file without the block must compile too, or the block could never be removed cleanly (a
+                    # trailing backslash would swallow the BEGIN marker and make a broken file compile for now).
+                    without = new_text(current, name, None, p["mode"], real)
+                    try:
+                        compile(_envblock.encode(without or ""), real, "exec", dont_inherit=True)
+                    except SyntaxError as e:
+                        raise StepError("%s does not compile without gpufleet's block (%s): fix the file first, or the "
+                                        "block could not be removed cleanly later; nothing was changed" % (real, e),
+                                        path=real)
             # A server run as another user imports no sitecustomize it cannot read (site.py skips it silently).
             fixes = _envblock.access_fixes(real, links) if present and desired is not None else []
         except _envblock.BlockError as e:

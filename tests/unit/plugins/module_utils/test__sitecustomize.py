@@ -138,3 +138,18 @@ def test_discover_interpreters_only_takes_python3_names(tmp_path):
 def test_numbers_are_exported_as_decimal_text_never_an_exponent(value, text):
     # An integer parse of '1e+20' (strtol, NCCL's) reads 1.
     assert _envblock.normalize_env({"NCCL_BUFFSIZE": value}) == {"NCCL_BUFFSIZE": text}
+
+
+def test_a_file_that_compiles_only_with_the_block_is_refused_and_left_alone(tmp_path, run_module):
+    from ansible_collections.gpufleet.serving.plugins.modules import sitecustomize_env
+    site = tmp_path / "site"
+    site.mkdir()
+    path = site / "sitecustomize.py"
+    broken = "X = 1 \\"  # a trailing backslash, no final newline: it would swallow the BEGIN marker
+    path.write_text(broken)
+    layer = {"path": str(path), "env": {"NCCL_PROTO": "LL"}, "interpreters": [sys.executable],
+             "probe_env": {"PYTHONPATH": str(site)}}
+    for check_mode in (True, False):
+        r = run_module(sitecustomize_env.main, layer, check_mode=check_mode)
+        assert r["failed"] is True and "does not compile without gpufleet's block" in r["msg"], r
+        assert "nothing was changed" in r["msg"] and path.read_text() == broken
