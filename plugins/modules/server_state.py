@@ -17,7 +17,8 @@ description:
     before each launch), that processes carrying the launch tag hold the GPUs, that no other
     process holds them, and that the GPU-holding workers carry O(expected_env).
     RV(needs_restart) is false only when all of that holds; RV(reasons) says why otherwise.
-  - O(action=record) writes the state file (fingerprint, pid, timings) after a launch.
+  - O(action=record) writes the state file (fingerprint, pid, timings) after a launch. A pidfile naming a live process
+    that does not carry the launch tag O(tag_name)=O(name) (or a pid reused since) is refused, not recorded.
   - O(action=lock) and O(action=unlock) take and release a host-side lock so two rollouts never interleave
     kill and launch on one host. A lock past its TTL is stale and is broken. C(changed) says whether the lock file
     changed (taken from nobody or from a stale holder; removed), also in check mode.
@@ -385,6 +386,22 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import (
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
+def record_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
+    """A pidfile whose live process is not the server (no launch tag, or the pid reused since) is not recorded: the
+    record is what later checks and kills trust."""
+    ident = _server.pidfile_identity(p["pidfile"])
+    proc = _proc.read_proc(ident[0]) if ident else None
+    if proc is None:
+        return None  # gone: the record then says so, and the next check restarts it
+    if proc.start_time != ident[1]:
+        return "pidfile %s names pid %d, which is another process now (started at %s, not %s); not recorded" % (
+            p["pidfile"], ident[0], proc.start_time, ident[1])
+    if not _proc.environ_has(ident[0], p["tag_name"], p["name"]):
+        return "pidfile %s names pid %d, which does not carry the launch tag %s=%s; not recorded" % (
+            p["pidfile"], ident[0], p["tag_name"], p["name"])
+    return None
+
+
 def lock_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     """A lock that cannot exclude anybody (expired when written, an empty owner) is refused before anything is done."""
     if p["owner"] is not None and not p["owner"].strip():
@@ -664,6 +681,9 @@ def main() -> None:
             fail(module, e)
         module.exit_json(**result)
     if p["action"] == "record":
+        err = record_input_error(p)
+        if err:
+            module.fail_json(msg=err)
         changed, new = _server.record_state(p["state_file"], p["name"], p["fingerprint"], p["pidfile"], p["timings"],
                                             module.check_mode)
         module.exit_json(changed=changed, state=new)

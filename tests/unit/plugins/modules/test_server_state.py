@@ -465,3 +465,22 @@ def test_a_launch_marked_unverified_needs_a_restart_until_recorded(servers, path
     run_module(server_state.main, {"action": "record", "name": NAME, "state_file": paths["state_file"],
                                    "pidfile": paths["pidfile"], "fingerprint": "f" * 64})
     assert run_module(server_state.main, check_args(paths))["needs_restart"] is False
+
+
+def test_record_refuses_a_pidfile_naming_an_untagged_or_reused_process(paths, run_module, tmp_path):
+    os.makedirs(os.path.dirname(paths["pidfile"]))
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # not tagged: not the server
+    try:
+        st = int(open("/proc/%d/stat" % other.pid).read().rsplit(")", 1)[1].split()[19])
+        rec = {"action": "record", "name": NAME, "state_file": paths["state_file"], "pidfile": paths["pidfile"],
+               "fingerprint": "f" * 64}
+        Path(paths["pidfile"]).write_text("%d %d\n" % (other.pid, st))
+        r = run_module(server_state.main, rec)
+        assert r["failed"] and "does not carry the launch tag GPUFLEET_SERVICE=%s; not recorded" % NAME in r["msg"], r
+        Path(paths["pidfile"]).write_text("%d %d\n" % (other.pid, st + 7))
+        r = run_module(server_state.main, rec)
+        assert r["failed"] and "which is another process now" in r["msg"], r
+        assert not os.path.exists(paths["state_file"])
+    finally:
+        other.kill()
+        other.wait()
