@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import ast
 import glob
+import io
 import json
 import os
 import re
 import subprocess
+import tokenize
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _ncclvars
@@ -132,6 +134,26 @@ def parse_body(lines: t.Sequence[str]) -> t.Dict[str, str]:
         if isinstance(k, str) and isinstance(v, str):
             out[k] = v
     return out
+
+
+def check_markers_are_comments(text: t.Optional[str], path: str) -> None:
+    """A line that reads like a block marker but is inside a string (a docstring quoting one) is not gpufleet's:
+    editing the block there would change the user's code. Refuse instead."""
+    marks = ("# BEGIN %s " % _envblock.MARK, "# END %s " % _envblock.MARK)
+    lines = [i + 1 for i, ln in enumerate(_envblock.split_lines(text or "")) if ln.startswith(marks)]
+    if not lines:
+        return
+    comments = set()
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.COMMENT and tok.start[1] == 0:
+                comments.add(tok.start[0])
+    except (tokenize.TokenError, SyntaxError):
+        return  # a file that does not tokenize is refused by the compile check
+    inside = [n for n in lines if n not in comments]
+    if inside:
+        raise _envblock.BlockError("%s has a line that reads like a gpufleet block marker inside a string (line %s); "
+                                   "nothing was changed" % (path, ", ".join(str(n) for n in inside)))
 
 
 def new_text(current: t.Optional[str], name: str, env: t.Optional[t.Mapping[str, str]], mode: str, path: str) -> t.Optional[str]:
@@ -325,6 +347,7 @@ def run(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
         try:
             real, links = _envblock.resolve_target(target)
             current = _envblock.read_text(real)
+            check_markers_are_comments(current, real)
             old_block = _envblock.block_lines(_envblock.split_lines(current or ""), name, real)
             desired = new_text(current, name, env if present else None, p["mode"], real)
             if desired is not None and desired != current:

@@ -153,3 +153,18 @@ def test_a_file_that_compiles_only_with_the_block_is_refused_and_left_alone(tmp_
         r = run_module(sitecustomize_env.main, layer, check_mode=check_mode)
         assert r["failed"] is True and "does not compile without gpufleet's block" in r["msg"], r
         assert "nothing was changed" in r["msg"] and path.read_text() == broken
+
+
+def test_marker_lines_inside_a_string_are_refused_not_edited(tmp_path, run_module):
+    from ansible_collections.gpufleet.serving.plugins.modules import sitecustomize_env
+    site = tmp_path / "site"
+    site.mkdir()
+    path = site / "sitecustomize.py"
+    text = '"""\n# BEGIN gpufleet nccl\nhello\n# END gpufleet nccl\n"""\nimport os\n'
+    path.write_text(text)
+    layer = {"path": str(path), "env": {"NCCL_PROTO": "LL"}, "interpreters": [sys.executable],
+             "probe_env": {"PYTHONPATH": str(site)}, "name": "nccl"}
+    for state in ("present", "absent"):
+        r = run_module(sitecustomize_env.main, dict(layer, state=state))
+        assert r["failed"] is True and "reads like a gpufleet block marker inside a string (line 2, 4)" in r["msg"], r
+        assert path.read_text() == text
