@@ -54,11 +54,14 @@ def test_capacity_guard_names_a_bad_setting(tmp_path):
 
 
 def test_capacity_guard_lets_a_batch_that_fits_through(tmp_path):
-    # One host with balancers, already up to date: draining nothing leaves 1 of 1 in rotation.
+    # One host with balancers, already up to date: the batch drains nobody, so no balancer is read (lb1 has none here).
     r = _run(tmp_path, "capacity", {"gpufleet_rollout_min_in_service": 1, "gpufleet_server_up_to_date": True,
                                     "gpufleet_server_balancers": [{"type": "haproxy", "delegate_to": "lb1"}]})
     assert r.returncode == 0, r.stdout[-3000:]
     r = _run(tmp_path, "capacity", {"gpufleet_rollout_min_in_service": "100%", "gpufleet_server_up_to_date": False,
                                     "gpufleet_server_balancers": [{"type": "haproxy", "delegate_to": "lb1"}]})
+    # A batch that drains must read the balancers: lb1 has no HAProxy socket here, so the guard refuses to count.
     assert r.returncode != 0
-    assert "draining localhost would leave 0 of 1 server(s) in rotation, fewer than 1" in " ".join(r.stdout.split())
+    out = " ".join(r.stdout.split())
+    assert ("gpufleet_rollout_min_in_service: could not read HAProxy /var/run/haproxy.sock on lb1" in out
+            and "to count the servers in rotation; nothing was touched" in out), r.stdout[-3000:]
