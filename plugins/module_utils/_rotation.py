@@ -31,7 +31,8 @@ def read(path: str) -> t.Dict[str, t.Dict[str, t.Any]]:
     """{balancer name: entry}; {} when there is no record. A record that is not what gpufleet writes is an error: a
     drain must never be taken for an operator's (or the other way round) on a guess."""
     data = _server.read_state(path)
-    if data.get("corrupt") or not isinstance(data.get("drains", {}), dict):
+    # Valid JSON that is not an object ([], a number) is not a record either.
+    if not isinstance(data, dict) or data.get("corrupt") or not isinstance(data.get("drains", {}), dict):
         raise RecordError("%s is not a gpufleet drain record (move it away once the host's balancers are checked)" % path)
     return {str(k): dict(v) for k, v in data.get("drains", {}).items() if isinstance(v, dict)}
 

@@ -229,6 +229,9 @@ def test_unreachable_balancer_fails_the_host_before_its_kill(df):
     assert r.summary["host2"]["status"] == "failed" and not r.summary["host2"]["restarted"], r.summary["host2"]
     assert _pids(df)["host2"] == before["host2"]  # never killed
     assert r.summary["host2"]["out_of_rotation"] == []  # haproxy came first and failed: nothing was drained
+    # One line naming the socket and the error (not "non-zero return code", not a traceback).
+    assert ("cannot reach the HAProxy admin socket /nonexistent/haproxy.sock: [Errno 2] No such file or directory"
+            in r.summary["host2"]["failure"]), r.summary["host2"]
     assert res["failed"] == 0, res["failures"]
     df.all_in_rotation(timeout=5)
     # The capacity guard reads the balancers itself: one it cannot read refuses the batch, before anything is touched.

@@ -6,6 +6,8 @@ import json
 import os
 import stat
 
+import pytest
+
 from ansible_collections.gpufleet.serving.plugins.modules import rotation_record
 
 
@@ -57,12 +59,13 @@ def test_diff_shows_the_record_before_and_after(tmp_path, run_module):
     assert json.loads(r["diff"]["before"])["drains"]["haproxy"]["found"] == "UP" and r["diff"]["after"] == ""
 
 
-def test_a_file_that_is_not_a_record_fails_and_is_left_alone(tmp_path, run_module):
+@pytest.mark.parametrize("text", ["not json", "[]", "42", '{"drains": []}'])
+def test_a_file_that_is_not_a_record_fails_and_is_left_alone(tmp_path, run_module, text):
     path = tmp_path / "demo.rotation.json"
-    path.write_text("not json")
+    path.write_text(text)
     r = run_module(rotation_record.main, {"path": str(path), "action": "add", "balancer": "haproxy", "found": "UP"})
     assert r["failed"] is True and "is not a gpufleet drain record" in r["msg"]
-    assert path.read_text() == "not json"
+    assert path.read_text() == text
 
 
 def test_add_needs_balancer_and_found(tmp_path, run_module):
