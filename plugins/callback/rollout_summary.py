@@ -28,6 +28,8 @@ description:
   - A server the role found out of rotation by someone else (HAProxy MAINT with no drain record of gpufleet's) or in an
     operator's DRAIN is left as found after its restart. Such hosts are named after the table (C(left as found)) and in
     each row's and the JSON's C(left_as_found) (balancer name to state).
+  - A host an earlier run left out of rotation (its drain record) whose server needs no restart is put back without
+    one; such hosts are named after the table (C(put back into rotation)) and in each row's C(returned_to_service).
 requirements:
   - enable in ansible.cfg with C(callbacks_enabled = gpufleet.serving.rollout_summary)
 options:
@@ -139,6 +141,13 @@ def left_as_found(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     return ("left as found, taken out by someone else, not by gpufleet: %s" % "; ".join(out)) if out else ""
 
 
+def returned(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    """The line naming hosts an earlier run left drained (its drain record) that this run put back ('' when none)."""
+    out = ["%s (%s)" % (r["host"], ", ".join(r["returned_to_service"])) for r in rows
+           if r.get("returned_to_service") and r.get("status") == "ok" and not r.get("out_of_rotation")]
+    return ("put back into rotation, left out by an earlier run (drain record): %s" % "; ".join(out)) if out else ""
+
+
 def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.Mapping[str, t.Any]]) -> t.List[str]:
     """The lines said after the table, each a sentence about the whole run: why the rollout halted, which hosts it
     left out of rotation. A new line about the run goes here, and every output (terminal, files, gpufleet_ci) says it."""
@@ -147,6 +156,7 @@ def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.
         notes.append(str(halted.get("msg", "rollout halted")).strip())
     notes.append(out_of_rotation(rows))
     notes.append(left_as_found(rows))
+    notes.append(returned(rows))
     return [n for n in notes if n]
 
 
@@ -299,6 +309,7 @@ class CallbackModule(CallbackBase):
                 "out_of_rotation": list((h.get("rotation") or {}).get("out_of") or []),
                 "would_drain": bool((h.get("rotation") or {}).get("would_drain")),
                 "left_as_found": dict((h.get("rotation") or {}).get("left_as_found") or {}),
+                "returned_to_service": list((h.get("rotation") or {}).get("returned") or []),
             })
         return out
 

@@ -13,7 +13,8 @@ host's server and every host reaches them; nothing listens in this machine's own
 DIR/balancers/<kind>/: the config, the pidfile, the log and, for HAProxy, the admin socket (`haproxy.sock`, level admin:
 what community.general.haproxy talks to; a unix socket is a file, so the controller reaches it from any namespace).
 
-HAProxy: backend `gpufleet`, one server per host named like the host (`host1`, ...), `option httpchk GET /health`,
+HAProxy: backend `gpufleet` (and `gpufleet_b`, the same servers, used by no frontend: an entry without `backend` acts on
+both), one server per host named like the host (`host1`, ...), `option httpchk GET /health`,
 checks every 200 ms, 2 to rise, 2 to fall; `retries 2` with the default `retry-on conn-failure` and `option redispatch`:
 a request whose connection could not be made goes to another server, one that reached a server never is (POST
 /generate is not idempotent). Its config has `server-state-file` + `load-server-state-from-file global`: `reload` first
@@ -42,6 +43,7 @@ sys.path.insert(0, str(HERE))
 import fleet as _fleet  # noqa: E402
 
 BACKEND = "gpufleet"
+BACKEND2 = "gpufleet_b"
 KINDS = ("haproxy", "smg")
 DEFAULT_PORT = {"haproxy": 8080, "smg": 8081}
 
@@ -75,6 +77,12 @@ backend {backend}
     option httpchk GET /health
     http-check expect status 200
     default-server inter 200ms fastinter 100ms downinter 200ms rise 2 fall 2
+{servers}
+
+# A second pool listing the same servers (no frontend uses it): a balancer entry without `backend` acts on both.
+backend {backend2}
+    option httpchk GET /health
+    default-server inter 1s rise 2 fall 2
 {servers}
 """
 
@@ -163,6 +171,7 @@ class Balancer:
             cfg = self.dir / "haproxy.cfg"
             cfg.write_text(HAPROXY_CFG.format(
                 sock=self.sock, pidfile=self.pidfile, state_file=self.state_file, addr=self.addr, port=self.port, backend=BACKEND,
+                backend2=BACKEND2,
                 servers="\n".join("    server %s %s:%d check" % (n, a, server_port) for n, a in hosts)))
             if self.state_file.exists():
                 self.state_file.unlink()  # an earlier fleet's servers' states
