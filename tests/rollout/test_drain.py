@@ -422,7 +422,8 @@ def test_a_host_an_interrupted_run_left_drained_is_put_back_without_a_restart(df
 def test_servers_taken_out_by_hand_are_left_as_found(df):
     """host3 in MAINT and host4 in DRAIN, set by hand in HAProxy: both restarted (and back in the router), host3 stays
     MAINT, host4 goes back to DRAIN, and the summary and the audit say it was not gpufleet."""
-    cmd = lambda c: _balancer.haproxy_cmd(df.haproxy.sock, c)  # noqa: E731
+    def cmd(c):
+        return _balancer.haproxy_cmd(df.haproxy.sock, c)
     cmd("set server %s/host3 state maint" % _balancer.BACKEND)
     cmd("set server %s/host4 state drain" % _balancer.BACKEND)
     try:
@@ -453,7 +454,8 @@ def test_servers_taken_out_by_hand_are_left_as_found(df):
 def test_an_entry_without_backend_restores_each_backend_as_found(df):
     """One HAProxy, two backends listing host1, an operator's MAINT in the second, an entry without `backend`: host1 is
     drained from both and goes back to UP in the first only; the second stays MAINT, as found, and the summary says so."""
-    cmd = lambda c: _balancer.haproxy_cmd(df.haproxy.sock, c)  # noqa: E731
+    def cmd(c):
+        return _balancer.haproxy_cmd(df.haproxy.sock, c)
     cmd("set server %s/host1 state maint" % _balancer.BACKEND2)
     try:
         hp = {"type": "haproxy", "delegate_to": "localhost", "socket": df.haproxy.sock}

@@ -19,8 +19,8 @@ checks every 200 ms, 2 to rise, 2 to fall; `retries 2` with the default `retry-o
 a request whose connection could not be made goes to another server, one that reached a server never is (POST
 /generate is not idempotent). Its config has `server-state-file` + `load-server-state-from-file global`: `reload` first
 dumps `show servers state` to that file (what a reload must do to keep a server in MAINT, docs/runbook.md), unless
---no-save-state, then starts a new HAProxy that takes over from the old one (-sf). smg: `smg launch --worker-urls http://<host>:30000 ... --policy round_robin` with a
-1 s health check; GET /workers lists the workers, POST /workers {"url"} adds one, DELETE /workers/<id> removes one.
+--no-save-state, then starts a new HAProxy that takes over from the old one (-sf).
+smg: `smg launch --worker-urls http://<host>:30000 ... --policy round_robin` with a 1 s health check; GET /workers lists the workers, POST /workers {"url"} adds one, DELETE /workers/<id> removes one.
 """
 from __future__ import annotations
 
