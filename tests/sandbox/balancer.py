@@ -20,7 +20,8 @@ a request whose connection could not be made goes to another server, one that re
 /generate is not idempotent). Its config has `server-state-file` + `load-server-state-from-file global`: `reload` first
 dumps `show servers state` to that file (what a reload must do to keep a server in MAINT, docs/runbook.md), unless
 --no-save-state, then starts a new HAProxy that takes over from the old one (-sf).
-smg: `smg launch --worker-urls http://<host>:30000 ... --policy round_robin` with a 1 s health check; GET /workers lists the workers, POST /workers {"url"} adds one, DELETE /workers/<id> removes one.
+smg: `smg launch --worker-urls http://<host>:30000 ... --policy round_robin` with a 1 s health check; GET /workers
+lists the workers, POST /workers {"url"} adds one, DELETE /workers/<id> removes one.
 """
 from __future__ import annotations
 
