@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import traceback
 import typing as t
 
@@ -33,7 +34,7 @@ def clean_gate_argspec() -> t.Dict[str, t.Any]:
 
 def gate_input_error(opts: t.Mapping[str, t.Any]) -> t.Optional[str]:
     """What is wrong with a wait_clean option (clean_gate_argspec), or None."""
-    if opts["timeout"] <= 0 or opts["poll_interval"] <= 0:
+    if not 0 < opts["timeout"] < math.inf or not 0 < opts["poll_interval"] < math.inf:  # NaN too
         return "wait_clean: timeout and poll_interval must be greater than 0 seconds, got %s and %s" % (
             opts["timeout"], opts["poll_interval"])
     if (opts.get("max_used_mib") or 0) < 0:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 import typing as t
 
@@ -108,9 +109,9 @@ def leaders(chosen: t.Mapping[str, t.Any], procs: t.Mapping[int, _proc.Proc], or
 def kill_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     """What is wrong with the signalling options (signals, grace, final_wait, poll_interval), or None."""
     for k in ("grace", "final_wait"):
-        if p[k] < 0:
+        if not 0 <= p[k] < math.inf:  # NaN too
             return "%s must be >= 0 seconds, got %s" % (k, p[k])
-    if p["poll_interval"] <= 0:
+    if not 0 < p["poll_interval"] < math.inf:
         return "poll_interval must be > 0 seconds, got %s" % p["poll_interval"]
     try:
         for s in p["signals"]:

@@ -130,7 +130,9 @@ def run(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
                                       removed=content_changed and desired is None,
                                       backup_file=None, effective_conf=eff, access_fixes=fixes)
     if changed and diff:
-        diffs = ([_envblock.diff_entry(real, current, desired)] if content_changed else []) + _envblock.access_diff(fixes)
+        # Only gpufleet's blocks, as sitecustomize_env: the file's other lines are not this module's to print.
+        diffs = ([_envblock.diff_entry(real, _envblock.blocks_only(current), _envblock.blocks_only(desired))]
+                 if content_changed else []) + _envblock.access_diff(fixes)
         result["diff"] = diffs if len(diffs) > 1 else diffs[0]
     if content_changed and not check_mode:
         try:

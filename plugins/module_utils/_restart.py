@@ -152,11 +152,17 @@ def _kill_step(module: t.Any, p: t.Mapping[str, t.Any], **selector: t.Any) -> t.
 
 def preflight(p: t.Mapping[str, t.Any]) -> None:
     """What would fail after the kill, checked before it: a server that cannot be relaunched is never stopped."""
+    problems: t.List[str] = []
     if not p["stop_only"] and p["launcher"] == "process":
-        problems = _server.launch_problems(p["command"][0], p["user"], p["workdir"])
-        if problems:
-            raise StepError("cannot run this server, nothing was stopped: %s" % "; ".join(problems), phase="preflight",
-                            launch_problems=problems)
+        env_path = (p["env"] or {}).get("PATH")
+        problems = _server.launch_problems(p["command"][0], p["user"], p["workdir"],
+                                           path=str(env_path) if env_path else _server.SAFE_PATH,
+                                           files={"log_path": p["log_path"]})
+    files = {"pidfile": p["pidfile"], "record.state_file": (p["record"] or {}).get("state_file")}
+    problems += ["%s %s" % (k, e) for k, e in ((k, _server.file_path_problem(f)) for k, f in files.items() if f) if e]
+    if problems:
+        raise StepError("cannot run this server, nothing was stopped: %s" % "; ".join(problems), phase="preflight",
+                        launch_problems=problems)
     if p["gpus"]:
         try:
             _all_gpus(p)

@@ -30,11 +30,19 @@ class RecordError(Exception):
 def read(path: str) -> t.Dict[str, t.Dict[str, t.Any]]:
     """{balancer name: entry}; {} when there is no record. A record that is not what gpufleet writes is an error: a
     drain must never be taken for an operator's (or the other way round) on a guess."""
-    data = _server.read_state(path)
-    # Valid JSON that is not an object ([], a number) is not a record either.
-    if not isinstance(data, dict) or data.get("corrupt") or not isinstance(data.get("drains", {}), dict):
+    if os.path.isdir(path):
+        raise RecordError("%s is a directory, not a gpufleet drain record" % path)
+    try:
+        data = _server.read_state(path)
+    except OSError as e:
+        raise RecordError("cannot read %s: %s" % (path, e))
+    # Valid JSON that is not what gpufleet writes ([], a number, other keys, an entry that is not an object) is not a
+    # record either: overwriting it, or dropping the entry, would lose what someone else keeps there.
+    drains = data.get("drains", {}) if isinstance(data, dict) else None
+    if not isinstance(data, dict) or data.get("corrupt") or set(data) - {"drains"} or not isinstance(drains, dict) \
+            or not all(isinstance(v, dict) for v in drains.values()):
         raise RecordError("%s is not a gpufleet drain record (move it away once the host's balancers are checked)" % path)
-    return {str(k): dict(v) for k, v in data.get("drains", {}).items() if isinstance(v, dict)}
+    return {str(k): dict(v) for k, v in drains.items()}
 
 
 def add(path: str, balancer: str, entry: t.Mapping[str, t.Any], keep: bool = True,

@@ -13,9 +13,11 @@ from __future__ import annotations
 import errno
 import grp
 import json
+import math
 import os
 import pwd
 import re
+import shutil
 import ssl
 import stat
 import subprocess
@@ -144,25 +146,82 @@ def ensure_dir(path: str, mode: int = 0o755) -> None:
     os.chmod(path, mode)
 
 
-def launch_problems(executable: str, user: str, workdir: str) -> t.List[str]:
+def launch_problems(executable: str, user: str, workdir: str, path: t.Optional[str] = None,
+                    files: t.Optional[t.Mapping[str, t.Optional[str]]] = None) -> t.List[str]:
     """Why a server with this executable (argv[0]), user and workdir could not be launched here; [] when it could.
 
-    Checked before the kill, so a server that cannot be relaunched is never stopped. A bare name (no '/') is
-    looked up on the server's PATH at launch and is not checked here.
+    Checked before the kill, so a server that cannot be relaunched is never stopped. A bare name (no '/') is looked
+    up on `path` (the server's PATH) when it is given. The executable and the workdir must be reachable by `user`
+    (mode bits; ACLs are not read). `files` maps an option name to a file gpufleet will write (log, pidfile, state
+    file): it must not be a directory or lie under a file.
     """
     out = []
-    if executable.startswith("/") and not (os.path.isfile(executable) and os.access(executable, os.X_OK)):
-        out.append("command[0] %s is not an executable file" % executable)
     try:
-        pwd.getpwnam(user)
+        pw = pwd.getpwnam(user)
     except KeyError:
         try:
-            pwd.getpwuid(int(user))
+            pw = pwd.getpwuid(int(user))
         except (KeyError, ValueError):
+            pw = None
             out.append("user %s does not exist" % user)
+    if "/" not in executable and path is not None:
+        found = shutil.which(executable, path=path)
+        if found is None:
+            out.append("command[0] %s is not found on the server's PATH (%s)" % (executable, path))
+        executable = found or executable
+    if executable.startswith("/") and not (os.path.isfile(executable) and os.access(executable, os.X_OK)):
+        out.append("command[0] %s is not an executable file" % executable)
+    elif executable.startswith("/") and pw is not None and not _reachable(executable, pw, os.X_OK):
+        out.append("user %s cannot execute %s (or search a directory above it)" % (pw.pw_name, executable))
     if not os.path.isdir(workdir):
         out.append("workdir %s is not a directory" % workdir)
+    elif pw is not None and not _reachable(workdir, pw, os.X_OK):
+        out.append("user %s cannot enter workdir %s (or a directory above it)" % (pw.pw_name, workdir))
+    for option, f in (files or {}).items():
+        problem = file_path_problem(f) if f else None
+        if problem:
+            out.append("%s %s" % (option, problem))
     return out
+
+
+def file_path_problem(path: str) -> t.Optional[str]:
+    """Why gpufleet could not write a file at `path` (it is a directory, or a part above it is a file), or None."""
+    if os.path.isdir(path):
+        return "%s is a directory" % path
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        return "%s lies under %s, which is not a directory" % (path, parent)
+    return None
+
+
+def _reachable(path: str, pw: t.Any, mode: int) -> bool:
+    """Whether the user `pw` may search every directory above `path` and has `mode` on it, by the mode bits (what
+    the kernel checks without ACLs). root may do anything but execute a file with no x bit at all."""
+    if pw.pw_uid == 0:
+        return True
+    groups = set(os.getgrouplist(pw.pw_name, pw.pw_gid))
+
+    def allowed(p: str, want: int) -> bool:
+        try:
+            st = os.stat(p)
+        except OSError:
+            return False
+        if st.st_uid == pw.pw_uid:
+            bits = (st.st_mode >> 6) & 7
+        elif st.st_gid in groups:
+            bits = (st.st_mode >> 3) & 7
+        else:
+            bits = st.st_mode & 7
+        return bits & want == want
+
+    real = os.path.realpath(path)
+    parts = real.split("/")
+    for i in range(1, len(parts) - 1):
+        if not allowed("/".join(parts[:i + 1]) or "/", 1):
+            return False
+    return allowed(real, 1 if mode == os.X_OK else 4)
 
 
 def base_env(user: str, passthrough: t.Sequence[str] = ()) -> t.Dict[str, str]:
@@ -349,9 +408,9 @@ def http(url: str, method: str = "GET", body: t.Optional[str] = None, headers: t
 def ready_input_error(health_url: str, request: t.Mapping[str, t.Any], timeout: float, interval: float) -> t.Optional[str]:
     """What is wrong with readiness options, or None."""
     request = compact_request(request)
-    if timeout <= 0:
+    if not 0 < timeout < math.inf:  # NaN too: every comparison with it is false, a poll that never ends
         return "timeout must be greater than 0 seconds, got %s" % timeout
-    if interval <= 0:
+    if not 0 < interval < math.inf:
         return "interval must be greater than 0 seconds, got %s" % interval
     if not health_url and not request:
         return "set health_url or request (or both)"
@@ -359,7 +418,9 @@ def ready_input_error(health_url: str, request: t.Mapping[str, t.Any], timeout: 
         return "request.url is required when request is set"
     for what, url in (("health_url", health_url), ("request.url", (request or {}).get("url"))):
         if url and not _http_url(url):
-            return "%s must be an http:// or https:// URL with a host, got %r" % (what, url)
+            return "%s must be an http:// or https:// URL with a host (and a valid port), got %r" % (what, url)
+    if request and request.get("method") and not re.fullmatch(r"[A-Z]+", str(request["method"])):
+        return "request.method must be an HTTP method such as GET or POST, got %r" % request["method"]
     if request and request.get("expect_regex"):
         try:
             re.compile(request["expect_regex"])
@@ -370,7 +431,11 @@ def ready_input_error(health_url: str, request: t.Mapping[str, t.Any], timeout: 
 
 def _http_url(url: str) -> bool:
     u = urlparse(url)
-    return u.scheme in ("http", "https") and bool(u.netloc)
+    try:
+        u.port  # pylint: disable=pointless-statement  # raises on a port out of 0-65535
+    except ValueError:
+        return False
+    return u.scheme in ("http", "https") and bool(u.hostname)
 
 
 def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request: t.Mapping[str, t.Any],
@@ -527,6 +592,11 @@ def acquire_lock(path: str, owner: str, ttl: float, wait: float, poll: float = 0
                 raise
         cur = read_state(path)
         if cur.get("owner") == owner:
+            if float(cur.get("expires", 0)) < now:
+                # This run's own lock past its TTL: another run could break it at any moment and both would hold
+                # it. Taken anew, with a new expiry.
+                write_json_atomic(path, dict(cur, acquired=now, expires=now + ttl))
+                return {"acquired": True, "refreshed": True, "broke_stale": None}
             return {"acquired": False, "already_held": True, "broke_stale": None}
         if cur.get("corrupt") or float(cur.get("expires", 0)) < now:
             broke = cur
@@ -536,10 +606,23 @@ def acquire_lock(path: str, owner: str, ttl: float, wait: float, poll: float = 0
                 pass
             continue
         if time.monotonic() >= deadline:
-            raise ServerError("host is locked by another gpufleet run (%s) until %s; not touching it"
-                              % (cur.get("owner"), time.strftime("%H:%M:%S", time.localtime(float(cur.get("expires", 0))))),
-                              holder=cur.get("owner"))
+            raise lock_busy_error(cur)
         time.sleep(poll)
+
+
+def lock_busy_error(cur: t.Mapping[str, t.Any]) -> "ServerError":
+    return ServerError("host is locked by another gpufleet run (%s) until %s; not touching it"
+                       % (cur.get("owner"), time.strftime("%H:%M:%S", time.localtime(float(cur.get("expires", 0))))),
+                       holder=cur.get("owner"))
+
+
+def foreign_live_lock(path: str, owner: str) -> t.Optional[t.Dict[str, t.Any]]:
+    """The lock at `path` when another run holds it and it is not past its TTL (what acquire_lock would wait for)."""
+    cur = read_state(path)
+    if cur.get("owner") and cur.get("owner") != owner and not cur.get("corrupt") \
+            and float(cur.get("expires", 0)) >= time.time():
+        return cur
+    return None
 
 
 def lock_holder(path: str) -> t.Optional[str]:

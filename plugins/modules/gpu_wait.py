@@ -106,6 +106,8 @@ holders:
   elements: dict
 """
 
+import math
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod
@@ -123,9 +125,10 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    if p["timeout"] <= 0:
+    # `not x > 0` also refuses NaN (every comparison with it is false: a wait that never ends).
+    if not 0 < p["timeout"] < math.inf:
         module.fail_json(msg="timeout must be greater than 0 seconds, got %s" % p["timeout"])
-    if p["poll_interval"] <= 0:
+    if not 0 < p["poll_interval"] < math.inf:
         module.fail_json(msg="poll_interval must be greater than 0 seconds, got %s" % p["poll_interval"])
     # A negative threshold or count can never be met: it would wait out the whole timeout.
     for k in ("max_used_mib", "min_processes", "min_used_mib"):

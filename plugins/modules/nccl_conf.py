@@ -13,7 +13,7 @@ version_added: 0.1.0
 description:
   - NCCL reads C(/etc/nccl.conf) itself in every process that initialises it, whatever started the process and
     whatever language it is written in. This module manages a block of C(NAME=VALUE) lines there, delimited by
-    C(# BEGIN gpufleet NAME) and C(# END gpufleet NAME), and keeps the rest of the file byte for byte.
+    C(# BEGIN gpufleet NAME) and C(# END gpufleet NAME), and keeps the rest of the file byte for byte (a last line without its line break gets one).
   - "Precedence, as NCCL implements it (it calls C(setenv) without overwriting): a variable in the process's real
     environment wins; then the file named by C(NCCL_CONF_FILE) (NCCL 2.23 and later), or C(~/.nccl.conf) when
     C(NCCL_CONF_FILE) is unset; then C(/etc/nccl.conf). Inside one file the first line for a name wins."
@@ -37,6 +37,7 @@ attributes:
     support: full
   diff_mode:
     support: full
+    details: Shows gpufleet's blocks before and after; the file's other lines, unchanged, as a line that counts them.
   idempotent:
     support: full
 options:

@@ -16,7 +16,11 @@ description:
     C(LANG), the names in O(env_passthrough), then O(env), then the launch tag O(tag_name)=O(name).
     Every worker inherits the tag, so C(gpufleet.serving.process_kill tag=...) finds orphans later.
   - Writes O(pidfile) as C(PID START_TIME) so a reused pid is never mistaken for the server.
-  - Does nothing (C(changed=false)) when the pidfile names a live process.
+  - Does nothing (C(changed=false)) when the pidfile names a live process that carries the launch tag
+    O(tag_name)=O(name); a pidfile naming any other process is stale, and the server is launched.
+  - Before the launch (in check mode too), the executable (a bare name is looked up on the server's C(PATH)), O(user),
+    O(workdir) and the files it writes (O(log_path), O(pidfile)) are checked; a launch that could not start fails
+    with RV(phase=launch) and starts nothing.
   - It neither waits for clean GPUs before the launch nor for the server after it. For those steps use
     M(gpufleet.serving.gpu_wait) and M(gpufleet.serving.server_ready), or M(gpufleet.serving.server_restart), which
     kills the running server, waits for clean GPUs, launches and waits for the server in one call (the gpu_server
@@ -62,21 +66,27 @@ EXAMPLES = r"""
 
 RETURN = r"""
 pid:
-  description: Pid of the launched (or already running) server.
+  description: Pid of the launched (or already running) server; null in check mode when it would be launched.
   returned: success
   type: int
 start_time:
-  description: Start time of that process (clock ticks since boot, /proc/PID/stat field 22).
+  description: Start time of that process (clock ticks since boot, /proc/PID/stat field 22); null in check mode
+    when it would be launched.
   returned: success
   type: int
 already_running:
-  description: True when the pidfile named a live process and nothing was started.
+  description: True when the pidfile named a live process carrying the launch tag, and nothing was started.
   returned: success
   type: bool
 launch_s:
   description: Seconds the launch took.
   returned: success
   type: float
+launch_problems:
+  description: Why the launch could not start (executable, user, workdir, files), checked before anything is started.
+  returned: when the launch could not start
+  type: list
+  elements: str
 phase:
   description: Where it failed; V(launch).
   returned: failure
@@ -105,9 +115,18 @@ def main() -> None:
 
     result: t.Dict[str, t.Any] = dict(changed=False, already_running=False, launch_s=0.0)
     ident = _server.pidfile_identity(p["pidfile"])
-    if ident and _proc.is_alive(ident):
+    # The pidfile's process is the server only if it carries the launch tag (a pidfile never selects alone).
+    if ident and _proc.is_alive(ident) and _proc.environ_has(ident[0], p["tag_name"], p["name"]):
         result.update(pid=ident[0], start_time=ident[1], already_running=True)
-    elif module.check_mode:
+        module.exit_json(**result)
+    # What would make the launch fail, in check mode too (so that it predicts the real run).
+    problems = _server.launch_problems(p["command"][0], p["user"], p["workdir"],
+                                       path=str(env.get("PATH") or _server.SAFE_PATH),
+                                       files={"log_path": p["log_path"], "pidfile": p["pidfile"]})
+    if problems:
+        module.fail_json(msg="launch of %s failed: cannot run this server: %s" % (p["name"], "; ".join(problems)),
+                         phase="launch", launch_problems=problems, **result)
+    if module.check_mode:
         result.update(changed=True, pid=None, start_time=None)
     else:
         t0 = time.monotonic()

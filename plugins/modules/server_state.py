@@ -376,7 +376,9 @@ state:
   type: dict
 """
 
+import math
 import os
+import time
 import typing as t
 
 from ansible.module_utils.basic import AnsibleModule
@@ -390,7 +392,9 @@ def record_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     """A pidfile whose live process is not the server (no launch tag, or the pid reused since) is not recorded: the
     record is what later checks and kills trust."""
     ident = _server.pidfile_identity(p["pidfile"])
-    proc = _proc.read_proc(ident[0]) if ident else None
+    if ident is None:
+        return "pidfile %s is missing or does not hold the 'PID START_TIME' a launch writes; not recorded" % p["pidfile"]
+    proc = _proc.read_proc(ident[0])
     if proc is None:
         return None  # gone: the record then says so, and the next check restarts it
     if proc.start_time != ident[1]:
@@ -406,10 +410,11 @@ def lock_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     """A lock that cannot exclude anybody (expired when written, an empty owner) is refused before anything is done."""
     if p["owner"] is not None and not p["owner"].strip():
         return "owner must not be empty (it names the run that holds the lock)"
-    if p["lock_ttl"] <= 0:
-        return "lock_ttl must be > 0 seconds, got %s (a lock past its TTL is broken by the next run)" % p["lock_ttl"]
-    if p["lock_wait"] < 0:
-        return "lock_wait must be >= 0 seconds, got %s" % p["lock_wait"]
+    # not (x > 0) and not (x >= 0) also refuse NaN; inf would be a lock that never goes stale, or a wait forever.
+    if not p["lock_ttl"] > 0 or math.isinf(p["lock_ttl"]):
+        return "lock_ttl must be a number of seconds > 0, got %s (a lock past its TTL is broken by the next run)" % p["lock_ttl"]
+    if not p["lock_wait"] >= 0 or math.isinf(p["lock_wait"]):
+        return "lock_wait must be a number of seconds >= 0, got %s" % p["lock_wait"]
     if p["lock_file"] and os.path.isdir(p["lock_file"]):
         return "lock_file %s is a directory; name the lock file itself" % p["lock_file"]
     return None
@@ -452,9 +457,16 @@ def check(module: AnsibleModule) -> dict:
             module.fail_json(msg="cannot run this server: %s." % "; ".join(problems), launch_problems=problems)
     locking = bool(p["lock_file"] and p["owner"]) and not module.check_mode
     # This run's lock from an earlier call (action=lock, or a check that kept it) is neither taken nor dropped here.
-    held_before = bool(p["lock_file"] and p["owner"]) and _server.read_state(p["lock_file"]).get("owner") == p["owner"]
+    held = _server.read_state(p["lock_file"]) if p["lock_file"] and p["owner"] else {}
+    held_before = held.get("owner") == p["owner"] and float(held.get("expires", 0)) >= time.time()
     if locking:
         take_lock(module)
+    elif p["lock_file"] and p["owner"] and not p["break_owner"]:
+        # Check mode takes no lock, but predicts the real call: another run's live lock makes it fail (or wait).
+        busy = _server.foreign_live_lock(p["lock_file"], p["owner"])
+        if busy is not None and p["lock_wait"] == 0:
+            e = _server.lock_busy_error(busy)
+            module.fail_json(msg=str(e), **e.details)
     try:
         res = check_state(module)
         res["up_to_date"] = not res["needs_restart"] and not res.get("unit", {}).get("drift")

@@ -25,7 +25,7 @@ description:
   - A venv with C(include-system-site-packages = false) still imports the standard library's C(sitecustomize.py),
     which shadows any C(sitecustomize.py) in the venv's C(site-packages); shadowed copies are reported as warnings.
   - The block is delimited by C(# BEGIN gpufleet NAME) and C(# END gpufleet NAME); everything else in the file is
-    kept byte for byte, and several blocks (different O(name)) can coexist. A file the module creates starts with
+    kept byte for byte (a last line without its line break gets one), and several blocks (different O(name)) can coexist. A file the module creates starts with
     a header line and is removed again when its last block is removed.
   - Only NCCL's own variables (C(NCCL_*)) and the names listed in O(allow_vars) are written, and never a variable
     that changes how every program, the Python interpreter or the dynamic loader behaves (C(LD_PRELOAD),

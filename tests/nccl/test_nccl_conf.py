@@ -42,7 +42,9 @@ def test_check_real_idempotent_absent_through_a_safe_symlink(tmp_path):
         "# BEGIN gpufleet nccl\n# Managed by Ansible (gpufleet.serving.nccl_conf); edits inside this block are lost.\n"
         "NCCL_BUFFSIZE=16777216\nNCCL_IB_HCA=^mlx5_0:1\nNCCL_PROTO=LL\n# END gpufleet nccl\n")
     assert res["r1"]["backup_file"] and open(res["r1"]["backup_file"]).read() == EXISTING
-    assert res["c1"]["diff"]["before"] == EXISTING and res["c1"]["diff"] == res["r1"]["diff"]
+    # The file's own lines are counted, not printed (as sitecustomize_env's diff does).
+    assert res["c1"]["diff"]["before"] == "# ... 2 lines not written by gpufleet (unchanged, not shown)\n"
+    assert res["c1"]["diff"] == res["r1"]["diff"] and "ens1f0" not in res["c1"]["diff"]["after"]
     # The debugging knobs are named in a warning (nccl_names defaults to warn).
     assert any("debugging knobs" in w for w in res["r1"]["warnings"])
 

@@ -168,3 +168,18 @@ def test_marker_lines_inside_a_string_are_refused_not_edited(tmp_path, run_modul
         r = run_module(sitecustomize_env.main, dict(layer, state=state))
         assert r["failed"] is True and "reads like a gpufleet block marker inside a string (line 2, 4)" in r["msg"], r
         assert path.read_text() == text
+
+
+def test_the_rest_of_the_file_is_kept_byte_for_byte_but_a_last_line_gets_its_line_break(tmp_path, run_module):
+    from ansible_collections.gpufleet.serving.plugins.modules import sitecustomize_env
+    site = tmp_path / "site"
+    site.mkdir()
+    path = site / "sitecustomize.py"
+    layer = {"path": str(path), "env": {"NCCL_PROTO": "LL"}, "interpreters": [sys.executable],
+             "probe_env": {"PYTHONPATH": str(site)}}
+    for before, after in (("import os\nx = 1\n", "import os\nx = 1\n"), ("import os\nx = 1", "import os\nx = 1\n")):
+        path.write_text(before)
+        assert run_module(sitecustomize_env.main, layer)["changed"] is True
+        assert path.read_text().startswith(after) and "# BEGIN gpufleet" in path.read_text()
+        assert run_module(sitecustomize_env.main, dict(layer, state="absent"))["changed"] is True
+        assert path.read_text() == after

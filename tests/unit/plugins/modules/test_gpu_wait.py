@@ -76,6 +76,9 @@ def test_timeout_failure_lists_holders(nvml, run_module):
     ({"timeout": "soon"}, "timeout"),
     # A threshold or count that can never be met would wait out the whole timeout.
     ({"max_used_mib": -5}, "max_used_mib must be >= 0, got -5"),
+    # NaN compares false with everything: a wait that never ends, or an error that names no option.
+    ({"timeout": "nan"}, "timeout must be greater than 0 seconds, got nan"),
+    ({"poll_interval": "nan"}, "poll_interval must be greater than 0 seconds, got nan"),
     ({"state": "busy", "min_processes": -1}, "min_processes must be >= 0, got -1"),
     ({"state": "busy", "min_used_mib": -1}, "min_used_mib must be >= 0, got -1"),
 ])

@@ -88,6 +88,7 @@ def test_gpu_holders(nvml, run_module):
     ({"cmdline_regex": "(unclosed"}, "cmdline_regex: invalid regular expression '(unclosed': missing ), unterminated subpattern"),
     ({"pids": [1], "exclude_regex": ["*"]}, "exclude_regex: invalid regular expression '*'"),
     ({"pids": [1], "grace": -1}, "grace must be >= 0 seconds, got -1.0"),
+    ({"pids": [1], "grace": "nan"}, "grace must be >= 0 seconds, got nan"),
     ({"pids": [1], "final_wait": -1}, "final_wait must be >= 0 seconds"),
     ({"pids": [1], "poll_interval": 0}, "poll_interval must be > 0 seconds"),
     ({"tag": "NOEQUALS"}, "tag must look like NAME=VALUE"),

@@ -59,7 +59,8 @@ def test_diff_shows_the_record_before_and_after(tmp_path, run_module):
     assert json.loads(r["diff"]["before"])["drains"]["haproxy"]["found"] == "UP" and r["diff"]["after"] == ""
 
 
-@pytest.mark.parametrize("text", ["not json", "[]", "42", '{"drains": []}'])
+@pytest.mark.parametrize("text", ["not json", "[]", "42", "null", '{"drains": []}', '{"x": 1}',
+                                  '{"drains": {"haproxy": "x"}}'])
 def test_a_file_that_is_not_a_record_fails_and_is_left_alone(tmp_path, run_module, text):
     path = tmp_path / "demo.rotation.json"
     path.write_text(text)
@@ -71,3 +72,8 @@ def test_a_file_that_is_not_a_record_fails_and_is_left_alone(tmp_path, run_modul
 def test_add_needs_balancer_and_found(tmp_path, run_module):
     r = run_module(rotation_record.main, {"path": str(tmp_path / "x.json"), "action": "add"})
     assert r["failed"] is True and "balancer" in r["msg"] and "found" in r["msg"]
+
+
+def test_a_directory_is_named(tmp_path, run_module):
+    r = run_module(rotation_record.main, {"path": str(tmp_path), "action": "read"})
+    assert r["failed"] is True and "%s is a directory, not a gpufleet drain record" % tmp_path in r["msg"], r

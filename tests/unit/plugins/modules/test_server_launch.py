@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pwd
 import signal
+import subprocess
 import sys
 import time
 
@@ -103,11 +104,41 @@ def test_runs_as_the_given_user(tmp_path, run_module, launched):
     ({"command": []}, "command must be a non-empty argument list"),
     ({"command": [""]}, "command must be a non-empty argument list"),
     ({"tag_name": "GPUFLEET-SERVICE"}, "tag_name: invalid variable name 'GPUFLEET-SERVICE'"),
-    ({"user": "no-such-user-gpufleet"}, "launch of demo failed: user 'no-such-user-gpufleet' does not exist"),
-    ({"workdir": "/nonexistent/dir"}, "launch of demo failed: workdir /nonexistent/dir does not exist"),
-    ({"command": ["/nonexistent/python"]}, "launch of demo failed: cannot start /nonexistent/python: "),
+    ({"user": "no-such-user-gpufleet"}, "launch of demo failed: cannot run this server: user no-such-user-gpufleet does not exist"),
+    ({"workdir": "/nonexistent/dir"}, "launch of demo failed: cannot run this server: workdir /nonexistent/dir is not a directory"),
+    ({"command": ["/nonexistent/python"]}, "launch of demo failed: cannot run this server: command[0] /nonexistent/python is not an executable file"),
 ])
 def test_bad_input_fails_with_the_field_and_starts_nothing(tmp_path, run_module, kw, msg):
     r = run_module(server_launch.main, args(tmp_path, **kw))
     assert r["failed"] is True and msg in r["msg"], r["msg"]
     assert not (tmp_path / "run" / "demo.pid").exists()
+
+
+def test_a_pidfile_naming_an_untagged_process_is_stale_and_the_server_is_launched(tmp_path, run_module, launched):
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # alive, not the server
+    try:
+        st = _proc.read_proc(other.pid).start_time
+        os.makedirs(tmp_path / "run")
+        (tmp_path / "run" / "demo.pid").write_text("%d %d\n" % (other.pid, st))
+        r = run_module(server_launch.main, args(tmp_path))
+        launched.append(r["pid"])
+        assert r["changed"] is True and r["already_running"] is False and r["pid"] != other.pid, r
+        again = run_module(server_launch.main, args(tmp_path))
+        assert again["changed"] is False and again["already_running"] is True and again["pid"] == r["pid"]
+        assert other.poll() is None  # never touched
+    finally:
+        other.kill()
+        other.wait()
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"command": ["nosuchcmd-gpufleet"]}, "command[0] nosuchcmd-gpufleet is not found on the server's PATH"),
+    ({"command": ["/nonexistent-gpufleet/python3"]}, "command[0] /nonexistent-gpufleet/python3 is not an executable file"),
+    ({"log_path": "/tmp"}, "log_path /tmp is a directory"),
+    ({"pidfile": "/etc/passwd/demo.pid"}, "pidfile /etc/passwd/demo.pid lies under /etc/passwd, which is not a directory"),
+])
+def test_a_launch_that_could_not_start_fails_the_same_in_check_mode_and_starts_nothing(tmp_path, run_module, kw, msg):
+    for check_mode in (True, False):
+        r = run_module(server_launch.main, args(tmp_path, **kw), check_mode=check_mode)
+        assert r["failed"] is True and r["phase"] == "launch" and msg in r["msg"], (check_mode, r)
+    assert not (tmp_path / "run").exists()

@@ -96,11 +96,17 @@ def test_check_mode_fails_for_a_server_that_is_not_up(tmp_path, run_module):
     ({}, "set health_url or request (or both)"),
     ({"request": {"body": "{}"}}, "request.url is required when request is set"),
     # Each would have polled until the timeout (600 s by default) before failing.
-    ({"health_url": "notaurl"}, "health_url must be an http:// or https:// URL with a host, got 'notaurl'"),
-    ({"request": {"url": "file:///etc/passwd"}}, "request.url must be an http:// or https:// URL with a host, got 'file:///etc/passwd'"),
+    ({"health_url": "notaurl"}, "health_url must be an http:// or https:// URL with a host (and a valid port), got 'notaurl'"),
+    ({"request": {"url": "file:///etc/passwd"}},
+     "request.url must be an http:// or https:// URL with a host (and a valid port), got 'file:///etc/passwd'"),
+    ({"health_url": "http://127.0.0.1:99999/health"},
+     "health_url must be an http:// or https:// URL with a host (and a valid port), got 'http://127.0.0.1:99999/health'"),
+    ({"request": {"url": "http://x/generate", "method": "GE T"}},
+     "request.method must be an HTTP method such as GET or POST, got 'GE T'"),
     ({"request": {"url": "http://x/generate", "expect_regex": "("}},
      "request.expect_regex: invalid regular expression '(': missing ), unterminated subpattern at position 0"),
     ({"health_url": "http://x/health", "log_tail_lines": -3}, "log_tail_lines must be >= 0, got -3"),
+    ({"health_url": "http://x/health", "timeout": "nan"}, "timeout must be greater than 0 seconds, got nan"),
 ])
 def test_bad_input(run_module, args, msg):
     r = run_module(server_ready.main, args)

@@ -321,7 +321,13 @@ def test_launch_input_that_would_fail_after_the_kill_fails_before_it(server, run
     for bad, phrase in [({"gpus": [7]}, "GPU index 7 does not exist on this host"),
                         ({"user": "nosuchuser-gpufleet"}, "user nosuchuser-gpufleet does not exist"),
                         ({"workdir": "/nonexistent-gpufleet"}, "workdir /nonexistent-gpufleet is not a directory"),
-                        ({"command": ["/nonexistent-gpufleet/python3"]}, "is not an executable file")]:
+                        ({"command": ["/nonexistent-gpufleet/python3"]}, "is not an executable file"),
+                        ({"command": ["nosuchcmd-gpufleet"]}, "command[0] nosuchcmd-gpufleet is not found on the server's PATH"),
+                        ({"user": "nobody", "workdir": "/root"}, "user nobody cannot enter workdir /root"),
+                        ({"log_path": "/tmp"}, "log_path /tmp is a directory"),
+                        ({"log_path": "/etc/passwd/x.log"}, "log_path /etc/passwd/x.log lies under /etc/passwd"),
+                        ({"pidfile": "/etc/passwd/x.pid"}, "pidfile /etc/passwd/x.pid lies under /etc/passwd"),
+                        ({"record": {"state_file": "/tmp", "fingerprint": "f" * 64}}, "record.state_file /tmp is a directory")]:
         for check_mode in (True, False):
             r = run_module(server_restart.main, dict(server, **bad), check_mode=check_mode)
             assert r["failed"] and r["phase"] == "preflight", (bad, r)

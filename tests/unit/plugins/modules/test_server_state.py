@@ -236,9 +236,12 @@ def test_bad_input(run_module, args, msg):
 
 
 @pytest.mark.parametrize("kw, msg", [
-    ({"lock_ttl": -5}, "lock_ttl must be > 0 seconds, got -5.0"),
-    ({"lock_ttl": 0}, "lock_ttl must be > 0 seconds"),
-    ({"lock_wait": -5}, "lock_wait must be >= 0 seconds, got -5.0"),
+    ({"lock_ttl": -5}, "lock_ttl must be a number of seconds > 0, got -5.0"),
+    ({"lock_ttl": 0}, "lock_ttl must be a number of seconds > 0"),
+    ({"lock_ttl": "nan"}, "lock_ttl must be a number of seconds > 0, got nan"),
+    ({"lock_ttl": "inf"}, "lock_ttl must be a number of seconds > 0, got inf"),
+    ({"lock_wait": -5}, "lock_wait must be a number of seconds >= 0, got -5.0"),
+    ({"lock_wait": "nan"}, "lock_wait must be a number of seconds >= 0, got nan"),
     ({"owner": " "}, "owner must not be empty"),
 ])
 def test_a_lock_that_excludes_nobody_is_refused_and_nothing_is_written(paths, run_module, kw, msg):
@@ -484,3 +487,37 @@ def test_record_refuses_a_pidfile_naming_an_untagged_or_reused_process(paths, ru
     finally:
         other.kill()
         other.wait()
+
+
+def test_an_expired_lock_of_this_run_is_taken_anew_so_no_other_run_can_break_it(paths, run_module):
+    os.makedirs(os.path.dirname(paths["lock_file"]))
+    Path(paths["lock_file"]).write_text(json.dumps({"owner": "ctl:1:a", "acquired": 1, "expires": 2}))
+    lk = {"name": NAME, "state_file": paths["state_file"], "lock_file": paths["lock_file"]}
+    r = run_module(server_state.main, dict(lk, action="lock", owner="ctl:1:a"))
+    assert r["changed"] is False and r["locked"] is True, r  # its own lock: no new owner
+    assert json.loads(Path(paths["lock_file"]).read_text())["expires"] > 2
+    r = run_module(server_state.main, dict(lk, action="lock", owner="ctl:2:b"))
+    assert r["failed"] is True and r["holder"] == "ctl:1:a", r
+
+
+def test_check_mode_predicts_the_failure_on_another_runs_live_lock(servers, paths, run_module):
+    running(servers, paths, run_module)
+    assert run_module(server_state.main, dict(check_args(paths), action="lock", lock_file=paths["lock_file"],
+                                              owner="ctl:2:b"))["changed"] is True
+    for check_mode in (True, False):
+        r = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:1:a"),
+                       check_mode=check_mode)
+        assert r["failed"] is True and "locked by another gpufleet run (ctl:2:b)" in r["msg"], (check_mode, r)
+        assert r["holder"] == "ctl:2:b"
+
+
+def test_record_refuses_a_missing_or_garbage_pidfile(paths, run_module):
+    os.makedirs(os.path.dirname(paths["pidfile"]))
+    rec = {"action": "record", "name": NAME, "state_file": paths["state_file"], "pidfile": paths["pidfile"],
+           "fingerprint": "f" * 64}
+    for content in (None, "garbage\n", "%d\n" % os.getpid()):
+        if content is not None:
+            Path(paths["pidfile"]).write_text(content)
+        r = run_module(server_state.main, rec)
+        assert r["failed"] and "does not hold the 'PID START_TIME' a launch writes; not recorded" in r["msg"], r
+    assert not os.path.exists(paths["state_file"])
