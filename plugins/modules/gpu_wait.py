@@ -81,6 +81,11 @@ waited_s:
   returned: when the GPUs were read (success, and a wait that timed out)
   type: float
   sample: 0.161
+state:
+  description: The state waited for, V(clean) or V(busy).
+  returned: when the GPUs were read (success, and a wait that timed out)
+  type: str
+  sample: clean
 polls:
   description: How many times the GPUs were read.
   returned: when the GPUs were read (success, and a wait that timed out)
