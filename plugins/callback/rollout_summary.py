@@ -29,7 +29,8 @@ description:
     operator's DRAIN is left as found after its restart. Such hosts are named after the table (C(left as found)) and in
     each row's and the JSON's C(left_as_found) (balancer name to state).
   - A host an earlier run left out of rotation (its drain record) whose server needs no restart is put back without
-    one; such hosts are named after the table (C(put back into rotation)) and in each row's C(returned_to_service).
+    one; such hosts are named after the table (C(put back into rotation), under C(--check) C(would put back into
+    rotation), and not as left out) and in each row's C(returned_to_service) (and C(would_return) in check mode).
 requirements:
   - enable in ansible.cfg with C(callbacks_enabled = gpufleet.serving.rollout_summary)
 options:
@@ -130,8 +131,11 @@ def markdown_table(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
 
 def out_of_rotation(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     """The line naming hosts this run left out of their load balancers ('' when none)."""
-    out = ["%s (%s)" % (r["host"], ", ".join(r["out_of_rotation"])) for r in rows if r.get("out_of_rotation")]
-    return ("left out of rotation: %s; put back by hand once fixed (docs/runbook.md)" % "; ".join(out)) if out else ""
+    # A host this run puts back (or, under --check, would) is not left out: returned() names it.
+    out = ["%s (%s)" % (r["host"], ", ".join(r["out_of_rotation"])) for r in rows
+           if r.get("out_of_rotation") and not _put_back(r)]
+    return ("left out of rotation: %s; the next rollout puts it back once the cause is fixed (docs/runbook.md)"
+            % "; ".join(out)) if out else ""
 
 
 def left_as_found(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
@@ -143,9 +147,22 @@ def left_as_found(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
 
 def returned(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     """The line naming hosts an earlier run left drained (its drain record) that this run put back ('' when none)."""
-    out = ["%s (%s)" % (r["host"], ", ".join(r["returned_to_service"])) for r in rows
-           if r.get("returned_to_service") and r.get("status") == "ok" and not r.get("out_of_rotation")]
-    return ("put back into rotation, left out by an earlier run (drain record): %s" % "; ".join(out)) if out else ""
+    done = ["%s (%s)" % (r["host"], ", ".join(r["returned_to_service"])) for r in rows
+            if _put_back(r) and not r.get("would_return")]
+    would = ["%s (%s)" % (r["host"], ", ".join(r["returned_to_service"])) for r in rows
+             if _put_back(r) and r.get("would_return")]
+    notes = []
+    if done:
+        notes.append("put back into rotation, left out by an earlier run (drain record): %s" % "; ".join(done))
+    if would:
+        notes.append("would put back into rotation, left out by an earlier run (drain record): %s" % "; ".join(would))
+    return "; ".join(notes)
+
+
+def _put_back(r: t.Mapping[str, t.Any]) -> bool:
+    """A host an earlier run left drained that this run put back (or, in check mode, would), with no failure."""
+    return bool(r.get("returned_to_service")) and r.get("status") == "ok" \
+        and (r.get("would_return") or not r.get("out_of_rotation"))
 
 
 def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.Mapping[str, t.Any]]) -> t.List[str]:
@@ -310,6 +327,7 @@ class CallbackModule(CallbackBase):
                 "would_drain": bool((h.get("rotation") or {}).get("would_drain")),
                 "left_as_found": dict((h.get("rotation") or {}).get("left_as_found") or {}),
                 "returned_to_service": list((h.get("rotation") or {}).get("returned") or []),
+                "would_return": bool((h.get("rotation") or {}).get("would_return")),
             })
         return out
 

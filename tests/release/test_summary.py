@@ -196,8 +196,8 @@ def test_gpufleet_ci_renders_the_summary_with_the_callbacks_renderer():
              if re.match(r"^\| h\d ", ln)}
     assert cells["h1"][:5] == ["h1", "failed", "killed, not relaunched", "2.50", "-"], cells
     assert cells["h2"][:4] == ["h2", "ok", "would", "-"] and cells["h3"][:4] == ["h3", "ok", "-", "-"], cells
-    assert body.rstrip().endswith("**%s**\n\n**left out of rotation: h1 (haproxy); put back by hand once fixed "
-                                  "(docs/runbook.md)**" % halted["msg"]), body
+    assert body.rstrip().endswith("**%s**\n\n**left out of rotation: h1 (haproxy); the next rollout puts it back once "
+                                  "the cause is fixed (docs/runbook.md)**" % halted["msg"]), body
 
 
 # What OpenSSH prints when a host key changed (the @-banner, then what to do), from a real `ssh` run.
@@ -290,3 +290,16 @@ def test_hosts_of_later_batches_are_listed_as_not_run(tmp_path):
     assert data["halted"]["batch"] == ["hosta"] and data["halted"]["not_started"] == ["hostb", "hostd"], data["halted"]
     md = (out / "rollout-summary.md").read_text()
     assert md.rstrip().endswith("**%s**" % data["halted"]["msg"]), md
+
+
+def test_a_host_that_is_or_would_be_put_back_is_not_called_left_out():
+    from gpufleet_ci.__main__ import summary_renderer
+    r = summary_renderer()
+    rows = [{"host": "h1", "status": "ok", "restarted": False, "out_of_rotation": ["haproxy"],
+             "returned_to_service": ["haproxy"], "would_return": True},
+            {"host": "h2", "status": "ok", "restarted": False, "out_of_rotation": [], "returned_to_service": ["haproxy"]},
+            {"host": "h3", "status": "failed", "restarted": True, "out_of_rotation": ["haproxy"]}]
+    md = r.render_markdown(rows, None)
+    assert "would put back into rotation, left out by an earlier run (drain record): h1 (haproxy)" in md, md
+    assert "put back into rotation, left out by an earlier run (drain record): h2 (haproxy)" in md, md
+    assert "left out of rotation: h3 (haproxy);" in md and "h1 (haproxy); the next" not in md, md
