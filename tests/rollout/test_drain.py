@@ -420,6 +420,14 @@ def test_a_host_an_interrupted_run_left_drained_is_put_back_without_a_restart(df
     assert _pids(df)["host3"] == before["host3"]  # no restart
     _wait_in_rotation(df, "host3", timeout=5)
     assert df.drain_record("host3") is None
+    # A record the role cannot read is reported; the host never passes as up to date over it.
+    df.fleet.ssh("host3", "cat > %s" % RECORD, input="[]", check=True)
+    try:
+        r = df.playbook("rollout", "--limit", "host3")
+        assert r.rc != 0 and "is not a gpufleet drain record" in r.summary["host3"]["failure"], r.tail()
+        assert _pids(df)["host3"] == before["host3"]
+    finally:
+        df.fleet.ssh("host3", "rm -f %s" % RECORD, check=True)
 
 
 def test_servers_taken_out_by_hand_are_left_as_found(df):
