@@ -393,7 +393,7 @@ def record_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     record is what later checks and kills trust."""
     ident = _server.pidfile_identity(p["pidfile"])
     if ident is None:
-        return "pidfile %s is missing or does not hold the 'PID START_TIME' a launch writes; not recorded" % p["pidfile"]
+        return None  # recorded without a pid (main warns): the next check finds nothing running and restarts
     proc = _proc.read_proc(ident[0])
     if proc is None:
         return None  # gone: the record then says so, and the next check restarts it
@@ -696,6 +696,9 @@ def main() -> None:
         err = record_input_error(p)
         if err:
             module.fail_json(msg=err)
+        if _server.pidfile_identity(p["pidfile"]) is None:
+            module.warn("pidfile %s is missing or does not hold the 'PID START_TIME' a launch writes: recorded without a "
+                        "pid, so the next check finds no server running" % p["pidfile"])
         changed, new = _server.record_state(p["state_file"], p["name"], p["fingerprint"], p["pidfile"], p["timings"],
                                             module.check_mode)
         module.exit_json(changed=changed, state=new)

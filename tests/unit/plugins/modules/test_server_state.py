@@ -511,7 +511,7 @@ def test_check_mode_predicts_the_failure_on_another_runs_live_lock(servers, path
         assert r["holder"] == "ctl:2:b"
 
 
-def test_record_refuses_a_missing_or_garbage_pidfile(paths, run_module):
+def test_record_of_a_missing_or_garbage_pidfile_warns_and_records_no_pid(paths, run_module):
     os.makedirs(os.path.dirname(paths["pidfile"]))
     rec = {"action": "record", "name": NAME, "state_file": paths["state_file"], "pidfile": paths["pidfile"],
            "fingerprint": "f" * 64}
@@ -519,5 +519,6 @@ def test_record_refuses_a_missing_or_garbage_pidfile(paths, run_module):
         if content is not None:
             Path(paths["pidfile"]).write_text(content)
         r = run_module(server_state.main, rec)
-        assert r["failed"] and "does not hold the 'PID START_TIME' a launch writes; not recorded" in r["msg"], r
-    assert not os.path.exists(paths["state_file"])
+        assert not r.get("failed") and r["state"]["pid"] is None, r
+        # The warning's text when the in-process result carries warnings (the whole suite's process may drop them).
+        assert "warnings" not in r or "recorded without a pid" in json.dumps(r["warnings"]), r
