@@ -8,7 +8,9 @@
 """
 from __future__ import annotations
 
+import os
 import sys
+import typing as t
 from pathlib import Path
 
 import pytest
@@ -16,9 +18,50 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+import helpers  # noqa: E402
 from helpers import FakeGpus, install_collection  # noqa: E402
 
+# Test files by their time in a full run with 4 workers (`.ci/run` prints the slowest tests), longest first; the rest
+# follow in collection order. The EE test builds its base image with debootstrap on a fresh machine (~3 min more).
+LONGEST_FIRST: t.List[str] = [
+    "tests/rollout/test_drain.py",
+    "tests/reliability/test_rel_systemd.py",
+    "tests/ee/test_ee.py",
+    "tests/reliability/test_rel_batches.py",
+    "tests/rollout/test_rollout.py",
+    "tests/rollout/test_tags.py",
+    "tests/molecule_tests/test_molecule_scenarios.py",
+    "tests/rollout/test_playbooks.py",
+    "tests/foundation/test_integration_targets.py",
+    "tests/foundation/test_core_newest.py",
+    "tests/reliability/test_rel_security_rollout.py",
+    "tests/foundation/test_sanity.py",
+    "tests/release/test_demo.py",
+]
+
 pytest_plugins = ["sandbox.fixtures"]  # sandbox_fleet / sandbox_fleet_module (tests/sandbox/fixtures.py)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        install_collection()  # the controlling pytest: once, before any xdist worker starts
+    else:
+        # A worker must not copy it again: that would swap it under another worker's running playbook.
+        helpers.installed_at(Path(workerinput["gpufleet_collection"]))
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook
+def pytest_configure_node(node: t.Any) -> None:
+    node.workerinput["gpufleet_collection"] = str(install_collection())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: t.List[pytest.Item]) -> None:
+    # Under `--dist loadfile` (scripts/test) a test file is one unit of work (its module-scoped sandbox fleet is made
+    # once), handed out in collection order: files that take longest go first, so that none starts last. The sort is
+    # stable: the order within a file is kept.
+    rank = {f: i for i, f in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda it: rank.get(it.nodeid.split("::")[0], len(rank)))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -19,6 +19,12 @@ PY = sys.executable
 _installed: t.Optional[Path] = None
 
 
+def installed_at(path: Path) -> None:
+    """The copy is already installed at `path` (an xdist worker: the controlling pytest installed it)."""
+    global _installed
+    _installed = path
+
+
 def install_collection() -> Path:
     global _installed
     if _installed is None and ROOT.parts[-3:] == ("ansible_collections", "gpufleet", "serving"):

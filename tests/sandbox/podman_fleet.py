@@ -28,6 +28,7 @@ Needs root, podman, runc, debootstrap (apt: podman runc debootstrap) besides fle
 """
 from __future__ import annotations
 
+import fcntl
 import glob
 import hashlib
 import importlib.util
@@ -153,6 +154,16 @@ def ensure_image(rebuild: bool = False) -> str:
     """Make sure IMAGE exists: import the cached tarball, building it with debootstrap first when missing."""
     if not rebuild and image_exists():
         return "present"
+    # Parallel test workers may all find the image missing on a fresh machine: one builds, the others wait for it.
+    TARBALL.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(TARBALL) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not rebuild and image_exists():
+            return "present"
+        return _make_image(rebuild)
+
+
+def _make_image(rebuild: bool) -> str:
     miss = missing_commands(build=rebuild or not TARBALL.exists())
     if miss:
         raise FleetError("missing commands for the podman sandbox fleet: %s (apt packages podman runc debootstrap)"
