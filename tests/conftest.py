@@ -8,7 +8,6 @@
 """
 from __future__ import annotations
 
-import os
 import sys
 import typing as t
 from pathlib import Path
@@ -60,6 +59,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: t.List[pytest.It
     # Under `--dist loadfile` (scripts/test) a test file is one unit of work (its module-scoped sandbox fleet is made
     # once), handed out in collection order: files that take longest go first, so that none starts last. The sort is
     # stable: the order within a file is kept.
+    if not hasattr(config, "workerinput"):
+        return  # not an xdist worker: collection order (tests/reliability/gen_table.py relies on it)
     rank = {f: i for i, f in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda it: rank.get(it.nodeid.split("::")[0], len(rank)))
 

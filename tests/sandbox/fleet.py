@@ -99,6 +99,13 @@ def run(argv: t.Sequence[str], input: t.Optional[str] = None, check: bool = True
     return p
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def prefix_for(state_dir: Path) -> str:
     return "gf" + hashlib.sha1(str(state_dir).encode()).hexdigest()[:8]
 
@@ -236,6 +243,9 @@ class Fleet:
                 self._prepare_host(name, addr, names, gpus, gpu_mib, name in nvlink, sites)
                 state["host_info"].append({"name": name, "addr": addr, "netns": self.netns(name),
                                            "gpus": gpus, "nvlink": name in nvlink})
+            # Host logs are appended to across boots: readiness is read from this boot's part only (an old
+            # "Server listening" line of a crashed host's earlier boot must not pass for the new sshd).
+            self._log_from = {h["name"]: _size(self.logs / ("%s.log" % h["name"])) for h in state["host_info"]}
             for h in state["host_info"]:
                 pid = self._boot(h["name"])
                 h["pid"], h["start"] = pid, _start_time(pid)
@@ -369,7 +379,9 @@ class Fleet:
             for h in state["host_info"]:
                 if h["name"] not in pending:
                     continue
-                text = (self.logs / ("%s.log" % h["name"])).read_text(errors="replace")
+                with open(self.logs / ("%s.log" % h["name"]), "rb") as f:
+                    f.seek(getattr(self, "_log_from", {}).get(h["name"], 0))
+                    text = f.read().decode(errors="replace")
                 if "Server listening on" in text:
                     pending.discard(h["name"])
                 elif not _alive(h["pid"], h["start"]) or any(p.poll() is not None for p in self._children
