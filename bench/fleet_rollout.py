@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -182,7 +183,9 @@ def bench_size(n: int, repeats: int, light: bool, extras: bool, profile_dir: str
         res["load_after"] = os.getloadavg()[0]
         return res
     finally:
-        subprocess.run([PY, fleet_py(), "down", "--state-dir", state], stdout=subprocess.DEVNULL)
+        down = subprocess.run([PY, fleet_py(), "down", "--state-dir", state], stdout=subprocess.DEVNULL)
+        if down.returncode == 0:  # else leave the state dir: `fleet.py down --state-dir` needs it to clean up
+            shutil.rmtree(state, ignore_errors=True)
 
 
 def med(xs):
@@ -248,6 +251,10 @@ def tables(results) -> str:
         fits[k] = {"cpu": fit([(r["hosts"], stat(r[k], "cpu_s")[0]) for r in results]),
                    "main": fit([(r["hosts"], stat(r[k], "main_cpu_s")[0]) for r in results]),
                    "wall": fit([(r["hosts"], stat(r[k], "wall_s")[0]) for r in results])}
+    if len(results) < 2:
+        out += ["", "(No least-squares fit: it needs at least two sizes.)"]
+        results_fits[:] = [fits]
+        return "\n".join(out)
     out += ["", "Least-squares fit over the sizes (median of each size): fixed + per host × N", "",
             "| | CPU fixed s | CPU per host s | of which main process: fixed s | main per host s | wall fixed s | wall per host s |",
             "|---|---|---|---|---|---|---|"]
@@ -289,7 +296,6 @@ def main() -> int:
         return _main(a, rev)
     finally:
         if TREE != ROOT:
-            import shutil
             shutil.rmtree(TREE, ignore_errors=True)
 
 

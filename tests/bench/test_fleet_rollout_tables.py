@@ -60,3 +60,9 @@ def test_tables_give_the_ratios_of_medians_of_each_size():
     fits = b.results_fits[0]
     assert fits["noop"]["cpu"] == {"fixed_s": 1.0, "per_host_s": 1.0}
     assert fits["restart"]["cpu"]["per_host_s"] == 2.0
+
+
+def test_one_size_says_there_is_no_fit_instead_of_an_empty_table():
+    out = _bench().tables([_size(2, 2.0, 1.0)])
+    assert "(No least-squares fit: it needs at least two sizes.)" in out
+    assert "| restart |" not in out and "Least-squares fit over the sizes" not in out
