@@ -50,6 +50,9 @@ def test_a_users_play_with_serial_stops_after_the_role_failed_a_host(tmp_path):
     ({"gpufleet_rollout_max_fail_percentage": "lots"}, "gpufleet_rollout_max_fail_percentage must be a number"),
     ({"gpufleet_rollout_serial": [0, "50%"]}, "gpufleet_rollout_serial must be a batch size"),
     ({"gpufleet_rollout_serial": ["0%", 2]}, "(got 0%)"),
+    # Not a number at all: ansible-core itself crashed on these (rc 250, no summary) before any task ran.
+    ({"gpufleet_rollout_serial": "abc"}, "(got abc)"),
+    ({"gpufleet_rollout_serial": [1, "lots"]}, "(got lots)"),
 ])
 @pytest.mark.parametrize("playbook", ["rollout", "clean"])
 def test_bad_batch_settings_are_refused_by_name_before_any_host_is_touched(tmp_path, playbook, extra, says):
