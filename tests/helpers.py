@@ -19,6 +19,13 @@ PY = sys.executable
 _installed: t.Optional[Path] = None
 
 
+def service_tag(name: str) -> str:
+    """A launch tag (NAME=VALUE) that only this test process uses: tests that kill by tag on this machine's root pid
+    namespace must never match another test's processes (parallel workers, another checkout's run, the sandbox
+    hosts' servers, whose processes this namespace also sees)."""
+    return "GPUFLEET_SERVICE=%s-%d" % (name, os.getpid())
+
+
 def installed_at(path: Path) -> None:
     """The copy is already installed at `path` (an xdist worker: the controlling pytest installed it)."""
     global _installed

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PY, ROOT, wait_for
+from helpers import PY, ROOT, service_tag, wait_for
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tests" / "unit"))  # smi_stub, collection_copy
@@ -80,7 +80,7 @@ def launch(fake_gpus, tmp_path, spawned):
     """Start the stand-in server (tests/foundation/launcher.py); return its Tree once workers hold memory."""
     count = [0]
 
-    def start(workers: int = 2, mib: int = 1000, tag: t.Optional[str] = "GPUFLEET_SERVICE=x", setsid: bool = True,
+    def start(workers: int = 2, mib: int = 1000, tag: t.Optional[str] = service_tag("x"), setsid: bool = True,
               worker_ignore_term: bool = False, ignore_term: bool = False, pidfile: bool = False,
               marker: str = "", env: t.Optional[t.Dict[str, str]] = None) -> Tree:
         count[0] += 1

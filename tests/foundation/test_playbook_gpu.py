@@ -10,7 +10,7 @@ import subprocess
 import typing as t
 from pathlib import Path
 
-from helpers import FAKE_NVML_DIR, PY, wait_for
+from helpers import FAKE_NVML_DIR, PY, service_tag, wait_for
 from playbook_steps import HERE, play
 
 
@@ -30,8 +30,8 @@ def test_gpu_wait_returns_after_holder_dies(fake_gpus, tmp_path, spawned):
 
 def test_kill_then_wait_sees_the_release(launch, fake_gpus, tmp_path):
     """The restart gate: kill the tagged server, then gpu_wait returns once the driver releases (~0.15 s)."""
-    tree = launch(workers=2, tag="GPUFLEET_SERVICE=pb-gate", mib=40000)
-    k, w = play(tmp_path, [{"module": "process_kill", "args": {"tag": "GPUFLEET_SERVICE=pb-gate"}},
+    tree = launch(workers=2, tag=service_tag("pb-gate"), mib=40000)
+    k, w = play(tmp_path, [{"module": "process_kill", "args": {"tag": service_tag("pb-gate")}},
                            {"module": "gpu_wait", "args": {"timeout": 20}}], fake_gpus.env)
     assert k["changed"] and tree.alive() == []
     assert not w.get("failed") and w["waited_s"] < 5

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import time
 
+from helpers import service_tag
 from playbook_steps import play
 
 
 def test_process_kill_check_real_again(launch, fake_gpus, tmp_path):
-    tree = launch(workers=2, tag="GPUFLEET_SERVICE=pb-cycle", mib=3000)
-    step = {"module": "process_kill", "args": {"tag": "GPUFLEET_SERVICE=pb-cycle", "grace": 5}}
+    tree = launch(workers=2, tag=service_tag("pb-cycle"), mib=3000)
+    step = {"module": "process_kill", "args": {"tag": service_tag("pb-cycle"), "grace": 5}}
 
     [chk] = play(tmp_path, [dict(step)], fake_gpus.env, check=True, name="check")
     assert chk["changed"] is True and not chk.get("failed")
@@ -33,7 +34,7 @@ def test_process_kill_check_real_again(launch, fake_gpus, tmp_path):
 
 
 def test_process_kill_escalation_pidfiles_protection(launch, sleeper, fake_gpus, tmp_path):
-    stubborn = launch(workers=1, tag="GPUFLEET_SERVICE=pb-stubborn", worker_ignore_term=True, ignore_term=True)
+    stubborn = launch(workers=1, tag=service_tag("pb-stubborn"), worker_ignore_term=True, ignore_term=True)
     innocent = sleeper()
     st = int(open("/proc/%d/stat" % innocent.pid).read().rsplit(")", 1)[1].split()[19])
     stale = tmp_path / "stale.pid"
@@ -42,7 +43,7 @@ def test_process_kill_escalation_pidfiles_protection(launch, sleeper, fake_gpus,
     foreign.write_text("%d\n" % innocent.pid)
     os.utime(foreign, (time.time() - 7200, time.time() - 7200))
     steps = [
-        {"module": "process_kill", "args": {"tag": "GPUFLEET_SERVICE=pb-stubborn", "grace": 0.4, "final_wait": 3}},
+        {"module": "process_kill", "args": {"tag": service_tag("pb-stubborn"), "grace": 0.4, "final_wait": 3}},
         {"module": "process_kill", "args": {"pidfile": str(stale)}},
         {"module": "process_kill", "args": {"pidfile": str(foreign)}},
         {"module": "process_kill", "args": {"pids": [1, os.getpid()]}},

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from helpers import pid_alive, wait_for
+from helpers import pid_alive, service_tag, wait_for
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _gpuwait, _kill, _nvml, _proc, _select
 
@@ -54,7 +54,7 @@ def _fake_nvml_in_process(fake_gpus, monkeypatch):
 def test_spawn_workers_killed_by_tag_and_gpus_freed(launch):
     tree = launch(workers=3, mib=5000)
     assert not gpus_clean(timeout=0.1)["ok"]
-    res, rep = select_and_kill(tag="GPUFLEET_SERVICE=x")
+    res, rep = select_and_kill(tag=service_tag("x"))
     assert set(tree.workers) | {tree.launcher} <= set(res["selected"])
     assert all(res["selected"][w][0] == "tag" for w in tree.workers)
     assert all(not r["survived"] for r in rep.values())
@@ -75,7 +75,7 @@ def test_launcher_pid_with_descendants_and_session(launch):
 def test_term_ignoring_workers_escalate_to_kill(launch):
     tree = launch(workers=2, worker_ignore_term=True, ignore_term=True)
     t0 = time.monotonic()
-    res, rep = select_and_kill(tag="GPUFLEET_SERVICE=x", grace=0.5, final_wait=3)
+    res, rep = select_and_kill(tag=service_tag("x"), grace=0.5, final_wait=3)
     took = time.monotonic() - t0
     for w in tree.workers + [tree.launcher]:
         assert rep[w]["signals_sent"] == ["SIGTERM", "SIGKILL"], rep[w]
@@ -86,7 +86,7 @@ def test_term_ignoring_workers_escalate_to_kill(launch):
 
 def test_orphaned_workers_found_by_tag(launch):
     """setsid launcher SIGKILLed: its spawn workers are reparented, found only by the launch tag."""
-    tree = launch(workers=2, tag="GPUFLEET_SERVICE=orphan-test", mib=7000)
+    tree = launch(workers=2, tag=service_tag("orphan-test"), mib=7000)
     os.kill(tree.launcher, signal.SIGKILL)
     tree.popen.wait()
     wait_for(lambda: all(_proc.read_proc(w).ppid != tree.launcher for w in tree.workers), 5, "reparenting")
@@ -96,7 +96,7 @@ def test_orphaned_workers_found_by_tag(launch):
     # Not a descendant of anything we know any more: only the tag finds them.
     res = select(pids=[tree.launcher])[0]
     assert res["selected"] == {}
-    res, rep = select_and_kill(tag="GPUFLEET_SERVICE=orphan-test")
+    res, rep = select_and_kill(tag=service_tag("orphan-test"))
     assert set(tree.workers) <= set(res["selected"])
     assert all(not rep[w]["survived"] for w in tree.workers)
     assert tree.alive() == []
@@ -104,9 +104,9 @@ def test_orphaned_workers_found_by_tag(launch):
 
 
 def test_other_tag_value_untouched(launch):
-    mine = launch(workers=1, tag="GPUFLEET_SERVICE=a")
-    other = launch(workers=1, tag="GPUFLEET_SERVICE=ab")
-    res = select_and_kill(tag="GPUFLEET_SERVICE=a")[0]
+    mine = launch(workers=1, tag=service_tag("a"))
+    other = launch(workers=1, tag=service_tag("a") + "b")
+    res = select_and_kill(tag=service_tag("a"))[0]
     assert mine.alive() == []
     assert other.alive() == sorted(other.members)
     assert not set(res["selected"]) & set(other.members)
@@ -115,10 +115,10 @@ def test_other_tag_value_untouched(launch):
 def test_our_pidfile_selects_the_server(launch):
     """gpufleet's own 'PID START_TIME' pidfile: confirmed by the launch tag its server carries, never by the start
     time alone."""
-    tree = launch(workers=2, pidfile=True, tag="GPUFLEET_SERVICE=pf")
+    tree = launch(workers=2, pidfile=True, tag=service_tag("pf"))
     res = select(pidfile=str(tree.pidfile))[0]
     assert res["selected"] == {} and res["pidfile"]["status"] == "unconfirmed", res  # no tag given
-    res, rep = select_and_kill(pidfile=str(tree.pidfile), tag="GPUFLEET_SERVICE=pf")
+    res, rep = select_and_kill(pidfile=str(tree.pidfile), tag=service_tag("pf"))
     assert res["selected"][tree.launcher][0] == "pidfile" and res["pidfile"]["confirmed_by"] == "tag", res
     assert set(res["selected"]) == set(tree.members)
     assert tree.alive() == []
@@ -200,7 +200,7 @@ def test_pid_reuse_identity_never_signalled(sleeper):
 
 def test_exclude_regex_spares_matching_member(launch, sleeper):
     tree = launch(workers=1, marker="server-marker-1")
-    agent = sleeper("nvidia-persistenced-lookalike", env=dict(os.environ, GPUFLEET_SERVICE="x"))
-    res = select(tag="GPUFLEET_SERVICE=x", exclude_regex=[r"persistenced"])[0]
+    agent = sleeper("nvidia-persistenced-lookalike", env=dict(os.environ, GPUFLEET_SERVICE=service_tag("x").split("=", 1)[1]))
+    res = select(tag=service_tag("x"), exclude_regex=[r"persistenced"])[0]
     assert agent.pid in res["excluded"] and agent.pid not in res["selected"]
     assert tree.launcher in res["selected"]
