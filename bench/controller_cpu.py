@@ -59,8 +59,7 @@ class Cgroup:
             except OSError:
                 stat = dict(line.split() for line in open(os.path.join(p, "cpuacct.stat")))
                 return (int(stat["user"]) + int(stat["system"])) / TICK
-        # usage_usec is the scheduler's exact runtime; user_usec + system_usec is the same total split by sampled
-        # ticks, which was seen to read tens of ms short on a loaded machine.
+        # usage_usec is the scheduler's runtime itself; user_usec and system_usec split it by sampled ticks.
         stat = dict(line.split() for line in open(os.path.join(p, "cpu.stat")))
         return int(stat["usage_usec"]) / 1e6
 

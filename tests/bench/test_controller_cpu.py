@@ -17,6 +17,9 @@ import controller_cpu  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (creates cgroups)")
 
+# Lower bounds are 90 % of what the processes burn by their own clock (time.process_time): with 4 test workers on 2
+# cores the cgroup's total was seen a few percent short of it.
+SLACK = 0.9
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
 
 
@@ -36,7 +39,7 @@ def test_counts_a_daemonized_grandchild_and_ends_it(tmp_path):
     acct = controller_cpu.Accounted(str(tmp_path))
     acct.run([str(script)])
     assert acct.returncode == 0
-    assert acct.cpu_s >= 0.65, acct.cpu_s  # 0.3 (child) + 0.4 (daemonized grandchild), interpreter starts on top
+    assert acct.cpu_s >= 0.7 * SLACK, acct.cpu_s  # 0.3 (child) + 0.4 (daemonized grandchild), interpreter starts on top
     assert acct.cpu_s < 3.0, acct.cpu_s
     assert acct.ssh_cpu_s < 0.05
     # The daemon was ended with the run: nothing of it is left in any cgroup of the benchmark.
@@ -53,8 +56,8 @@ def test_ssh_part_is_what_ran_through_the_wrapper(tmp_path):
     acct = controller_cpu.Accounted(str(tmp_path))
     acct.run(["sh", "-c", "python3 -c '%s' && \"$GPUFLEET_BENCH_SSH\" host true" % BURN.format(s=0.2)], env)
     assert acct.returncode == 0, acct.stdout
-    assert 0.3 <= acct.ssh_cpu_s < 1.0, acct.ssh_cpu_s
-    assert acct.cpu_s - acct.ssh_cpu_s >= 0.2, (acct.cpu_s, acct.ssh_cpu_s)
+    assert 0.3 * SLACK <= acct.ssh_cpu_s < 1.0, acct.ssh_cpu_s
+    assert acct.cpu_s - acct.ssh_cpu_s >= 0.2 * SLACK, (acct.cpu_s, acct.ssh_cpu_s)
 
 
 def test_main_process_cpu_excludes_its_children(tmp_path):
@@ -63,5 +66,5 @@ def test_main_process_cpu_excludes_its_children(tmp_path):
     acct = controller_cpu.Accounted(str(tmp_path))
     acct.run([sys.executable, "-c", code])
     assert acct.returncode == 0, acct.stdout
-    assert 0.25 <= acct.main_cpu_s < 0.6, acct.main_cpu_s
-    assert acct.cpu_s >= 0.7, acct.cpu_s
+    assert 0.3 * SLACK <= acct.main_cpu_s < 0.6, acct.main_cpu_s
+    assert acct.cpu_s >= 0.7 * SLACK, acct.cpu_s
