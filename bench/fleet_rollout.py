@@ -14,7 +14,7 @@ the controller's CPU-seconds per host, at several fleet sizes.
    gpufleet_rollout_fast_check=false, through the full roles) and what the ansible settings buy (the same no-op with
    ansible's defaults: no pipelining, forks 5, implicit fact gathering, versus the repo's ansible.cfg).
 
-Every measured command runs in its own cgroup (bench/controller_cpu.py): its controller CPU-seconds are user+system of
+Every measured command runs in its own cgroup (bench/controller_cpu.py): its controller CPU-seconds are the CPU time of
 the command and everything it started on this machine (ansible-playbook, its forks, the ssh clients and their
 ControlMasters, the sandbox's `ip netns exec nc` proxies), not the hosts' processes; every run starts with no ssh
 connection open (the masters of the run before are ended), as a rollout from a fresh controller does.
@@ -224,7 +224,7 @@ def tables(results) -> str:
         out.append("| %d | %s | %s | %s | **%.2f×** | %s | %s | **%.2f×** | %.1f → %.1f |" % (
             r["hosts"], "1 worker" if r["light_server"] else "2 workers", rng(rw), rng(sw), sw[0] / rw[0], rng(nw), rng(pw),
             nw[0] / pw[0], r["load_before"], r["load_after"]))
-    out += ["", "Controller CPU-seconds per host (user+system of everything the command ran on this machine, / hosts):", "",
+    out += ["", "Controller CPU-seconds per host (the CPU time of everything the command ran on this machine, / hosts):", "",
             "| hosts | `restart` | seed loop | no-op `rollout` | `ansible -m ping` | no-op / ping | restart: main process / forks / ssh | no-op: main / forks / ssh | ping: main / forks / ssh |",
             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:

@@ -242,7 +242,17 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         return
 
     result["phase"] = "clean"
-    result["clean"] = _gpumod.wait_or_fail(gate)
+    try:
+        result["clean"] = _gpumod.wait_or_fail(gate)
+    except StepError as e:
+        if p["kill"]["gpu_strays"] or not e.details.get("holders"):
+            raise
+        # The usual first-rollout case: a server started by hand before gpufleet managed it, whose processes carry no
+        # launch tag. Say how to take it over, not only who holds the GPUs.
+        # Kept short: the rollout summary keeps a long failure's head and end, and the holders come before it.
+        raise StepError("%s. None is gpufleet's: adopt a server started by hand with kill.cmdline_regex "
+                        "(gpufleet_server_adopt_cmdline_regex), or kill.gpu_strays (gpufleet_server_kill_gpu_strays) "
+                        "ends them" % e, **e.details) from None
     timings["clean_s"] = result["clean"]["waited_s"]
     if p["stop_only"]:
         result.pop("phase")

@@ -81,6 +81,7 @@ def test_unkillable_gpu_holder_fails_the_clean_gate_and_nothing_is_launched(bare
     failed = clean["res"]
     assert "GPUs not clean" in failed["msg"] and "pid %d" % holder in failed["msg"], failed["msg"]
     assert "nvidia_gpu_exporter hold --gpu 0" in failed["msg"], failed["msg"]
+    assert "adopt" not in failed["msg"], failed["msg"]  # strays were on: the holder was excluded, not overlooked
     stray = failed["strays"]
     assert [e["pid"] for e in stray["excluded"]] == [holder] and "exclude" in stray["excluded"][0]["reason"], stray
     assert stray["signalled"] == 0

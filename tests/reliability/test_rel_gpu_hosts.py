@@ -72,7 +72,7 @@ GPU_REGS = ["info", "wait_clean", "wait_busy", "kill", "srv", "nccl"]
              "profile auto",
     outcome="each fails with 'No GPU backend available: pynvml (nvidia-ml-py) is not importable; nvidia-smi not "
             "found on PATH. Failed to import the required Python library (nvidia-ml-py) ...' (the host's reason first, "
-            "so the role's 400-character failure summary keeps it); the role fails in its read-only check step; the "
+            "so the head of the role's failure summary keeps it); the role fails in its read-only check step; the "
             "server process, pidfile, log and state are unchanged")
 def test_host_without_any_gpu_backend(tmp_path):
     out = subprocess.run([SYSTEM_PY, "-c", "import pynvml"], stderr=subprocess.DEVNULL, check=False)

@@ -148,6 +148,9 @@ def test_dirty_gpu_stops_at_the_gate_launches_nothing_records_nothing_and_still_
     r = run_module(server_restart.main, a)
     assert r["failed"] and r["phase"] == "clean" and r["changed"] is False and r.get("pid") is None
     assert "GPUs not clean after 0.3 s" in r["msg"] and "pid %d" % stray.pid in r["msg"], r["msg"]
+    # It says how to take over a server started by hand (the holder carries no launch tag).
+    assert "None is gpufleet's: adopt a server started by hand with kill.cmdline_regex" in r["msg"], r["msg"]
+    assert "gpufleet_server_adopt_cmdline_regex" in r["msg"] and "gpufleet_server_kill_gpu_strays" in r["msg"], r["msg"]
     assert [h["pid"] for h in r["clean"]["holders"]] == [stray.pid]
     assert stray.poll() is None and _tagged(a) == []
     assert not os.path.exists(a["pidfile"]) and not os.path.exists(a["record"]["state_file"])

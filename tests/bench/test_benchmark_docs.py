@@ -1,0 +1,74 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The fleet benchmark's numbers in docs/benchmarks.md and docs/scale.md are the evidence files' numbers: every table
+row `bench/fleet_rollout.py --tables` prints for a documented run is in benchmarks.md as printed, and scale.md's
+measured symbols are the fits of the run it names."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EVIDENCE = ROOT / "docs" / "evidence"
+BENCH_DOC = (ROOT / "docs" / "benchmarks.md").read_text()
+SCALE_DOC = (ROOT / "docs" / "scale.md").read_text()
+
+# Each documented run, as the JSON files whose tables benchmarks.md shows together.
+RUNS = [
+    ("fleet-rollout-bench-2-4.json", "fleet-rollout-bench-8-32.json"),
+    ("fleet-rollout-bench-8-cuts.json",),
+    ("fleet-rollout-bench-2-32-79bc33d.json",),
+]
+
+
+def _tables(files) -> str:
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "fleet_rollout.py"), "--tables"]
+                         + [str(EVIDENCE / f) for f in files], capture_output=True, text=True, check=True).stdout
+    return out
+
+
+def test_every_n_curve_the_docs_cite_is_checked_here():
+    cited = set(re.findall(r"docs/evidence/(fleet-rollout-bench[\w.-]*\.json)", BENCH_DOC + SCALE_DOC))
+    checked = {f for run in RUNS for f in run}
+    # fleet-rollout-bench.json (the first runs) holds wall times only, in a table written by hand before --tables.
+    assert cited - checked <= {"fleet-rollout-bench.json"}, cited - checked
+
+
+@pytest.mark.parametrize("files", RUNS, ids=lambda r: "+".join(r))
+def test_benchmarks_md_shows_the_tables_of_the_evidence_as_printed(files):
+    rows = [line for line in _tables(files).splitlines() if line.startswith("| ") and not line.startswith("| hosts")
+            and not line.startswith("| |")]
+    assert rows
+    missing = [r for r in rows if r not in BENCH_DOC]
+    assert not missing, "\n".join(missing)
+
+
+def test_scale_md_projects_from_the_fits_of_the_run_it_names():
+    run = re.search(r"raw data `docs/evidence/(fleet-rollout-bench[\w.-]*\.json)`", SCALE_DOC).group(1)
+    fits = {}
+    for line in _tables([run]).splitlines():
+        m = re.match(r"\| (restart|noop|ping|seed) \| ([-\d.]+) \| ([\d.]+) \| ([-\d.]+) \| ([\d.]+) \|", line)
+        if m:
+            fits[m.group(1)] = {"cpu": float(m.group(3)), "main": float(m.group(5))}
+    assert set(fits) == {"restart", "noop", "ping", "seed"}, fits
+
+    def row(symbol):
+        return next(line for line in SCALE_DOC.splitlines() if line.startswith("| `%s`" % symbol))
+
+    for symbol, kind in (("c_noop", "noop"), ("c_restart", "restart"), ("c_ping", "ping")):
+        assert "| %.2f s (fit)" % fits[kind]["cpu"] in row(symbol), (row(symbol), fits[kind])
+    assert "%.2f s, %.2f s per host fit" % (fits["noop"]["main"], fits["restart"]["main"]) in row("m_noop`, `m_restart")
+    # The projections: 1000 hosts × the fit, in CPU-minutes and main-process minutes.
+    assert "≈ %.0f CPU-minutes" % (1000 * fits["noop"]["cpu"] / 60) in SCALE_DOC
+    assert "≈ %.0f CPU-minutes (`ansible -m ping`" % (1000 * fits["restart"]["cpu"] / 60) in SCALE_DOC
+    assert "`1000 × m_noop` ≈ %.1f min" % (1000 * fits["noop"]["main"] / 60) in SCALE_DOC
+    assert "`1000 × m_restart` ≈ %.1f min" % (1000 * fits["restart"]["main"] / 60) in SCALE_DOC
+    assert "(`ansible -m ping`: %.0f CPU-minutes)" % (1000 * fits["ping"]["cpu"] / 60) in SCALE_DOC
+    assert "≈ %.1f ms of main-process time (m_noop / 18)" % (1000 * fits["noop"]["main"] / 18) in SCALE_DOC
+    assert "main floor %.1f / 8 min per slice; CPU\n  %.0f CPU-min / 8 cores" % (
+        1000 * fits["noop"]["main"] / 60, 1000 * fits["noop"]["cpu"] / 60) in SCALE_DOC
+    assert json.loads((EVIDENCE / run).read_text())
