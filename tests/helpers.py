@@ -73,15 +73,17 @@ class FakeGpus:
         e["PYTHONPATH"] = str(FAKE_NVML_DIR) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
         return e
 
-    def hold(self, gpu: int = 0, mib: int = 20000, ignore_term: bool = False, **popen: t.Any) -> subprocess.Popen:
-        """Start a real process that holds `mib` of fake GPU memory until it dies."""
+    def hold(self, gpu: int = 0, mib: int = 20000, ignore_term: bool = False, extra_env: t.Optional[t.Mapping[str, str]] = None,
+             **popen: t.Any) -> subprocess.Popen:
+        """Start a real process that holds `mib` of fake GPU memory until it dies (`extra_env`: added to its environment,
+        a launch tag for instance)."""
         fd, ready = tempfile.mkstemp(dir=str(self.base), prefix="ready-")
         os.close(fd)
         os.unlink(ready)  # the holder creates it when it holds the memory
         argv = [PY, str(FAKE_NVML_DIR / "fake_gpu.py"), "hold", "--gpu", str(gpu), "--mib", str(mib), "--ready-file", ready]
         if ignore_term:
             argv.append("--ignore-term")
-        p = subprocess.Popen(argv, env=self.env, **popen)
+        p = subprocess.Popen(argv, env=dict(self.env, **(extra_env or {})), **popen)
         wait_for(lambda: os.path.exists(ready), 10, "fake GPU holder ready")
         self.holders.append(p)
         return p

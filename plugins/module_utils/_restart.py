@@ -29,7 +29,7 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _envcheck, _gpumod, _killmod, _nvml, _proc, _server, _systemd)
+    _envcheck, _gpumod, _killmod, _nvml, _proc, _select, _server, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 
@@ -150,6 +150,45 @@ def _kill_step(module: t.Any, p: t.Mapping[str, t.Any], **selector: t.Any) -> t.
     return _killmod.run_kill(params, module.check_mode)
 
 
+def holders_hint(p: t.Mapping[str, t.Any], pids: t.Sequence[int]) -> str:
+    """What to do about the processes still holding the GPUs after the kill, by what the kill saw in them. The usual
+    first-rollout case is a server started by hand before gpufleet managed it (no launch tag): say how to take it over.
+    The stray kill is suggested only for holders it would end: not another gpufleet service's, not an excluded one.
+    Kept short: the rollout summary keeps a long failure's head and end, and the holders come before it."""
+    if not pids:
+        return ""
+    procs = _proc.snapshot()
+    excludes = p["kill"]["exclude_regex"]
+    sel = _select.Selector(gpu_holder_pids=pids, include_descendants=False, include_groups=False,
+                           exclude_regex=_select.DEFAULT_EXCLUDES if excludes is None else excludes)
+    excluded = _select.select(sel, procs)["excluded"]
+    services: t.Dict[int, str] = {}
+    for pid in pids:
+        try:
+            value = _proc.read_environ(pid, [p["tag_name"]]).get(p["tag_name"])
+        except _proc.ProcError:
+            value = None
+        if value is not None:
+            services[pid] = value
+    strays = [pid for pid in pids if pid in procs and pid not in excluded and pid not in services]
+    parts = []
+    if strays and not p["kill"]["gpu_strays"]:
+        head = "None is gpufleet's" if len(strays) == len(pids) else "pid %s: no gpufleet service's" % _pids(strays)
+        parts.append("%s: adopt a server started by hand with kill.cmdline_regex (gpufleet_server_adopt_cmdline_regex), "
+                     "or kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends them" % head)
+    for value in sorted(set(services.values())):
+        mine = [pid for pid, v in services.items() if v == value]
+        parts.append("pid %s: gpufleet service %s=%s, stop it first" % (_pids(mine), p["tag_name"], value))
+    if excluded:
+        parts.append("pid %s: never killed (%s), stop it by hand" % (
+            _pids(sorted(excluded)), "; ".join(sorted(set(excluded.values())))))
+    return "; ".join(parts)
+
+
+def _pids(pids: t.Iterable[int]) -> str:
+    return ", ".join(str(x) for x in sorted(pids))
+
+
 def preflight(p: t.Mapping[str, t.Any]) -> None:
     """What would fail after the kill, checked before it: a server that cannot be relaunched is never stopped."""
     problems: t.List[str] = []
@@ -245,14 +284,10 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
     try:
         result["clean"] = _gpumod.wait_or_fail(gate)
     except StepError as e:
-        if p["kill"]["gpu_strays"] or not e.details.get("holders"):
+        hint = holders_hint(p, [h["pid"] for h in e.details.get("holders") or []])
+        if not hint:
             raise
-        # The usual first-rollout case: a server started by hand before gpufleet managed it, whose processes carry no
-        # launch tag. Say how to take it over, not only who holds the GPUs.
-        # Kept short: the rollout summary keeps a long failure's head and end, and the holders come before it.
-        raise StepError("%s. None is gpufleet's: adopt a server started by hand with kill.cmdline_regex "
-                        "(gpufleet_server_adopt_cmdline_regex), or kill.gpu_strays (gpufleet_server_kill_gpu_strays) "
-                        "ends them" % e, **e.details) from None
+        raise StepError("%s. %s" % (e, hint), **e.details) from None
     timings["clean_s"] = result["clean"]["waited_s"]
     if p["stop_only"]:
         result.pop("phase")

@@ -68,7 +68,20 @@ def test_scale_md_projects_from_the_fits_of_the_run_it_names():
     assert "`1000 × m_noop` ≈ %.1f min" % (1000 * fits["noop"]["main"] / 60) in SCALE_DOC
     assert "`1000 × m_restart` ≈ %.1f min" % (1000 * fits["restart"]["main"] / 60) in SCALE_DOC
     assert "(`ansible -m ping`: %.0f CPU-minutes)" % (1000 * fits["ping"]["cpu"] / 60) in SCALE_DOC
-    assert "≈ %.1f ms of main-process time (m_noop / 18)" % (1000 * fits["noop"]["main"] / 18) in SCALE_DOC
+    # Task executions per host, from the profile's fork count: each task on each host is a fork of the main process,
+    # and 4 tasks of a run run once (the batch's bookkeeping).
+    profiles = re.search(r"profiles `docs/evidence/(fleet-profile[\w.-]*)/`", SCALE_DOC).group(1)
+    per_host = {}
+    for kind in ("noop", "restart"):
+        text = (EVIDENCE / profiles / ("%s-8hosts-profile.txt" % kind)).read_text()
+        forks = int(re.search(r"^\s*(\d+)\s.*\{built-in method posix.fork\}", text, re.M).group(1))
+        assert (forks - 4) % 8 == 0, (kind, forks)
+        per_host[kind] = (forks - 4) // 8
+    assert "%d task executions per host)" % per_host["noop"] in row("c_noop")
+    assert "%d task executions per host)" % per_host["restart"] in row("c_restart")
+    ms = 1000 * fits["noop"]["main"] / per_host["noop"]
+    assert "≈ %.1f ms of main-process time (m_noop / %d)" % (ms, per_host["noop"]) in SCALE_DOC
+    assert "~1 s / %.1f ms ≈ %d forks" % (ms, round(1000 / ms)) in SCALE_DOC
     assert "main floor %.1f / 8 min per slice; CPU\n  %.0f CPU-min / 8 cores" % (
         1000 * fits["noop"]["main"] / 60, 1000 * fits["noop"]["cpu"] / 60) in SCALE_DOC
     assert json.loads((EVIDENCE / run).read_text())

@@ -157,6 +157,36 @@ def test_dirty_gpu_stops_at_the_gate_launches_nothing_records_nothing_and_still_
     assert r["lock_released"] is True and not os.path.exists(a["release_lock"]["lock_file"])
 
 
+def test_the_clean_gate_says_what_would_end_each_holder_and_suggests_the_stray_kill_only_where_it_would(
+        server, run_module, nvml):
+    a = server
+    stray = nvml.hold(gpu=0, mib=256)  # a hand-started server's worker: no launch tag
+    other = nvml.hold(gpu=0, mib=1024, extra_env={a["tag_name"]: "other"})  # another gpufleet service's process
+    agent = nvml.hold(gpu=0, mib=512)  # excluded below, as GPU agents are by default
+    a["kill"] = dict(a["kill"], exclude_regex=["--mib 512 "])
+    a["wait_clean"] = {"timeout": 0.3}
+    r = run_module(server_restart.main, a)
+    assert r["failed"] and r["phase"] == "clean", r
+    msg = r["msg"]
+    assert "None is gpufleet's" not in msg, msg
+    assert ("pid %d: no gpufleet service's: adopt a server started by hand with kill.cmdline_regex "
+            "(gpufleet_server_adopt_cmdline_regex), or kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends them"
+            % stray.pid) in msg, msg
+    assert "pid %d: gpufleet service %s=other, stop it first" % (other.pid, a["tag_name"]) in msg, msg
+    assert "pid %d: never killed (excluded by '--mib 512 '), stop it by hand" % agent.pid in msg, msg
+    assert all(h.poll() is None for h in (stray, other, agent))
+
+    # With the stray kill on, what it ended is gone and what it never ends is named without suggesting it again.
+    other.kill()
+    other.wait()
+    a["kill"] = dict(a["kill"], gpu_strays=True)
+    r = run_module(server_restart.main, a)
+    assert r["failed"] and r["phase"] == "clean", r
+    assert stray.wait(timeout=5) is not None and agent.poll() is None
+    assert r["msg"].endswith("pid %d: never killed (excluded by '--mib 512 '), stop it by hand" % agent.pid), r["msg"]
+    assert "gpu_strays" not in r["msg"] and "adopt" not in r["msg"], r["msg"]
+
+
 def test_a_failure_after_the_kill_reports_what_was_killed_and_how_long_it_took(server, run_module, nvml):
     # The rollout summary reads these: a host that failed at the gate no longer runs its old server.
     a = server
