@@ -29,7 +29,7 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _envcheck, _gpumod, _killmod, _nvml, _proc, _select, _server, _systemd)
+    _envcheck, _gpumod, _gpuwait, _killmod, _nvml, _proc, _select, _server, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 
@@ -148,6 +148,23 @@ def _kill_step(module: t.Any, p: t.Mapping[str, t.Any], **selector: t.Any) -> t.
     params.update(signals=k["signals"], grace=k["grace"], final_wait=k["final_wait"],
                   poll_interval=k["poll_interval"], order=k["order"], fail_on_survivor=True)
     return _killmod.run_kill(params, module.check_mode)
+
+
+def predict_clean(p: t.Mapping[str, t.Any], result: t.Mapping[str, t.Any]) -> None:
+    """Check mode: a process holding the GPUs now that neither the kill nor the stray kill would end fails the clean
+    gate of the real run (the gate passes only when no process is listed), so --check fails the host the same way."""
+    ending = {x["pid"] for key in ("kill", "strays") for x in (result.get(key) or {}).get("processes", [])}
+    with _gpumod.backend_or_fail(p["backend"]) as backend:
+        gpus = _gpuwait.read_states(backend, _nvml.resolve_indices(backend, p["gpus"]))
+    stay = [h for h in _gpuwait.enrich_holders(gpus) if h["pid"] not in ending]
+    if not stay:
+        return
+    who = "; ".join("GPU %d pid %d (%s, %s MiB): %s" % (h["gpu"], h["pid"], h["user"], h["used_mib"], h["cmdline"][:160])
+                    for h in stay)
+    hint = holders_hint(p, sorted({h["pid"] for h in stay}))
+    # The real run would stop the server first (it fails at the gate, after the kill): changed stays as the kill says.
+    raise StepError("would fail at the clean gate, after the kill: it would not end these holders: %s%s" % (
+        who, ". %s" % hint if hint else ""), phase="clean", holders=stay)
 
 
 def holders_hint(p: t.Mapping[str, t.Any], pids: t.Sequence[int]) -> str:
@@ -272,6 +289,8 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
             result["killed"] += ended(res)
 
     if module.check_mode:
+        result["phase"] = "clean"
+        predict_clean(p, result)
         if p["stop_only"]:
             would = result["changed"] or (result.get("unit") or {}).get("ActiveState") in ("active", "activating")
             result.update(changed=would, would_stop=would)

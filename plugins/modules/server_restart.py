@@ -55,7 +55,8 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Lists the processes the kill steps would signal and reports that it would launch; changes nothing.
+    details: Lists the processes the kill steps would signal and reports that it would launch; changes nothing. It
+      fails, as the real run would at the clean gate, when a process holds the GPUs that neither kill step would end.
   diff_mode:
     support: none
   idempotent:

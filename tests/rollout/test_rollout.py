@@ -189,6 +189,16 @@ def test_orphaned_workers_of_a_hand_started_server_fail_the_host_safely_until_st
     orphans = snap.holders("host1")
     assert len(orphans) == 2 and not snap.tagged("host1")
 
+    # --check predicts the failure, from the same holders, and touches nothing.
+    run = rf.playbook("rollout", "--limit", "host1", check=True)
+    assert run.rc == 2, run.tail()
+    s = run.summary["host1"]
+    assert s["status"] == "failed", s
+    assert s["failure"].startswith("would fail at the clean gate, after the kill: it would not end these holders: "
+                                   "GPU 0 pid "), s["failure"]
+    assert s["failure"].endswith("or kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends them"), s["failure"]
+    assert rf.snapshot().holders("host1") == orphans
+
     run = rf.playbook("rollout", "--limit", "host1")
 
     assert run.rc == 2, run.tail()

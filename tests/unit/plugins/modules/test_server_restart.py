@@ -283,6 +283,35 @@ def test_check_mode_lists_what_it_would_kill_and_changes_nothing(server, run_mod
     assert open(a["record"]["state_file"]).read() == state_before
 
 
+def test_check_mode_fails_where_the_clean_gate_would_and_passes_where_the_stray_kill_would_clear_it(
+        server, run_module, nvml):
+    a = server
+    run_module(server_restart.main, a)
+    old = _tagged(a)
+    stray = nvml.hold(gpu=0, mib=256)  # a hand-started server's worker: no launch tag, so the kill leaves it
+    r = run_module(server_restart.main, a, check_mode=True)
+    # changed: the real run would stop the server before failing at the gate.
+    assert r["failed"] and r["phase"] == "clean" and r["changed"] is True, r
+    assert r["msg"].startswith("would fail at the clean gate, after the kill: it would not end these holders: "
+                               "GPU 0 pid %d (" % stray.pid), r["msg"]
+    assert r["msg"].endswith("None is gpufleet's: adopt a server started by hand with kill.cmdline_regex "
+                             "(gpufleet_server_adopt_cmdline_regex), or kill.gpu_strays (gpufleet_server_kill_gpu_strays) "
+                             "ends them"), r["msg"]
+    assert [h["pid"] for h in r["clean"]["holders"]] == [stray.pid]
+    # The server's own processes are not named: the kill would end them.
+    assert not any(h["pid"] in old for h in r["clean"]["holders"])
+    assert stray.poll() is None and _tagged(a) == old
+
+    # With the stray kill, the real run would clear the GPUs: check mode predicts a launch, and kills nothing.
+    a["kill"] = dict(a["kill"], gpu_strays=True)
+    r = run_module(server_restart.main, a, check_mode=True)
+    assert "failed" not in r and r["would_launch"] is True, r.get("msg")
+    # (Check mode kills nothing, so the stray kill's list also holds the server's own GPU worker.)
+    assert stray.pid in [p["pid"] for p in r["strays"]["processes"]]
+    assert {p["pid"] for p in r["strays"]["processes"]} <= set(old) | {stray.pid}
+    assert stray.poll() is None and _tagged(a) == old
+
+
 @pytest.mark.parametrize("change, msg", [
     ({"wait_ready": {"health_url": "", "request": {}}}, "wait_ready: "),
     ({"wait_ready": None}, "wait_ready: set health_url or request"),
