@@ -181,6 +181,8 @@ def holders_hint(p: t.Mapping[str, t.Any], pids: t.Sequence[int]) -> str:
     excluded = _select.select(sel, procs)["excluded"]
     services: t.Dict[int, str] = {}
     for pid in pids:
+        if pid in excluded:  # whatever its tag: no kill ends it
+            continue
         try:
             value = _proc.read_environ(pid, [p["tag_name"]]).get(p["tag_name"])
         except _proc.ProcError:
@@ -191,8 +193,13 @@ def holders_hint(p: t.Mapping[str, t.Any], pids: t.Sequence[int]) -> str:
     parts = []
     if strays and not p["kill"]["gpu_strays"]:
         head = "None is gpufleet's" if len(strays) == len(pids) else "pid %s: no gpufleet service's" % _pids(strays)
-        parts.append("%s: adopt a server started by hand with kill.cmdline_regex (gpufleet_server_adopt_cmdline_regex), "
-                     "or kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends them" % head)
+        if p["kill"]["cmdline_regex"]:  # an adopt regex is set and does not match them (orphaned spawn workers)
+            parts.append("%s and kill.cmdline_regex (gpufleet_server_adopt_cmdline_regex) does not match them: "
+                         "kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends them" % head)
+        else:
+            parts.append("%s: adopt a server started by hand with kill.cmdline_regex "
+                         "(gpufleet_server_adopt_cmdline_regex), or kill.gpu_strays (gpufleet_server_kill_gpu_strays) "
+                         "ends them" % head)
     for value in sorted(set(services.values())):
         mine = [pid for pid, v in services.items() if v == value]
         parts.append("pid %s: gpufleet service %s=%s, stop it first" % (_pids(mine), p["tag_name"], value))

@@ -594,7 +594,7 @@ def check_state(module: AnsibleModule) -> dict:
     strays = [dict(gpu=g, pid=pid, cmdline=procs[pid].command[:300] if pid in procs else "?")
               for g, pids in sorted(holders.items()) for pid in pids if pid not in tagged_set]
     if strays:
-        reasons.append("GPUs held by %d process(es) without the launch tag" % len(strays))
+        reasons.append("GPUs held by %d process(es) without this server's launch tag" % len(strays))
     for g, pids in sorted(holders.items()):
         if not tagged_set.intersection(pids):
             reasons.append("GPU %d is not held by a %s worker" % (g, p["name"]))

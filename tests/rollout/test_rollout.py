@@ -196,7 +196,8 @@ def test_orphaned_workers_of_a_hand_started_server_fail_the_host_safely_until_st
     assert s["status"] == "failed", s
     assert s["failure"].startswith("would fail at the clean gate, after the kill: it would not end these holders: "
                                    "GPU 0 pid "), s["failure"]
-    assert s["failure"].endswith("or kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends them"), s["failure"]
+    assert s["failure"].endswith("None is gpufleet's and kill.cmdline_regex (gpufleet_server_adopt_cmdline_regex) does "
+                                 "not match them: kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends them"), s["failure"]
     assert rf.snapshot().holders("host1") == orphans
 
     run = rf.playbook("rollout", "--limit", "host1")
@@ -209,9 +210,10 @@ def test_orphaned_workers_of_a_hand_started_server_fail_the_host_safely_until_st
     for pid in orphans:
         assert "pid %d (root, 20000 MiB): " % pid in s["failure"], s["failure"]
     assert "--multiprocessing-fork" in s["failure"]
-    # The summary keeps the failure's end, which says how to take such workers over (as docs/runbook.md quotes it).
-    assert s["failure"].endswith("adopt a server started by hand with kill.cmdline_regex (gpufleet_server_adopt_cmdline_"
-                                 "regex), or kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends them"), s["failure"]
+    # The summary keeps the failure's end, which says how to end such workers (as docs/runbook.md quotes it): the adopt
+    # regex is set and does not match them.
+    assert s["failure"].endswith("None is gpufleet's and kill.cmdline_regex (gpufleet_server_adopt_cmdline_regex) does "
+                                 "not match them: kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends them"), s["failure"]
     after = rf.snapshot()
     assert after.holders("host1") == orphans and after.tagged("host1") == [], "nothing of theirs is killed"
 

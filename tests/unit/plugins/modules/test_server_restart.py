@@ -163,6 +163,8 @@ def test_the_clean_gate_says_what_would_end_each_holder_and_suggests_the_stray_k
     stray = nvml.hold(gpu=0, mib=256)  # a hand-started server's worker: no launch tag
     other = nvml.hold(gpu=0, mib=1024, extra_env={a["tag_name"]: "other"})  # another gpufleet service's process
     agent = nvml.hold(gpu=0, mib=512)  # excluded below, as GPU agents are by default
+    # This service's tag on an excluded process: no kill ends it, so it is named as excluded, not as a service's.
+    own = nvml.hold(gpu=0, mib=512, extra_env={a["tag_name"]: "demo"})
     a["kill"] = dict(a["kill"], exclude_regex=["--mib 512 "])
     a["wait_clean"] = {"timeout": 0.3}
     r = run_module(server_restart.main, a)
@@ -173,8 +175,18 @@ def test_the_clean_gate_says_what_would_end_each_holder_and_suggests_the_stray_k
             "(gpufleet_server_adopt_cmdline_regex), or kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends them"
             % stray.pid) in msg, msg
     assert "pid %d: gpufleet service %s=other, stop it first" % (other.pid, a["tag_name"]) in msg, msg
-    assert "pid %d: never killed (excluded by '--mib 512 '), stop it by hand" % agent.pid in msg, msg
-    assert all(h.poll() is None for h in (stray, other, agent))
+    assert "pid %s: never killed (excluded by '--mib 512 '), stop it by hand" % ", ".join(
+        str(x) for x in sorted((agent.pid, own.pid))) in msg, msg
+    assert "=demo" not in msg, msg
+    assert all(h.poll() is None for h in (stray, other, agent, own))
+    own.kill()
+    own.wait()
+
+    # An adopt regex is set and does not match the untagged holder: only the stray kill would end it.
+    r = run_module(server_restart.main, dict(a, kill=dict(a["kill"], cmdline_regex="no-such-server")))
+    assert ("pid %d: no gpufleet service's and kill.cmdline_regex (gpufleet_server_adopt_cmdline_regex) does not match "
+            "them: kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends them" % stray.pid) in r["msg"], r["msg"]
+    assert "adopt a server started by hand" not in r["msg"], r["msg"]
 
     # With the stray kill on, what it ended is gone and what it never ends is named without suggesting it again.
     other.kill()

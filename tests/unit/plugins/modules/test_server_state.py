@@ -116,7 +116,7 @@ def test_drift_reasons(servers, paths, run_module):
     r = run_module(server_state.main, check_args(paths, fingerprint="a" * 64, expected_env=expected))
     assert r["needs_restart"] is True
     assert "desired state changed (fingerprint ffffffffffff -> aaaaaaaaaaaa)" in r["reasons"]
-    assert "GPUs held by 2 process(es) without the launch tag" in r["reasons"]
+    assert "GPUs held by 2 process(es) without this server's launch tag" in r["reasons"]
     assert r["env_problems"] == {str(s.pid): ["NCCL_ALGO", "NCCL_PROTO"]}
     assert "workers lack the expected environment: pid %d: NCCL_ALGO NCCL_PROTO" % s.pid in r["reasons"]
     assert sorted((x["gpu"], x["pid"]) for x in r["strays"]) == [(0, stray.pid), (1, stray.pid)]
