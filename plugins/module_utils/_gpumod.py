@@ -87,11 +87,16 @@ def gpu_facts(backend: _nvml.Backend, wanted: t.Sequence[int]) -> t.Dict[str, t.
     }
 
 
+def holders_text(holders: t.Iterable[t.Mapping[str, t.Any]]) -> str:
+    """One line per holder, as an SRE reads it: GPU, pid, user, MiB held, command line (cut at 160)."""
+    return "; ".join("GPU %d pid %d (%s, %s MiB): %s" % (h["gpu"], h["pid"], h["user"], h["used_mib"], h["cmdline"][:160])
+                     for h in holders)
+
+
 def not_ready_message(res: t.Mapping[str, t.Any]) -> str:
     used = ", ".join("GPU %d %s MiB used" % (g["index"], g["used_mib"]) for g in res["gpus"])
     if res["state"] == "clean":
-        who = "; ".join("GPU %d pid %d (%s, %s MiB): %s" % (h["gpu"], h["pid"], h["user"], h["used_mib"], h["cmdline"][:160])
-                        for h in res["holders"]) or "no process listed"
+        who = holders_text(res["holders"]) or "no process listed"
         return "GPUs not clean after %.1f s (%s; threshold %s MiB). Holders: %s" % (
             res["waited_s"], used, res["max_used_mib"], who)
     return "GPUs not busy after %.1f s (%s)" % (res["waited_s"], used)

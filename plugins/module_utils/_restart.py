@@ -159,12 +159,10 @@ def predict_clean(p: t.Mapping[str, t.Any], result: t.Mapping[str, t.Any]) -> No
     stay = [h for h in _gpuwait.enrich_holders(gpus) if h["pid"] not in ending]
     if not stay:
         return
-    who = "; ".join("GPU %d pid %d (%s, %s MiB): %s" % (h["gpu"], h["pid"], h["user"], h["used_mib"], h["cmdline"][:160])
-                    for h in stay)
     hint = holders_hint(p, sorted({h["pid"] for h in stay}))
     # The real run would stop the server first (it fails at the gate, after the kill): changed stays as the kill says.
     raise StepError("would fail at the clean gate, after the kill: it would not end these holders: %s%s" % (
-        who, ". %s" % hint if hint else ""), phase="clean", holders=stay)
+        _gpumod.holders_text(stay), ". %s" % hint if hint else ""), phase="clean", holders=stay)
 
 
 def holders_hint(p: t.Mapping[str, t.Any], pids: t.Sequence[int]) -> str:
