@@ -90,7 +90,10 @@ def argument_spec() -> t.Dict[str, t.Any]:
 def _selector(p: t.Mapping[str, t.Any], **over: t.Any) -> t.Dict[str, t.Any]:
     """process_kill/process_env parameters: the selector's own defaults, this module's backend and excludes."""
     sel = {k: v.get("default") for k, v in _killmod.selector_argspec().items()}
-    sel.update(exclude_regex=p["kill"]["exclude_regex"], backend=p["backend"])
+    # Every selection of this cycle is this service's: another service's processes on the host (its launch tag) are
+    # never taken, also by the adopt regex, the stray kill or a session (two services on one host).
+    sel.update(exclude_regex=p["kill"]["exclude_regex"], backend=p["backend"],
+               service_tag="%s=%s" % (p["tag_name"], p["name"]))
     sel.update(over)
     return sel
 
