@@ -90,7 +90,7 @@ options:
     version_added: 0.2.0
     description:
       - The launch tag (C(NAME=VALUE), for example C(GPUFLEET_SERVICE=sglang)) of the service this tuning is for. The
-        file is host-wide: every service on the host starts with its values.
+        file is host-wide, so every service on the host starts with its values.
       - When set, a change of the block's values (a variable set, changed or removed) is refused, before anything is
         written and in check mode too, while a process of another gpufleet service runs on the host (its environment
         has the same C(NAME) with another value). The message names that service, its oldest pid and the variables
