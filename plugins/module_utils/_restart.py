@@ -203,7 +203,9 @@ def holders_hint(p: t.Mapping[str, t.Any], pids: t.Sequence[int]) -> str:
                          "ends them" % head)
     for value in sorted(set(services.values())):
         mine = [pid for pid, v in services.items() if v == value]
-        parts.append("pid %s: gpufleet service %s=%s, stop it first" % (_pids(mine), p["tag_name"], value))
+        # No kill of this service ends it (another service's launch tag is never selected): two definitions share GPUs.
+        parts.append("pid %s: gpufleet service %s=%s, stop it first or give each service its own GPUs "
+                     "(gpufleet_server_gpus)" % (_pids(mine), p["tag_name"], value))
     if excluded:
         parts.append("pid %s: never killed (%s), stop it by hand" % (
             _pids(sorted(excluded)), "; ".join(sorted(set(excluded.values())))))

@@ -174,7 +174,8 @@ def test_the_clean_gate_says_what_would_end_each_holder_and_suggests_the_stray_k
     assert ("pid %d: no gpufleet service's: adopt a server started by hand with kill.cmdline_regex "
             "(gpufleet_server_adopt_cmdline_regex), or kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends them"
             % stray.pid) in msg, msg
-    assert "pid %d: gpufleet service %s=other, stop it first" % (other.pid, a["tag_name"]) in msg, msg
+    assert ("pid %d: gpufleet service %s=other, stop it first or give each service its own GPUs (gpufleet_server_gpus)"
+            % (other.pid, a["tag_name"])) in msg, msg
     assert "pid %s: never killed (excluded by '--mib 512 '), stop it by hand" % ", ".join(
         str(x) for x in sorted((agent.pid, own.pid))) in msg, msg
     assert "=demo" not in msg, msg
