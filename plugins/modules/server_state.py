@@ -484,10 +484,12 @@ def check(module: AnsibleModule) -> dict:
             res["up_to_date"] = False
     if locking:
         res["locked"] = True
+        rerecord(module, res)  # under the lock, when there is one
         if not res["needs_restart"] and not p["keep_lock"] and not held_before:
             res["locked"] = not _server.release_lock(p["lock_file"], p["owner"])
-        # The lock file this call leaves behind, when it was not there before, is its only change to the host.
-        res["changed"] = res["locked"] and not held_before
+        # The lock file this call leaves behind, when it was not there before, is its only change to the host (with
+        # the record of a server whose record had failed).
+        res["changed"] = res["locked"] and not held_before or bool(res.get("recorded"))
     elif p["lock_file"] and p["owner"]:
         # Check mode takes no lock but predicts the real call: it keeps the lock when a restart is needed.
         res["locked"] = held_before
@@ -561,13 +563,20 @@ def check_state(module: AnsibleModule) -> dict:
     if not running:
         reasons.append("server is not running")
     recorded = state.get("fingerprint")
-    if p["fingerprint"] and recorded != p["fingerprint"]:
+    on_record = (state.get("pid"), state.get("start_time"))
+    unrecorded = unit is None and running and unrecorded_launch(p, state, launcher, on_record)
+    if unrecorded:
+        notes.append("the running server (pid %s) was launched by gpufleet with this definition, but its record %s does "
+                     "not name it (the record of its restart failed): kept, and recorded again"
+                     % (launcher[0], p["state_file"]))
+    elif p["fingerprint"] and recorded != p["fingerprint"]:
         reasons.append("desired state changed (fingerprint %s -> %s)" % ((recorded or "none")[:12], p["fingerprint"][:12]))
     # The record names the launch that passed every check. A server launched after it whose launch failed (not ready,
     # workers without the environment) runs under the same pidfile; it is not the recorded one, whatever the
     # fingerprint says, and must be restarted.
-    on_record = (state.get("pid"), state.get("start_time"))
-    if state.get("verified") is False:
+    if unrecorded:
+        pass
+    elif state.get("verified") is False:
         # server_restart marks the record before each launch and rewrites it once every check passed.
         reasons.append("the last launch by gpufleet did not pass its checks (or its run was interrupted)")
     elif running and state.get("pid") is not None and launcher != on_record:
@@ -621,6 +630,8 @@ def check_state(module: AnsibleModule) -> dict:
     res = dict(changed=False, needs_restart=bool(reasons), reasons=reasons, running=running,
                fingerprint_recorded=recorded, workers=workers, strays=strays, env_problems=env_problems,
                gpu_holders={str(k): v for k, v in holders.items()})
+    if unrecorded:
+        res["unrecorded"] = True
     if pidfile is not None:
         res["pidfile"] = pidfile
     if unit is not None:
@@ -628,6 +639,40 @@ def check_state(module: AnsibleModule) -> dict:
     if notes:
         res["notes"] = notes
     return res
+
+
+def unrecorded_launch(p: t.Mapping[str, t.Any], state: t.Mapping[str, t.Any], launcher: t.Tuple[t.Any, t.Any],
+                      on_record: t.Tuple[t.Any, t.Any]) -> bool:
+    """Whether the running server is a launch of this very definition that the record does not name because writing
+    the record failed after the launch (a full state filesystem): its launcher carries the fingerprint (server_restart
+    sets it at launch) and the record says nothing against it. Restarting it would only fail the same way, forever.
+    A launch that failed its checks is not one: server_restart marked the record unverified before it, so `verified`
+    is false then."""
+    if not p["fingerprint"] or state.get("verified") is False:
+        return False
+    if state.get("fingerprint") == p["fingerprint"] and launcher == on_record:
+        return False  # the record names it: nothing to recover
+    key = p["tag_name"] + _server.FINGERPRINT_SUFFIX
+    try:
+        return _proc.read_environ(launcher[0], [key]).get(key) == p["fingerprint"]
+    except _proc.ProcError:
+        return False
+
+
+def rerecord(module: AnsibleModule, res: t.Dict[str, t.Any]) -> None:
+    """Write the record of an up-to-date server the record does not name (unrecorded_launch); a record that still
+    cannot be written is a warning, not a restart."""
+    p = module.params
+    if module.check_mode or res["needs_restart"] or not res.get("unrecorded") or not p["pidfile"]:
+        return
+    old = _server.read_state(p["state_file"])
+    timings = old.get("timings") if isinstance(old.get("timings"), dict) else {}
+    try:
+        _server.record_state(p["state_file"], p["name"], p["fingerprint"], p["pidfile"], timings or {})
+    except OSError as e:
+        module.warn("the running server is up to date, but its record still cannot be written: %s" % (e.strerror or e))
+        return
+    res["recorded"] = True
 
 
 def pidfile_state(path: str, procs: t.Mapping[int, _proc.Proc], tag: t.Tuple[str, str]) -> t.Dict[str, t.Any]:
