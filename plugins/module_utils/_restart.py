@@ -241,11 +241,13 @@ def space_preflight(p: t.Mapping[str, t.Any]) -> t.List[str]:
         "release_lock.lock_file": (p["release_lock"] or {}).get("lock_file"), "log_path": p["log_path"]})
 
 
-def launch_env(p: t.Mapping[str, t.Any]) -> t.Dict[str, str]:
+def launch_env(p: t.Mapping[str, t.Any], marked: bool) -> t.Dict[str, str]:
     """The launch's environment: the caller's, plus the fingerprint the launch is recorded under (FINGERPRINT_SUFFIX),
-    so a later check can tell this server from the record's even when the record could not be written."""
+    so a later check can tell this server from the record's even when the record could not be written. Only when the
+    record is marked unverified for this launch (`marked`): a launch that then fails its checks must not pass for
+    a good one whose record failed."""
     env = _server.validate_env(p["env"])
-    if p["record"]:
+    if p["record"] and marked:
         env[p["tag_name"] + _server.FINGERPRINT_SUFFIX] = p["record"]["fingerprint"]
     return env
 
@@ -336,9 +338,11 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         result.pop("phase")
         return
 
+    marked = False
     if p["record"]:
         try:
             _server.mark_unverified(p["record"]["state_file"])
+            marked = True
         except OSError:
             pass  # the record step, which must write the same file, reports it
 
@@ -351,7 +355,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         proc = _systemd_start(module, p, r, tail_since)
     else:
         try:
-            proc = _server.start(p["name"], p["command"], launch_env(p), p["env_passthrough"],
+            proc = _server.start(p["name"], p["command"], launch_env(p, marked), p["env_passthrough"],
                                  p["user"], p["workdir"], p["log_path"], p["pidfile"], p["tag_name"], p["umask"])
         except _server.ServerError as e:
             raise StepError("launch of %s failed: %s" % (p["name"], e))
@@ -396,7 +400,11 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         except OSError as e:
             # The server is up and verified; only the record is missing. The launch carries the fingerprint
             # (launch_env), so the next check sees this server as up to date and rewrites the record instead of
-            # restarting it (server_state's check).
+            # restarting it (server_state's check), once the unverified mark is gone.
+            try:
+                _server.drop_record(p["record"]["state_file"])
+            except OSError:
+                pass  # the mark stays: the next run restarts the server, as before
             raise StepError("the server was restarted and verified (pid %d), but its record could not be written: %s; "
                             "the next run keeps this server and writes the record once there is room"
                             % (proc.pid, e.strerror or e), path=p["record"]["state_file"])

@@ -422,11 +422,22 @@ def write_launch_line(log_path: str, what: str) -> None:
 def mark_unverified(state_file: str) -> None:
     """Before a launch: the record says its launch is not verified yet, until record_state writes the verified one.
     A launch that fails its checks (or a run that dies meanwhile) leaves it so; the check then restarts the server
-    whatever runs, while a server systemd restarted by itself (a reboot, `systemctl restart`) keeps a verified record."""
+    whatever runs, while a server systemd restarted by itself (a reboot, `systemctl restart`) keeps a verified record.
+    Written also where there was no record (a first launch): the check's unrecorded_launch trusts a launch carrying
+    the fingerprint only where no such mark says it failed."""
     state = read_state(state_file)
-    if state and not state.get("corrupt"):
-        state["verified"] = False
-        write_json_atomic(state_file, state, STATE_MODE)
+    state = {} if state.get("corrupt") else state
+    state["verified"] = False
+    write_json_atomic(state_file, state, STATE_MODE)
+
+
+def drop_record(state_file: str) -> None:
+    """After a launch that passed every check but whose record could not be written: remove the record (an unlink
+    needs no free space), so its mark_unverified does not make the next check restart a good server."""
+    try:
+        os.unlink(state_file)
+    except FileNotFoundError:
+        pass
 
 
 LogStamp = t.Tuple[int, int, int]
