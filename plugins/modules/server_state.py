@@ -443,6 +443,8 @@ def take_lock(module: AnsibleModule) -> dict:
         res = _server.acquire_lock(p["lock_file"], p["owner"], p["lock_ttl"], p["lock_wait"])
     except _server.ServerError as e:
         module.fail_json(msg=str(e), **e.details)
+    except OSError as e:  # a full or read-only run directory: the error names the lock file; nothing was left there
+        module.fail_json(msg="cannot take the host lock: %s" % (e.strerror or e), path=p["lock_file"])
     if res.get("broke_stale"):
         module.warn("broke a stale lock: %s" % res["broke_stale"])
     return res
@@ -469,7 +471,9 @@ def check(module: AnsibleModule) -> dict:
             module.fail_json(msg=str(e), **e.details)
     try:
         res = check_state(module)
-        res["up_to_date"] = not res["needs_restart"] and not res.get("unit", {}).get("drift")
+        # A server its record does not name is kept, but not "already right": the rollout's read-only fast path then
+        # leaves it to the role, whose locked check writes the record again (rerecord).
+        res["up_to_date"] = not res["needs_restart"] and not res.get("unit", {}).get("drift") and not res.get("unrecorded")
         if p["nccl_layers"]:
             res["nccl_layers"] = _layercheck.up_to_date(p["nccl_layers"], module.warn)
             res["up_to_date"] = res["up_to_date"] and res["nccl_layers"]["up_to_date"]
