@@ -25,6 +25,9 @@ description:
     the restart on the host or not (the cycle runs to its end there without its controller), so its C(restarted)
     column says C(unknown (unreachable during the restart)), and the JSON's C(restarted) is C(null). Bound how long ssh
     waits for a host that went away with C(ServerAliveInterval) and C(ServerAliveCountMax) in C(ssh_args).
+  - Batch settings the rollout refuses (C(gpufleet_rollout_max_fail_percentage), C(gpufleet_rollout_serial)) are said
+    after the table as C(rollout refused before any host was touched), with the setting's name; no host is listed as
+    failed for them (the check runs once, on a host of the batch, so ansible's recap counts it there).
   - When O(summary_dir) is set it also writes C(rollout-summary.json) and C(rollout-summary.md) there.
   - Hosts the role left out of their load balancers (C(gpufleet_server_balancers), a host that failed after its
     drain began) are named after the table (C(left out of rotation)) and in the JSON's C(out_of_rotation); each row
@@ -65,6 +68,9 @@ NOT_READY = ("startup", "ready")
 # The task whose host going unreachable leaves the restart's outcome unknown: it runs to its end on the host.
 RESTART_ACTIONS = ("gpufleet.serving.server_restart", "server_restart")
 UNKNOWN_RESTART = "unknown (unreachable during the restart)"
+# The rollout's check of its batch settings (gpu_server tasks/batch_begin.yml): it runs once, on the batch's first
+# host, and its failure is the run's settings refused, not that host failing.
+SETTINGS_TASK = "Check the batch settings"
 
 
 def _count(v: t.Any) -> int:
@@ -272,6 +278,13 @@ class CallbackModule(CallbackBase):
 
     def v2_runner_on_failed(self, result: t.Any, ignore_errors: bool = False) -> None:
         if ignore_errors:
+            return
+        if result.task.get_name().split(" : ")[-1] == SETTINGS_TASK:
+            self.halted = {"msg": "rollout refused before any host was touched: %s" % failure_text(result.result),
+                           "refused": True, "batch": list(self.batch), "failed": [],
+                           "not_started": list(self.inventory_hosts)}
+            for n in self.batch:  # nothing ran on them but this check: listed as not run
+                self.hosts.pop(n, None)
             return
         h = self._host(result.host.get_name())
         h["status"] = "failed"
