@@ -17,6 +17,12 @@ description:
     before each launch), that processes carrying the launch tag hold the GPUs, that no other
     process holds them, and that the GPU-holding workers carry O(expected_env).
     RV(needs_restart) is false only when all of that holds; RV(reasons) says why otherwise.
+  - "A running launcher that carries O(fingerprint) in its environment (O(tag_name)C(_FINGERPRINT), set by
+    M(gpufleet.serving.server_restart) at a process launch) while the record does not name it, and does not say its
+    launch failed its checks, is a verified launch whose record could not be written (a full state filesystem): it
+    is not a reason to restart (RV(unrecorded), and a note in RV(notes)). With the lock (O(lock_file) and O(owner))
+    the check writes the record again (RV(recorded)); a record that still cannot be written is a warning. Such a
+    host is not RV(up_to_date), so the rollout's read-only fast path leaves it to the role's locked check."
   - O(action=record) writes the state file (fingerprint, pid, timings) after a launch. A pidfile naming a live process
     that does not carry the launch tag O(tag_name)=O(name) (or a pid reused since) is refused, not recorded.
   - O(action=lock) and O(action=unlock) take and release a host-side lock so two rollouts never interleave
@@ -221,6 +227,16 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+unrecorded:
+  description: With V(check), the running server is a verified launch of O(fingerprint) that the record does not name.
+  returned: when action is check and it is so
+  type: bool
+  version_added: 0.2.0
+recorded:
+  description: With V(check), the record of an RV(unrecorded) server was written again by this call.
+  returned: when action is check and it was
+  type: bool
+  version_added: 0.2.0
 needs_restart:
   description: With V(check), whether the server must be (re)started.
   returned: when action is check

@@ -15,7 +15,7 @@ from helpers import PY, run_playbook
 
 
 @pytest.mark.reliability(
-    section="bad input", case="A batch setting that is not a number",
+    section="input", case="A batch setting that is not a number",
     provoked="gpufleet.serving.rollout with -e gpufleet_rollout_max_fail_percentage=abc on two hosts (gpu1, gpu2)",
     outcome="the run fails before any host is touched; the summary says 'rollout refused before any host was "
             "touched: gpufleet_rollout_max_fail_percentage must be a number from 0 to 100 (got str abc)' and lists "

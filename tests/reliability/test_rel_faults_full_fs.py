@@ -101,8 +101,8 @@ true
 @pytest.mark.reliability(
     section="fault", case="State filesystem fills during a restart (the record fails after the verify)",
     provoked="a 64 KiB tmpfs over /var/lib/gpufleet, filled by a process on the host as soon as the forced restart "
-             "(gpufleet.serving.restart) has launched the new server; then gpufleet.serving.rollout twice, the second "
-             "after the filler file is deleted",
+             "(gpufleet.serving.restart) has launched the new server; then gpufleet.serving.rollout with the filesystem "
+             "still full, and again after the filler files are deleted",
     outcome="the restart fails in phase record naming /var/lib/gpufleet/demo.json and 'No space left on device', the "
             "summary keeps workers_verified 2 and restarted yes; no temp file left; the next rollout does not kill the "
             "new server (same processes, rc 0, warning that the record still cannot be written); once there is room "
@@ -122,12 +122,15 @@ def test_a_record_that_fails_after_a_good_restart_does_not_get_the_server_killed
         server = _server(rf.snapshot())
         assert server and not server & old, (server, old)  # the new server
 
+        # The removed mark freed a block: fill it too, so the record still cannot be written.
+        rf.fleet.ssh(H, "dd if=/dev/zero of=%s/filler2 bs=1024 2>/dev/null; true" % STATE_DIR, check=True)
         run = rf.playbook("rollout")
         assert run.rc == 0, run.tail()
         assert run.summary[H]["restart"] == "no" and "its record still cannot be written" in run.out, run.tail()
         assert _server(rf.snapshot()) == server
+        assert _ls(rf, STATE_DIR) == ["filler", "filler2"]
 
-        rf.fleet.ssh(H, "rm %s/filler" % STATE_DIR, check=True)
+        rf.fleet.ssh(H, "rm %s/filler %s/filler2" % (STATE_DIR, STATE_DIR), check=True)
         run = rf.playbook("rollout")
         assert run.rc == 0 and run.summary[H]["restart"] == "no", run.tail()
         snap = rf.snapshot()
