@@ -401,13 +401,17 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
             # The server is up and verified; only the record is missing. The launch carries the fingerprint
             # (launch_env), so the next check sees this server as up to date and rewrites the record instead of
             # restarting it (server_state's check), once the unverified mark is gone.
-            try:
-                _server.drop_record(p["record"]["state_file"])
-            except OSError:
-                pass  # the mark stays: the next run restarts the server, as before
-            raise StepError("the server was restarted and verified (pid %d), but its record could not be written: %s; "
-                            "the next run keeps this server and writes the record once there is room"
-                            % (proc.pid, e.strerror or e), path=p["record"]["state_file"])
+            keeps = marked and p["launcher"] == "process"  # the launch carries the fingerprint (launch_env)
+            if keeps:
+                try:
+                    _server.drop_record(p["record"]["state_file"])
+                except OSError:
+                    keeps = False  # the mark stays: the next run restarts the server, as before
+            raise StepError("the server was restarted and verified (pid %d), but its record could not be written: %s; %s"
+                            % (proc.pid, e.strerror or e,
+                               "the next run keeps this server and writes the record once there is room" if keeps
+                               else "the next run restarts it (nothing on the host tells it from an unverified launch)"),
+                            path=p["record"]["state_file"])
     result.pop("phase")
 
 
