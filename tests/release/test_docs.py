@@ -222,6 +222,10 @@ def test_links_resolve(page):
             assert anchor in {_slug(h) for h in headings}, "%s: no heading for #%s in %s" % (page, anchor, path)
 
 
+def _repo_cfg() -> str:
+    return (ROOT / "ansible.cfg").read_text()
+
+
 def _quickstart_cfg() -> str:
     text = (DOCS / "quickstart.md").read_text()
     return re.search(r"cat > ansible.cfg <<'EOF'\n(.*?)\nEOF\n", text, re.S).group(1)
@@ -237,8 +241,7 @@ def test_the_recommended_ansible_cfg_bounds_a_host_that_goes_away(where, tmp_pat
     about 2 minutes after. The repo's ansible.cfg and the ones the docs recommend set ServerAlive* in ssh_args (keeping
     ansible's default options, which setting ssh_args replaces), and ansible reads them as the ssh connection's
     ssh_args; the docs state the bound they give."""
-    text = {"ansible.cfg": lambda: (ROOT / "ansible.cfg").read_text(), "quickstart.md": _quickstart_cfg,
-            "ci.md": _ci_cfg}[where]()
+    text = {"ansible.cfg": _repo_cfg, "quickstart.md": _quickstart_cfg, "ci.md": _ci_cfg}[where]()
     cfg = tmp_path / "ansible.cfg"
     cfg.write_text(text)
     r = run([str(BIN / "ansible-config"), "dump", "--only-changed", "-t", "connection"], cwd=tmp_path,

@@ -47,7 +47,7 @@ def in_full_tmpfs(tmp_path, what: str, fill: bool = True) -> dict:
     script = ('mount -t tmpfs -o size=64k tmpfs "$1" && %sexec "$2" -c "$3" "$1" "$4" "$5"' % fill_cmd)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     cp = subprocess.run(["unshare", "-m", "--propagation", "private", "/bin/sh", "-c", script, "sh", str(mnt),
-                         sys.executable, CHILD, what, str(tmp_path)], env=env, capture_output=True, text=True, timeout=60)
+                         sys.executable, CHILD, what, str(tmp_path)], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert cp.returncode == 0, cp.stderr
     assert not os.listdir(mnt), "the tmpfs must not be visible outside the child's mount namespace"
     return json.loads(cp.stdout.strip().splitlines()[-1])
