@@ -24,7 +24,9 @@ from rollout_helpers import RolloutFleet  # noqa: E402
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
 H = "host1"
-BOUND = 60  # ServerAliveInterval=15 x ServerAliveCountMax=4 in ansible.cfg (tests/release/test_docs.py checks it)
+# ServerAliveInterval=15, ServerAliveCountMax=4 in ansible.cfg (tests/release/test_docs.py checks them): ssh gives up
+# at the keepalive after the 4th unanswered one, 15 x (4 + 1) s after the host went silent.
+BOUND = 75
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +44,8 @@ def rf(sandbox_fleet_module, tmp_path_factory):
     provoked="a forced restart (gpufleet.serving.restart) of host1 with the repo's ansible.cfg, the new server taking 25 s "
              "to load; 3 s into the server_restart task host1's network link goes down, and comes back once the run "
              "has ended",
-    outcome="ansible-playbook ends with rc 4 within about 60 s of the cut (ServerAliveInterval 15 x ServerAliveCountMax "
-            "4 in ssh_args; with ssh's defaults it waited for the whole outage); the summary says 'unknown "
+    outcome="ansible-playbook ends with rc 4 about 75 s after the cut (ServerAliveInterval 15 x (ServerAliveCountMax "
+            "4 + 1) in ssh_args, measured 74 s; with ssh's defaults it waited for the whole outage); the summary says 'unknown "
             "(unreachable during the restart)' (before: 'no'); back online, the host runs the new server, verified and "
             "recorded by the restart that went on without its controller")
 def test_a_canary_cut_off_mid_restart_fails_within_the_bound_and_is_unknown(rf):
