@@ -21,6 +21,13 @@ description:
     (started, but it died or never got ready), and the C(kill_s) column shows the kill's time. Those come from
     the failed M(gpufleet.serving.server_restart) result (RV(gpufleet.serving.server_restart#module:killed),
     RV(gpufleet.serving.server_restart#module:timings), RV(gpufleet.serving.server_restart#module:phase)).
+  - A host that became unreachable during its restart (the M(gpufleet.serving.server_restart) task) may have finished
+    the restart on the host or not (the cycle runs to its end there without its controller), so its C(restarted)
+    column says C(unknown (unreachable during the restart)), and the JSON's C(restarted) is C(null). Bound how long ssh
+    waits for a host that went away with C(ServerAliveInterval) and C(ServerAliveCountMax) in C(ssh_args).
+  - Batch settings the rollout refuses (C(gpufleet_rollout_max_fail_percentage), C(gpufleet_rollout_serial)) are said
+    after the table as C(rollout refused before any host was touched), with the setting's name; no host is listed as
+    failed for them (the check runs once, on a host of the batch, so ansible's recap counts it there).
   - When O(summary_dir) is set it also writes C(rollout-summary.json) and C(rollout-summary.md) there.
   - Hosts the role left out of their load balancers (C(gpufleet_server_balancers), a host that failed after its
     drain began) are named after the table (C(left out of rotation)) and in the JSON's C(out_of_rotation); each row
@@ -58,6 +65,12 @@ PLAYBOOKS = ("rollout", "restart", "clean", "audit")
 # server_restart's steps before the new server is started, and those where it started but never got ready.
 BEFORE_LAUNCH = ("kill", "strays", "clean", "launch")
 NOT_READY = ("startup", "ready")
+# The task whose host going unreachable leaves the restart's outcome unknown: it runs to its end on the host.
+RESTART_ACTIONS = ("gpufleet.serving.server_restart", "server_restart")
+UNKNOWN_RESTART = "unknown (unreachable during the restart)"
+# The rollout's check of its batch settings (gpu_server tasks/batch_begin.yml): it runs once, on the batch's first
+# host, and its failure is the run's settings refused, not that host failing.
+SETTINGS_TASK = "Check the batch settings"
 
 
 def _count(v: t.Any) -> int:
@@ -266,6 +279,13 @@ class CallbackModule(CallbackBase):
     def v2_runner_on_failed(self, result: t.Any, ignore_errors: bool = False) -> None:
         if ignore_errors:
             return
+        if result.task.get_name().split(" : ")[-1] == SETTINGS_TASK:
+            self.halted = {"msg": "rollout refused before any host was touched: %s" % failure_text(result.result),
+                           "refused": True, "batch": list(self.batch), "failed": [],
+                           "not_started": list(self.inventory_hosts)}
+            for n in self.batch:  # nothing ran on them but this check: listed as not run
+                self.hosts.pop(n, None)
+            return
         h = self._host(result.host.get_name())
         h["status"] = "failed"
         h.setdefault("failure", failure_text(result.result))
@@ -280,6 +300,13 @@ class CallbackModule(CallbackBase):
         h = self._host(result.host.get_name())
         h["status"] = "unreachable"
         h["failure"] = failure_text(result.result)
+        try:
+            task = result.task
+            action = getattr(task, "resolved_action", None) or task.action
+        except Exception:  # the summary must never break a run
+            action = None
+        if action in RESTART_ACTIONS:
+            h["restart_unknown"] = True
 
     def _halted_by_ansible(self) -> None:
         """A batch in which every host failed ends the play inside ansible-core, before the batch gate can run:
@@ -307,6 +334,9 @@ class CallbackModule(CallbackBase):
             restarted = not stopped and (bool(h.get("restarted")) or (killed > 0 and not would))
             cell = ("would stop" if h.get("would_stop") else "stopped" if killed > 0 else "nothing to stop") if stopped else \
                 restart_cell(h.get("status"), restarted, would, h.get("phase"))
+            if h.get("restart_unknown"):
+                # No result came back: whether the old server was killed and a new one verified is not known here.
+                restarted, cell = None, UNKNOWN_RESTART
             out.append({
                 "host": n,
                 "status": h.get("status"),

@@ -105,7 +105,10 @@ def kill(
     After the last signal wait `final_wait` s. A process already gone counts as success.
     With `first` (pids of some targets, a server's launcher), the first signal goes to those alone and they get up to
     `grace` s to exit before the others get it: SGLang and vLLM finish their requests in flight on SIGTERM only while
-    their workers are left alone, and a launcher usually stops its own workers on its way out.
+    their workers are left alone, and a launcher usually stops its own workers on its way out. The grace still bounds
+    the whole first step: the others get the first signal when the leaders are gone (or their grace is out) and only
+    what is left of the same `grace` s, counted from the leaders' signal, so the next signal comes at most `grace` s
+    after the first one whatever the order (a SIGTERM-ignoring launcher once cost twice the grace).
     """
     sigs = [parse_signal(s) for s in signals]
     if not sigs:
@@ -115,12 +118,14 @@ def kill(
     targets = [_Target(p) for p in procs]
     t0 = time.monotonic()
     lead = [x for x in targets if x.proc.pid in set(first)]
+    first_deadline = None
     try:
         if lead:
             for x in lead:
                 if x.alive(t0) and x.error is None and not x.send(sigs[0]):
                     x.exited_after = time.monotonic() - t0
-            _wait(lead, t0, time.monotonic() + grace, poll_interval)
+            first_deadline = time.monotonic() + grace
+            _wait(lead, t0, first_deadline, poll_interval)
         for i, sig in enumerate(sigs):
             living = [x for x in targets if x.alive(t0) and x.error is None]
             if not living:
@@ -134,7 +139,12 @@ def kill(
             for x in living:
                 if not x.send(sig):
                     x.exited_after = time.monotonic() - t0
-            deadline = time.monotonic() + (final_wait if i == len(sigs) - 1 else grace)
+            if i == len(sigs) - 1:
+                deadline = time.monotonic() + final_wait
+            elif i == 0 and first_deadline is not None:
+                deadline = first_deadline  # the rest of the leaders' grace, not a second one
+            else:
+                deadline = time.monotonic() + grace
             _wait(targets, t0, deadline, poll_interval)
     finally:
         for x in targets:

@@ -58,6 +58,9 @@ def up_to_date(layers: t.Mapping[str, t.Any], warn: t.Callable[[str], None] = _e
             continue
         ok = not res["changed"] and not res.get("not_effective")
         out[key] = {"up_to_date": ok, "files": [f.get("path") for f in res.get("files", [])] or [res.get("path")]}
+        if res.get("import_failures"):
+            # Why the block's values do not reach the interpreters, in the audit's and the check's own words.
+            out[key]["error"] = "; ".join(res["import_failures"])
         if res.get("access_fixes"):
             # Root reads the file whatever its mode; a server run as another user would not (the roles fix it).
             out[key]["access"] = [f["reason"] for f in res["access_fixes"]]

@@ -226,6 +226,8 @@ def preflight(p: t.Mapping[str, t.Any]) -> None:
                                            files={"log_path": p["log_path"]})
     files = {"pidfile": p["pidfile"], "record.state_file": (p["record"] or {}).get("state_file")}
     problems += ["%s %s" % (k, e) for k, e in ((k, _server.file_path_problem(f)) for k, f in files.items() if f) if e]
+    if not p["stop_only"]:
+        problems += space_preflight(p)
     if problems:
         raise StepError("cannot run this server, nothing was stopped: %s" % "; ".join(problems), phase="preflight",
                         launch_problems=problems)
@@ -234,6 +236,25 @@ def preflight(p: t.Mapping[str, t.Any]) -> None:
             _all_gpus(p)
         except StepError as e:  # a GPU index this host lacks, or no GPU backend at all
             raise StepError("gpus: %s; nothing was stopped" % e, **dict(e.details, phase="preflight"))
+
+
+def space_preflight(p: t.Mapping[str, t.Any]) -> t.List[str]:
+    """The directories of the files the restart writes after its kill (state file, pidfile, lock, launch log) must have
+    room for them: a record that fails after a good launch leaves the host worse than before."""
+    return _server.space_problems({
+        "record.state_file": (p["record"] or {}).get("state_file"), "pidfile": p["pidfile"],
+        "release_lock.lock_file": (p["release_lock"] or {}).get("lock_file"), "log_path": p["log_path"]})
+
+
+def launch_env(p: t.Mapping[str, t.Any], marked: bool) -> t.Dict[str, str]:
+    """The launch's environment: the caller's, plus the fingerprint the launch is recorded under (FINGERPRINT_SUFFIX),
+    so a later check can tell this server from the record's even when the record could not be written. Only when the
+    record is marked unverified for this launch (`marked`): a launch that then fails its checks must not pass for
+    a good one whose record failed."""
+    env = _server.validate_env(p["env"])
+    if p["record"] and marked:
+        env[p["tag_name"] + _server.FINGERPRINT_SUFFIX] = p["record"]["fingerprint"]
+    return env
 
 
 @contextlib.contextmanager
@@ -322,9 +343,11 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         result.pop("phase")
         return
 
+    marked = False
     if p["record"]:
         try:
             _server.mark_unverified(p["record"]["state_file"])
+            marked = True
         except OSError:
             pass  # the record step, which must write the same file, reports it
 
@@ -337,7 +360,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         proc = _systemd_start(module, p, r, tail_since)
     else:
         try:
-            proc = _server.start(p["name"], p["command"], _server.validate_env(p["env"]), p["env_passthrough"],
+            proc = _server.start(p["name"], p["command"], launch_env(p, marked), p["env_passthrough"],
                                  p["user"], p["workdir"], p["log_path"], p["pidfile"], p["tag_name"], p["umask"])
         except _server.ServerError as e:
             raise StepError("launch of %s failed: %s" % (p["name"], e))
@@ -376,8 +399,24 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
 
     if p["record"]:
         result["phase"] = "record"
-        _changed, result["state"] = _server.record_state(p["record"]["state_file"], p["name"],
-                                                         p["record"]["fingerprint"], p["pidfile"], timings)
+        try:
+            _changed, result["state"] = _server.record_state(p["record"]["state_file"], p["name"],
+                                                             p["record"]["fingerprint"], p["pidfile"], timings)
+        except OSError as e:
+            # The server is up and verified; only the record is missing. The launch carries the fingerprint
+            # (launch_env), so the next check sees this server as up to date and rewrites the record instead of
+            # restarting it (server_state's check), once the unverified mark is gone.
+            keeps = marked and p["launcher"] == "process"  # the launch carries the fingerprint (launch_env)
+            if keeps:
+                try:
+                    _server.drop_record(p["record"]["state_file"])
+                except OSError:
+                    keeps = False  # the mark stays: the next run restarts the server, as before
+            raise StepError("the server was restarted and verified (pid %d), but its record could not be written: %s; %s"
+                            % (proc.pid, e.strerror or e,
+                               "the next run keeps this server and writes the record once there is room" if keeps
+                               else "the next run restarts it (nothing on the host tells it from an unverified launch)"),
+                            path=p["record"]["state_file"])
     result.pop("phase")
 
 

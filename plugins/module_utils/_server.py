@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import errno
 import grp
 import json
 import math
@@ -196,6 +195,42 @@ def file_path_problem(path: str) -> t.Optional[str]:
     return None
 
 
+# What gpufleet writes on a host between the kill and the end of a restart, each in a new file renamed into place (the
+# old one freed only by the rename): the state file, the pidfile, the lock, and the log's launch line. A few hundred
+# bytes each, but a filesystem gives at least a block (4 KiB) to each file and its temp file.
+MIN_FREE_BYTES = 16 * 1024
+MIN_FREE_INODES = 4
+
+
+def space_problems(files: t.Mapping[str, t.Optional[str]], min_free: int = MIN_FREE_BYTES,
+                   min_inodes: int = MIN_FREE_INODES) -> t.List[str]:
+    """Why gpufleet could not write its files (`files`: option name -> path) for lack of space, one entry per directory
+    short of it; [] when every directory has room. Checked before the kill: a full /var/lib/gpufleet once let a restart
+    succeed, then failed its record, and every later run killed the healthy server again."""
+    out = []
+    seen: t.Dict[str, t.List[str]] = {}
+    for option, f in files.items():
+        if not f:
+            continue
+        d = os.path.dirname(os.path.abspath(f))
+        while not os.path.isdir(d) and os.path.dirname(d) != d:
+            d = os.path.dirname(d)  # the nearest directory that exists: ensure_dir makes the rest on its filesystem
+        seen.setdefault(d, []).append(option)
+    for d, options in seen.items():
+        try:
+            st = os.statvfs(d)
+        except OSError:
+            continue  # not statable: the write itself reports it, naming the file
+        free = st.f_bavail * st.f_frsize
+        # f_files 0: a filesystem without an inode count (btrfs, some FUSE) has no inode limit to run out of.
+        inodes_short = st.f_files > 0 and st.f_favail < min_inodes
+        if free < min_free or inodes_short:
+            out.append("directory %s (%s) has %d bytes%s free, gpufleet needs at least %d bytes%s there"
+                       % (d, ", ".join(options), free, " and %d inodes" % st.f_favail if inodes_short else "",
+                          min_free, " and %d inodes" % min_inodes if inodes_short else ""))
+    return out
+
+
 def _reachable(path: str, pw: t.Any, mode: int) -> bool:
     """Whether the user `pw` may search every directory above `path` and has `mode` on it, by the mode bits (what
     the kernel checks without ACLs). root may do anything but execute a file with no x bit at all."""
@@ -239,12 +274,63 @@ def base_env(user: str, passthrough: t.Sequence[str] = ()) -> t.Dict[str, str]:
 
 
 def write_pidfile(path: str, p: _proc.Proc) -> None:
+    write_file_atomic(path, "%d %d\n" % (p.pid, p.start_time), 0o644)
+
+
+def _write_temp(path: str, text: str, mode: int) -> str:
+    """A fully written temp file beside `path` with `mode` from its creation on, whatever the umask; removed again on
+    any error (a full filesystem fails the write or the close, and must not leave a partial `<path>.<pid>.tmp`).
+    The error names `path`, the file gpufleet was writing (ENOSPC alone says nothing of which of its files)."""
     ensure_dir(os.path.dirname(path))
     tmp = "%s.%d.tmp" % (path, os.getpid())
-    with open(tmp, "w") as f:
-        f.write("%d %d\n" % (p.pid, p.start_time))
-    os.chmod(tmp, 0o644)
-    os.rename(tmp, path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+        try:
+            os.fchmod(fd, mode)  # a leftover temp file of the same name keeps its mode through O_CREAT
+            data = text.encode()
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)  # tmpfs and most filesystems report ENOSPC at write; others only here
+        finally:
+            os.close(fd)
+    except OSError as e:
+        _remove_quietly(tmp)
+        raise OSError(e.errno, "cannot write %s: %s" % (path, e.strerror or e)) from e
+    return tmp
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def write_file_atomic(path: str, text: str, mode: int = 0o644) -> None:
+    """Replace `path` with `text` through a temp file and rename: readers see the old file or the whole new one, and
+    no temp file outlives a failure."""
+    tmp = _write_temp(path, text, mode)
+    try:
+        os.rename(tmp, path)
+    except OSError as e:
+        _remove_quietly(tmp)
+        raise OSError(e.errno, "cannot write %s: %s" % (path, e.strerror or e)) from e
+
+
+def create_exclusive(path: str, text: str, mode: int = 0o644) -> bool:
+    """Create `path` holding `text` only if it does not exist (False when it does), never as an empty or partial file:
+    the temp file is written in full, then hard-linked to `path` (link() fails with EEXIST like O_EXCL does). An
+    O_EXCL create written afterwards left a 0-byte lock on a full filesystem, which the next run read as corrupt."""
+    tmp = _write_temp(path, text, mode)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError as e:
+        raise OSError(e.errno, "cannot write %s: %s" % (path, e.strerror or e)) from e
+    finally:
+        _remove_quietly(tmp)
+    return True
 
 
 def open_log(log_path: str) -> int:
@@ -336,11 +422,22 @@ def write_launch_line(log_path: str, what: str) -> None:
 def mark_unverified(state_file: str) -> None:
     """Before a launch: the record says its launch is not verified yet, until record_state writes the verified one.
     A launch that fails its checks (or a run that dies meanwhile) leaves it so; the check then restarts the server
-    whatever runs, while a server systemd restarted by itself (a reboot, `systemctl restart`) keeps a verified record."""
+    whatever runs, while a server systemd restarted by itself (a reboot, `systemctl restart`) keeps a verified record.
+    Written also where there was no record (a first launch): the check's unrecorded_launch trusts a launch carrying
+    the fingerprint only where no such mark says it failed."""
     state = read_state(state_file)
-    if state and not state.get("corrupt"):
-        state["verified"] = False
-        write_json_atomic(state_file, state, STATE_MODE)
+    state = {} if state.get("corrupt") else state
+    state["verified"] = False
+    write_json_atomic(state_file, state, STATE_MODE)
+
+
+def drop_record(state_file: str) -> None:
+    """After a launch that passed every check but whose record could not be written: remove the record (an unlink
+    needs no free space), so its mark_unverified does not make the next check restart a good server."""
+    try:
+        os.unlink(state_file)
+    except FileNotFoundError:
+        pass
 
 
 LogStamp = t.Tuple[int, int, int]
@@ -494,6 +591,10 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
 
 # ---------------------------------------------------------------- state file and lock
 
+# A process launch carries the fingerprint it is recorded under in this variable (the launch tag's name + the suffix):
+# the server's own copy of its record, which no full or broken state filesystem can lose (server_state's check).
+FINGERPRINT_SUFFIX = "_FINGERPRINT"
+
 # The state file holds the fingerprint, an unsalted digest over the server definition, secret env values included:
 # readable by others, it would let a local user test guesses of a secret. Only gpufleet (root) reads it. The lock and
 # the pidfile hold no secret and stay 0644.
@@ -551,14 +652,7 @@ def read_state(path: str) -> t.Dict[str, t.Any]:
 
 def write_json_atomic(path: str, data: t.Mapping[str, t.Any], mode: int = 0o644) -> None:
     """Replace path with data (JSON) through a temp file that has `mode` from its creation on, whatever the umask."""
-    ensure_dir(os.path.dirname(path))
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    os.fchmod(fd, mode)  # a leftover temp file of the same name keeps its mode through O_CREAT
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.rename(tmp, path)
+    write_file_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n", mode)
 
 
 def pidfile_identity(path: str) -> t.Optional[t.Tuple[int, int]]:
@@ -581,15 +675,8 @@ def acquire_lock(path: str, owner: str, ttl: float, wait: float, poll: float = 0
     broke = None
     while True:
         now = time.time()
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            os.fchmod(fd, 0o644)  # whatever the umask of the connection
-            with os.fdopen(fd, "w") as f:
-                json.dump({"owner": owner, "acquired": now, "expires": now + ttl}, f)
+        if create_exclusive(path, json.dumps({"owner": owner, "acquired": now, "expires": now + ttl})):
             return {"acquired": True, "broke_stale": broke}
-        except OSError as e:
-            if e.errno != errno.EEXIST:
-                raise
         cur = read_state(path)
         if cur.get("owner") == owner:
             if float(cur.get("expires", 0)) < now:

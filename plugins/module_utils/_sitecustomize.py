@@ -84,6 +84,28 @@ _IMPORT_TEST = (
 )
 
 
+# Runs a sitecustomize that start-up reported broken ("Error in sitecustomize", with no line) the way site.py does, and
+# reports where it fails: the line in that file and the exception line, never the source line (it may hold a secret).
+_WHERE_IT_FAILS = (
+    "import os, sys, json, site, traceback\n"
+    "known = site.removeduppaths()\n"
+    "if hasattr(site, 'venv'):\n"
+    "    known = site.venv(known)\n"
+    "site.addsitepackages(known)\n"
+    "path = sys.argv[1]\n"
+    "out = None\n"
+    "try:\n"
+    "    code = compile(open(path, 'rb').read(), path, 'exec', dont_inherit=True)\n"
+    "    exec(code, {'__name__': 'sitecustomize', '__file__': path, '__builtins__': __builtins__})\n"
+    "except SyntaxError as e:\n"
+    "    out = {'line': e.lineno, 'error': '%s: %s' % (type(e).__name__, e.msg)}\n"
+    "except BaseException as e:\n"
+    "    lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == path]\n"
+    "    out = {'line': lines[-1] if lines else None, 'error': ('%s: %s' % (type(e).__name__, e))[:300]}\n"
+    "print(json.dumps(out))\n"
+)
+
+
 class SiteError(Exception):
     def __init__(self, msg: str, **extra: t.Any) -> None:
         super().__init__(msg)
@@ -252,6 +274,30 @@ def import_test(interp: str, tmp: str, keys: t.Sequence[str], probe_env: t.Mappi
     return vals
 
 
+def import_failure(interp: str, path: str, name: str, probe_env: t.Mapping[str, str]) -> str:
+    """Why `interp` fails to import the sitecustomize at `path`, for a failure message: the line and the error, and
+    whether the line is outside gpufleet's block `name` (an operator's edit, which gpufleet does not touch). Start-up
+    only prints "Error in sitecustomize" and goes on without the file, so every variable of the block reads unset."""
+    where = None
+    try:
+        r = _run([interp, "-S", "-c", _WHERE_IT_FAILS, path], probe_env)
+        where = _last_json(r.stdout) if r.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        pass
+    if not isinstance(where, dict):
+        return "%s fails to import when %s starts (it prints 'Error in sitecustomize')" % (path, interp)
+    line = where.get("line")
+    inside = False
+    try:
+        block = _envblock.find_block(_envblock.split_lines(_envblock.read_text(path) or ""), name, path)
+        inside = block is not None and isinstance(line, int) and block.start < line <= block.end + 1
+    except (_envblock.BlockError, OSError, ValueError):
+        pass
+    return "%s fails to import %s gpufleet's block%s: %s" % (
+        path, "inside" if inside else "outside", ", at line %d" % line if isinstance(line, int) else "",
+        where.get("error") or "unknown error")
+
+
 # --- the module's work -----------------------------------------------------------------
 
 # The file names Python's site module imports at start-up (`import sitecustomize`, `import usercustomize`).
@@ -312,7 +358,7 @@ def run(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
             raise StepError("No interpreters given and no python3 found under %s" % ", ".join(DEFAULT_GLOBS))
 
     result: t.Dict[str, t.Any] = dict(changed=False, interpreters=[], files=[], effective_env={}, shadowed=[],
-                                      access_fixes=[])
+                                      access_fixes=[], import_failures=[])
     try:
         infos = [probe(i, probe_env, sorted(env) if p["state"] == "present" else ()) for i in interps]
     except SiteError as e:
@@ -330,8 +376,11 @@ def run(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
         entry["venv"] = info["prefix"] != info["base_prefix"]
         entry["managed_path"] = target
         if info["import_error"]:
-            warn("%s already prints 'Error in sitecustomize' at start-up (%s is broken outside this block)"
-                 % (info["interpreter"], info["sitecustomize"]))
+            info["import_failure"] = import_failure(info["interpreter"], info["sitecustomize"], name, probe_env)
+            if info["import_failure"] not in result["import_failures"]:
+                result["import_failures"].append(info["import_failure"])
+            warn("%s already prints 'Error in sitecustomize' at start-up: %s"
+                 % (info["interpreter"], info["import_failure"]))
         result["interpreters"].append(entry)
         for s in info["shadowed"]:
             msg = "%s: %s is shadowed by %s (import sitecustomize loads the first one on sys.path), so its content never runs" % (
@@ -434,6 +483,10 @@ def run(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
             if bad and not check_mode:
                 why = ("still set after removing the block (set elsewhere in %s?)" % real if not present
                        else "not exported as asked (got %s)" % json.dumps({k: got.get(k) for k in bad}))
+                if m.get("import_failure"):
+                    # The cause, not its symptom: start-up skips a file that fails to import, block and all.
+                    raise StepError("%s; so %s started with an empty environment has %s unset"
+                                    % (m["import_failure"], m["interpreter"], ", ".join(bad)), **result)
                 raise StepError("%s started with an empty environment has %s %s" % (m["interpreter"], ", ".join(bad), why),
                                 **result)
     if diffs:

@@ -63,11 +63,13 @@ options:
     description:
       - V(launcher_first) sends the first signal to the server's launcher alone - the process O(pidfile) names when it
         is confirmed and selected, otherwise each selected process whose parent is not selected - and gives it up to
-        O(grace) seconds to exit; then the rest of the selection (workers, orphans) gets the first signal and O(grace)
-        seconds, then the next signals go to every process still alive, as with V(all_at_once).
+        O(grace) seconds to exit; then the rest of the selection (workers, orphans) gets the first signal and what is
+        left of the same O(grace) seconds, then the next signals go to every process still alive, as with
+        V(all_at_once). The next signal comes at most O(grace) seconds after the first, in either order.
       - SGLang and vLLM finish their requests in flight on SIGTERM while their workers are left alone; signalling every
         process at once kills the workers under the launcher's drain and those requests fail.
-      - The worst case (a launcher that ignores the first signal) takes O(grace) seconds more than V(all_at_once).
+      - A launcher that ignores the first signal leaves its workers no time of their own before the next signal, as
+        O(grace) bounds the whole step, not each part of it.
     type: str
     choices: [launcher_first, all_at_once]
     default: launcher_first

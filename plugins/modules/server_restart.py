@@ -21,7 +21,9 @@ description:
     the stop already uses its grace. The start is C(systemctl start); the unit's main pid is the launcher (written
     to O(pidfile)). A start-up failure names systemd's exit status and its journal lines."
   - "C(preflight): before anything is stopped, the launch's executable (an absolute O(command[0])), O(user) and
-    O(workdir) must exist and O(gpus) must name GPUs of this host; otherwise the module fails and stops nothing."
+    O(workdir) must exist and O(gpus) must name GPUs of this host, and the directories of O(record.state_file),
+    O(pidfile), O(release_lock.lock_file) and O(log_path) must each have 16 KiB and 4 inodes free (the failure names
+    the directory and its free bytes); otherwise the module fails and stops nothing."
   - "C(kill): every process carrying the launch tag O(tag_name)=O(name) (workers orphaned to PID 1 included), the
     process O(pidfile) names when confirmed and, with O(kill.cmdline_regex), an adopted server started before
     gpufleet; TERM, grace, KILL, as M(gpufleet.serving.process_kill) does. The pidfile's process is confirmed only by
@@ -42,7 +44,12 @@ description:
   - "C(verify_env): with O(verify_env), check that every GPU-holding worker carries the expected environment
     (and, with a log, what NCCL logged), as M(gpufleet.serving.process_env) does. Only the expected keys are read."
   - "C(record): with O(record), write the state file (fingerprint, pid, timings) as
-    M(gpufleet.serving.server_state) C(action=record) does."
+    M(gpufleet.serving.server_state) C(action=record) does. Before the launch the state file is marked unverified;
+    with the process launcher the server then also carries the fingerprint in its environment
+    (O(tag_name)C(_FINGERPRINT)). When the record cannot be written after every check passed (a full state
+    filesystem), the module fails naming the file, removes the unverified mark, and leaves the verified server
+    running; the next C(action=check) keeps that server (it carries this fingerprint) and writes the record again.
+    Every file is written through a temporary file renamed into place; none is left behind by a failure."
   - With O(release_lock), the host lock is released at the end, whether the cycle passed or failed. While the cycle
     runs, the lock names this module's process; if the controller dies meanwhile (Ctrl-C, SIGTERM), the cycle still
     runs to its end on the host (a SIGTERM, SIGINT or SIGHUP that reaches this module during the cycle is not obeyed
@@ -174,7 +181,8 @@ options:
       order:
         description:
           - V(launcher_first) signals the launcher (the confirmed pidfile process, else the tops of the selected trees)
-            alone first and gives it O(kill.grace) seconds to drain and exit, then the rest, then escalates;
+            alone first and gives it O(kill.grace) seconds to drain and exit, then the rest (within the same grace),
+            then escalates;
             V(all_at_once) signals every process together. See O(gpufleet.serving.process_kill#module:order).
         type: str
         choices: [launcher_first, all_at_once]

@@ -17,6 +17,12 @@ description:
     before each launch), that processes carrying the launch tag hold the GPUs, that no other
     process holds them, and that the GPU-holding workers carry O(expected_env).
     RV(needs_restart) is false only when all of that holds; RV(reasons) says why otherwise.
+  - "A running launcher that carries O(fingerprint) in its environment (O(tag_name)C(_FINGERPRINT), set by
+    M(gpufleet.serving.server_restart) at a process launch) while the record does not name it, and does not say its
+    launch failed its checks, is a verified launch whose record could not be written (a full state filesystem): it
+    is not a reason to restart (RV(unrecorded), and a note in RV(notes)). With the lock (O(lock_file) and O(owner))
+    the check writes the record again (RV(recorded)); a record that still cannot be written is a warning. Such a
+    host is not RV(up_to_date), so the rollout's read-only fast path leaves it to the role's locked check."
   - O(action=record) writes the state file (fingerprint, pid, timings) after a launch. A pidfile naming a live process
     that does not carry the launch tag O(tag_name)=O(name) (or a pid reused since) is refused, not recorded.
   - O(action=lock) and O(action=unlock) take and release a host-side lock so two rollouts never interleave
@@ -221,6 +227,16 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+unrecorded:
+  description: With V(check), the running server is a verified launch of O(fingerprint) that the record does not name.
+  returned: when action is check and it is so
+  type: bool
+  version_added: 0.2.0
+recorded:
+  description: With V(check), the record of an RV(unrecorded) server was written again by this call.
+  returned: when action is check and it was
+  type: bool
+  version_added: 0.2.0
 needs_restart:
   description: With V(check), whether the server must be (re)started.
   returned: when action is check
@@ -443,6 +459,8 @@ def take_lock(module: AnsibleModule) -> dict:
         res = _server.acquire_lock(p["lock_file"], p["owner"], p["lock_ttl"], p["lock_wait"])
     except _server.ServerError as e:
         module.fail_json(msg=str(e), **e.details)
+    except OSError as e:  # a full or read-only run directory: the error names the lock file; nothing was left there
+        module.fail_json(msg="cannot take the host lock: %s" % (e.strerror or e), path=p["lock_file"])
     if res.get("broke_stale"):
         module.warn("broke a stale lock: %s" % res["broke_stale"])
     return res
@@ -469,7 +487,9 @@ def check(module: AnsibleModule) -> dict:
             module.fail_json(msg=str(e), **e.details)
     try:
         res = check_state(module)
-        res["up_to_date"] = not res["needs_restart"] and not res.get("unit", {}).get("drift")
+        # A server its record does not name is kept, but not "already right": the rollout's read-only fast path then
+        # leaves it to the role, whose locked check writes the record again (rerecord).
+        res["up_to_date"] = not res["needs_restart"] and not res.get("unit", {}).get("drift") and not res.get("unrecorded")
         if p["nccl_layers"]:
             res["nccl_layers"] = _layercheck.up_to_date(p["nccl_layers"], module.warn)
             res["up_to_date"] = res["up_to_date"] and res["nccl_layers"]["up_to_date"]
@@ -484,10 +504,12 @@ def check(module: AnsibleModule) -> dict:
             res["up_to_date"] = False
     if locking:
         res["locked"] = True
+        rerecord(module, res)  # under the lock, when there is one
         if not res["needs_restart"] and not p["keep_lock"] and not held_before:
             res["locked"] = not _server.release_lock(p["lock_file"], p["owner"])
-        # The lock file this call leaves behind, when it was not there before, is its only change to the host.
-        res["changed"] = res["locked"] and not held_before
+        # The lock file this call leaves behind, when it was not there before, is its only change to the host (with
+        # the record of a server whose record had failed).
+        res["changed"] = res["locked"] and not held_before or bool(res.get("recorded"))
     elif p["lock_file"] and p["owner"]:
         # Check mode takes no lock but predicts the real call: it keeps the lock when a restart is needed.
         res["locked"] = held_before
@@ -561,13 +583,20 @@ def check_state(module: AnsibleModule) -> dict:
     if not running:
         reasons.append("server is not running")
     recorded = state.get("fingerprint")
-    if p["fingerprint"] and recorded != p["fingerprint"]:
+    on_record = (state.get("pid"), state.get("start_time"))
+    unrecorded = unit is None and running and unrecorded_launch(p, state, launcher, on_record)
+    if unrecorded:
+        notes.append("the running server (pid %s) was launched by gpufleet with this definition, but its record %s does "
+                     "not name it (the record of its restart failed): kept, and recorded again"
+                     % (launcher[0], p["state_file"]))
+    elif p["fingerprint"] and recorded != p["fingerprint"]:
         reasons.append("desired state changed (fingerprint %s -> %s)" % ((recorded or "none")[:12], p["fingerprint"][:12]))
     # The record names the launch that passed every check. A server launched after it whose launch failed (not ready,
     # workers without the environment) runs under the same pidfile; it is not the recorded one, whatever the
     # fingerprint says, and must be restarted.
-    on_record = (state.get("pid"), state.get("start_time"))
-    if state.get("verified") is False:
+    if unrecorded:
+        pass
+    elif state.get("verified") is False:
         # server_restart marks the record before each launch and rewrites it once every check passed.
         reasons.append("the last launch by gpufleet did not pass its checks (or its run was interrupted)")
     elif running and state.get("pid") is not None and launcher != on_record:
@@ -621,6 +650,8 @@ def check_state(module: AnsibleModule) -> dict:
     res = dict(changed=False, needs_restart=bool(reasons), reasons=reasons, running=running,
                fingerprint_recorded=recorded, workers=workers, strays=strays, env_problems=env_problems,
                gpu_holders={str(k): v for k, v in holders.items()})
+    if unrecorded:
+        res["unrecorded"] = True
     if pidfile is not None:
         res["pidfile"] = pidfile
     if unit is not None:
@@ -628,6 +659,40 @@ def check_state(module: AnsibleModule) -> dict:
     if notes:
         res["notes"] = notes
     return res
+
+
+def unrecorded_launch(p: t.Mapping[str, t.Any], state: t.Mapping[str, t.Any], launcher: t.Tuple[t.Any, t.Any],
+                      on_record: t.Tuple[t.Any, t.Any]) -> bool:
+    """Whether the running server is a launch of this very definition that the record does not name because writing
+    the record failed after the launch (a full state filesystem): its launcher carries the fingerprint (server_restart
+    sets it at launch) and the record says nothing against it. Restarting it would only fail the same way, forever.
+    A launch that failed its checks is not one: server_restart marked the record unverified before it, so `verified`
+    is false then."""
+    if not p["fingerprint"] or state.get("verified") is False:
+        return False
+    if state.get("fingerprint") == p["fingerprint"] and launcher == on_record:
+        return False  # the record names it: nothing to recover
+    key = p["tag_name"] + _server.FINGERPRINT_SUFFIX
+    try:
+        return _proc.read_environ(launcher[0], [key]).get(key) == p["fingerprint"]
+    except _proc.ProcError:
+        return False
+
+
+def rerecord(module: AnsibleModule, res: t.Dict[str, t.Any]) -> None:
+    """Write the record of an up-to-date server the record does not name (unrecorded_launch); a record that still
+    cannot be written is a warning, not a restart."""
+    p = module.params
+    if module.check_mode or res["needs_restart"] or not res.get("unrecorded") or not p["pidfile"]:
+        return
+    old = _server.read_state(p["state_file"])
+    timings = old.get("timings") if isinstance(old.get("timings"), dict) else {}
+    try:
+        _server.record_state(p["state_file"], p["name"], p["fingerprint"], p["pidfile"], timings or {})
+    except OSError as e:
+        module.warn("the running server is up to date, but its record still cannot be written: %s" % (e.strerror or e))
+        return
+    res["recorded"] = True
 
 
 def pidfile_state(path: str, procs: t.Mapping[int, _proc.Proc], tag: t.Tuple[str, str]) -> t.Dict[str, t.Any]:

@@ -220,6 +220,17 @@ not_effective:
   returned: when any
   type: list
   elements: str
+import_failures:
+  version_added: 0.2.0
+  description:
+    - "For each sitecustomize.py an interpreter fails to import at start-up (Python then prints only C(Error in
+      sitecustomize) and runs none of the file, gpufleet's block included), where and why, for example
+      C(/etc/python3.11/sitecustomize.py fails to import outside gpufleet's block, at line 3: NameError: name 'x' is not
+      defined). Outside check mode a block whose variables do not reach the interpreter then fails with this text
+      first; the audit reports it as the reason the NCCL layers differ."
+  returned: always
+  type: list
+  elements: str
 access_fixes:
   version_added: 0.2.0
   description:

@@ -303,3 +303,36 @@ def test_a_host_that_is_or_would_be_put_back_is_not_called_left_out():
     assert "would put back into rotation, left out by an earlier run (drain record): h1 (haproxy)" in md, md
     assert "put back into rotation, left out by an earlier run (drain record): h2 (haproxy)" in md, md
     assert "left out of rotation: h3 (haproxy);" in md and "h1 (haproxy); the next" not in md, md
+
+
+def test_a_host_unreachable_during_its_restart_is_not_called_not_restarted(tmp_path):
+    """Issue 24: the canary went away in the middle of its server_restart task (rc 4); the restart ran to its end on
+    the host, but the summary said `restarted no`. No result came back, so the summary says it does not know. A host
+    that went unreachable at another task keeps `no`."""
+    fake_ssh = tmp_path / "fake_ssh"
+    fake_ssh.write_text("#!/bin/sh\necho 'Timeout, server gpu1 not responding.' >&2\nexit 255\n")
+    fake_ssh.chmod(0o755)
+    (tmp_path / "pb.yml").write_text(
+        "- hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - name: Record a result like the gpu_server role\n"
+        "      ansible.builtin.set_fact:\n        gpufleet_server_result: {restarted: false, reasons: [forced]}\n"
+        "      delegate_to: localhost\n      delegate_facts: false\n"
+        "    - name: Wait like the role's drain\n      ansible.builtin.ping:\n      when: inventory_hostname == 'gpu2'\n"
+        "    - name: Restart the server\n      gpufleet.serving.server_restart:\n        name: demo\n"
+        "        command: [/bin/true]\n        log_path: /tmp/x.log\n        pidfile: /tmp/x.pid\n")
+    (tmp_path / "inv.ini").write_text(
+        "gpu1 ansible_connection=ssh ansible_ssh_executable=%s ansible_host=127.0.0.1\n"
+        "gpu2 ansible_connection=ssh ansible_ssh_executable=%s ansible_host=127.0.0.1\n" % (fake_ssh, fake_ssh))
+    base = private_collection(tmp_path / "collections")
+    out = tmp_path / "out"
+    env = clean_env(ANSIBLE_COLLECTIONS_PATH=str(base), ANSIBLE_CALLBACKS_ENABLED="gpufleet.serving.rollout_summary",
+                    GPUFLEET_SUMMARY_DIR=str(out), HOME=str(tmp_path))
+    r = run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "inv.ini"), str(tmp_path / "pb.yml")],
+            cwd=tmp_path, env=env, timeout=120)
+    assert r.returncode == 4, r.stdout
+    rows = {h["host"]: h for h in json.loads((out / "rollout-summary.json").read_text())["hosts"]}
+    assert rows["gpu1"]["status"] == "unreachable" and rows["gpu1"]["restart"] == "unknown (unreachable during the restart)"
+    assert rows["gpu1"]["restarted"] is None, rows["gpu1"]
+    assert rows["gpu2"]["status"] == "unreachable" and rows["gpu2"]["restart"] == "no", rows["gpu2"]
+    table = r.stdout[r.stdout.index("GPUFLEET"):]
+    assert "unknown (unreachable during the restart)" in table and "not responding" in table, table

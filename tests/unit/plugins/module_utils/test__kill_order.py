@@ -18,7 +18,9 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _kill, _ki
 LAUNCHER = r'''
 import os, signal, subprocess, sys, time
 out, mode = sys.argv[1], sys.argv[2]
-w = subprocess.Popen([sys.executable, "-c", "import time; print('w', flush=True); time.sleep(600)"], stdout=subprocess.PIPE)
+w = subprocess.Popen([sys.executable, "-c", "import signal, sys, time; "
+                      + ("signal.signal(signal.SIGTERM, signal.SIG_IGN); " if mode == "ignore_all" else "")
+                      + "print('w', flush=True); time.sleep(600)"], stdout=subprocess.PIPE)
 w.stdout.readline()
 def drain(*_):
     t0 = time.monotonic()
@@ -30,7 +32,7 @@ def drain(*_):
     open(out, "w").write("drained")
     w.terminate(); w.wait()
     os._exit(0)
-signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore" else drain)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode in ("ignore", "ignore_all") else drain)
 print(w.pid, flush=True)
 time.sleep(600)
 '''
@@ -88,6 +90,20 @@ def test_launcher_ignoring_term_escalates(server):
     assert rep[worker.pid]["signals_sent"] == ["SIGTERM"]  # the worker does not ignore TERM
     assert not any(r["survived"] for r in rep.values())
     assert 0.3 <= took < 3  # the launcher's grace, then the worker's TERM (quick), then KILL
+
+
+def test_the_grace_bounds_the_whole_first_step_whatever_the_order(server):
+    """Issue 24: a launcher and a worker that both ignore SIGTERM, grace 1 s: KILL comes about 1 s after the first
+    TERM, not 1 s for the launcher and another 1 s for the rest of the tree (kill_s was twice the grace)."""
+    launcher, worker = server("ignore_all")[:2]
+    t0 = time.monotonic()
+    rep = {r["pid"]: r for r in _kill.kill([launcher, worker], grace=1.0, final_wait=2, first=[launcher.pid])}
+    took = time.monotonic() - t0
+    assert rep[launcher.pid]["signals_sent"] == ["SIGTERM", "SIGKILL"]
+    assert rep[worker.pid]["signals_sent"] == ["SIGTERM", "SIGKILL"]
+    assert not any(r["survived"] for r in rep.values())
+    assert all(r["exited_after_s"] >= 1.0 for r in rep.values())
+    assert 1.0 <= took < 1.9, took
 
 
 def _procs(*pairs: t.Tuple[int, int]) -> t.Dict[int, t.Any]:

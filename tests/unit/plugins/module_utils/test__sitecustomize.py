@@ -183,3 +183,31 @@ def test_the_rest_of_the_file_is_kept_byte_for_byte_but_a_last_line_gets_its_lin
         assert path.read_text().startswith(after) and "# BEGIN gpufleet" in path.read_text()
         assert run_module(sitecustomize_env.main, dict(layer, state="absent"))["changed"] is True
         assert path.read_text() == after
+
+
+@pytest.mark.parametrize("edit, line, error", [
+    ("import os\nif os.sep\n    X = 1\n", 2, "SyntaxError: expected ':'"),
+    ("import os\n\nimport gpufleet_no_such_module\n", 3, "ModuleNotFoundError: No module named 'gpufleet_no_such_module'"),
+])
+def test_an_operators_error_outside_the_block_is_named_with_its_line(tmp_path, run_module, edit, line, error):
+    """Issue 24: the block already in place, an operator's edit above it that fails to import: start-up prints only
+    'Error in sitecustomize' and skips the whole file. The failure and the layer check name the file, the line and the
+    error, not only the symptom ('not exported as asked (got null)')."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _layercheck
+    from ansible_collections.gpufleet.serving.plugins.modules import sitecustomize_env
+    site = tmp_path / "site"
+    site.mkdir()
+    path = site / "sitecustomize.py"
+    layer = {"path": str(path), "env": {"NCCL_PROTO": "LL"}, "interpreters": [sys.executable],
+             "probe_env": {"PYTHONPATH": str(site)}, "name": "nccl"}
+    assert run_module(sitecustomize_env.main, layer)["changed"] is True
+    path.write_text(edit + path.read_text())
+    want = "%s fails to import outside gpufleet's block, at line %d: %s" % (path, line, error)
+    r = run_module(sitecustomize_env.main, layer)
+    assert r["failed"] is True and r["msg"].startswith(want), r["msg"]
+    assert "NCCL_PROTO unset" in r["msg"]
+    checked = run_module(sitecustomize_env.main, layer, check_mode=True)
+    assert checked["import_failures"] == [want] and checked["not_effective"], checked
+    layers = _layercheck.up_to_date({"sitecustomize": layer})
+    assert layers["up_to_date"] is False and layers["sitecustomize"]["error"] == want, layers
+    assert path.read_text().startswith(edit)  # the operator's lines are theirs: left as they are

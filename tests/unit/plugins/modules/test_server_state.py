@@ -522,3 +522,39 @@ def test_record_of_a_missing_or_garbage_pidfile_warns_and_records_no_pid(paths, 
         assert not r.get("failed") and r["state"]["pid"] is None, r
         # The warning's text when the in-process result carries warnings (the whole suite's process may drop them).
         assert "warnings" not in r or "recorded without a pid" in json.dumps(r["warnings"]), r
+
+
+@pytest.mark.parametrize("record", ["missing", "old", "unverified"])
+def test_a_server_carrying_this_fingerprint_is_kept_unless_its_launch_is_marked_unverified(servers, paths, run_module,
+                                                                                           record):
+    """Issue 24: a verified restart whose record could not be written (a full state filesystem). Its launcher carries
+    the fingerprint (server_restart sets GPUFLEET_SERVICE_FINGERPRINT at the launch): the check keeps it and, with the
+    lock, records it. A record marking the launch unverified (it failed its checks) still restarts it."""
+    s = servers(env={"GPUFLEET_SERVICE_FINGERPRINT": "f" * 64})
+    os.makedirs(os.path.dirname(paths["pidfile"]))
+    s.write_pidfile(Path(paths["pidfile"]))
+    os.makedirs(os.path.dirname(paths["state_file"]))
+    if record == "old":  # the record of the server before this restart
+        Path(paths["state_file"]).write_text(json.dumps({"fingerprint": "e" * 64, "pid": 1, "start_time": 1}))
+    elif record == "unverified":
+        Path(paths["state_file"]).write_text(json.dumps({"verified": False}))
+    args = check_args(paths, lock_file=paths["lock_file"], owner="ctl:1:run")
+    r = run_module(server_state.main, args)
+    if record == "unverified":
+        assert r["needs_restart"] is True and "did not pass its checks" in " ".join(r["reasons"]), r
+        return
+    assert r["needs_restart"] is False and r["reasons"] == [] and r["unrecorded"] is True, r
+    assert r["up_to_date"] is False and r["recorded"] is True and r["changed"] is True, r
+    assert "kept, and recorded again" in r["notes"][0]
+    st = json.loads(open(paths["state_file"]).read())
+    assert (st["fingerprint"], st["pid"], st["start_time"]) == ("f" * 64, s.pid, s.start)
+    again = run_module(server_state.main, args)
+    assert again["needs_restart"] is False and again["up_to_date"] is True and "unrecorded" not in again, again
+
+
+def test_a_server_without_this_fingerprint_is_restarted_when_the_record_is_missing(servers, paths, run_module):
+    s = servers(env={"GPUFLEET_SERVICE_FINGERPRINT": "e" * 64})
+    os.makedirs(os.path.dirname(paths["pidfile"]))
+    s.write_pidfile(Path(paths["pidfile"]))
+    r = run_module(server_state.main, check_args(paths))
+    assert r["needs_restart"] is True and "desired state changed (fingerprint none -> ffffffffffff)" in r["reasons"]

@@ -1,0 +1,142 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""A full state or run filesystem on a sandbox host (issue 24, item 6): a real 64 KiB tmpfs mounted over
+/var/lib/gpufleet or /run/gpufleet inside the host's own mount namespace, filled with dd, under real rollouts.
+
+Before: the restart succeeded, then `record: unexpected error: [Errno 28] No space left on device` (no file named),
+the summary said workers_verified 0, a demo.json.<pid>.tmp was left, and every later rollout killed the healthy
+server again; a full /run/gpufleet left a 0-byte lock and a .lock.<pid>.tmp.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
+
+from rollout_helpers import RolloutFleet  # noqa: E402
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
+
+H = "host1"
+STATE_DIR, RUN_DIR = "/var/lib/gpufleet", "/run/gpufleet"
+
+
+@pytest.fixture(scope="module")
+def rf(sandbox_fleet_module, tmp_path_factory):
+    fleet = sandbox_fleet_module(hosts=1, gpus=2)
+    r = RolloutFleet(fleet, tmp_path_factory.mktemp("full-fs"))
+    r.rolled_out()  # a tagged, verified server, as after any rollout
+    yield r
+    fleet.ssh(H, "pkill -f gpufleet-filler; umount %s %s 2>/dev/null; true" % (STATE_DIR, RUN_DIR))
+    r.reset()
+
+
+def _mount_small(rf, d: str, fill: bool) -> None:
+    rf.fleet.ssh(H, "mkdir -p {d} && mount -t tmpfs -o size=64k tmpfs {d}{fill}".format(
+        d=d, fill=" && (dd if=/dev/zero of=%s/filler bs=4096 2>/dev/null; true)" % d if fill else ""), check=True)
+
+
+def _ls(rf, d: str) -> list:
+    return sorted(rf.fleet.ssh(H, "ls -A %s" % d, check=True).stdout.split())
+
+
+def _server(snap) -> set:
+    return {(p["pid"], p["start"]) for p in snap.tagged(H)}
+
+
+@pytest.mark.reliability(
+    section="fault", case="Full state or run filesystem before a restart",
+    provoked="a 64 KiB tmpfs over /var/lib/gpufleet, filled with dd, under a running verified server: "
+             "gpufleet.serving.rollout, then gpufleet.serving.restart (forced); then the same tmpfs over /run/gpufleet "
+             "(lock, pidfile) and a forced restart",
+    outcome="the rollout keeps the server (it carries this definition's fingerprint; the record that cannot be written "
+            "is a warning), rc 0; the forced restart fails in preflight naming 'directory /var/lib/gpufleet "
+            "(record.state_file) has 0 bytes free', the server untouched (same processes); the full /run/gpufleet "
+            "fails the lock with 'cannot write /run/gpufleet/demo.lock: No space left on device', nothing stopped; no "
+            "temp file and no 0-byte lock left in either directory")
+def test_a_full_state_or_run_filesystem_fails_before_the_kill_and_leaves_nothing(rf):
+    before = _server(rf.snapshot())
+    assert before
+    _mount_small(rf, STATE_DIR, fill=True)
+    try:
+        run = rf.playbook("rollout")
+        assert run.rc == 0, run.tail()
+        assert run.summary[H]["restart"] == "no", run.summary[H]
+        assert "its record still cannot be written" in run.out, run.tail()
+        assert _server(rf.snapshot()) == before
+
+        run = rf.playbook("restart")
+        assert run.rc == 2, run.tail()
+        row = run.summary[H]
+        assert row["phase"] == "preflight" and row["restart"] == "no", row
+        assert "directory /var/lib/gpufleet (record.state_file) has 0 bytes free" in row["failure"], row
+        assert _server(rf.snapshot()) == before
+        assert _ls(rf, STATE_DIR) == ["filler"]
+    finally:
+        rf.fleet.ssh(H, "umount %s" % STATE_DIR, check=True)
+
+    _mount_small(rf, RUN_DIR, fill=True)  # hides the pidfile too: the check finds no server and wants a restart
+    try:
+        run = rf.playbook("restart")
+        assert run.rc == 2, run.tail()
+        assert "cannot write /run/gpufleet/demo.lock: No space left on device" in run.summary[H]["failure"], run.summary
+        assert _server(rf.snapshot()) == before
+        assert _ls(rf, RUN_DIR) == ["filler"]  # no 0-byte demo.lock, no demo.lock.<pid>.tmp
+    finally:
+        rf.fleet.ssh(H, "umount %s" % RUN_DIR, check=True)
+
+
+# Fills /var/lib/gpufleet once the restart has written its new pidfile: after the preflight and the launch, before
+# the record.
+FILLER = """#!/bin/sh
+old=$(cat /run/gpufleet/demo.pid)
+while [ "$(cat /run/gpufleet/demo.pid)" = "$old" ]; do sleep 0.02; done
+dd if=/dev/zero of=/var/lib/gpufleet/filler bs=4096 2>/dev/null
+true
+"""
+
+
+@pytest.mark.reliability(
+    section="fault", case="State filesystem fills during a restart (the record fails after the verify)",
+    provoked="a 64 KiB tmpfs over /var/lib/gpufleet, filled by a process on the host as soon as the forced restart "
+             "(gpufleet.serving.restart) has launched the new server; then gpufleet.serving.rollout with the filesystem "
+             "still full, and again after the filler files are deleted",
+    outcome="the restart fails in phase record naming /var/lib/gpufleet/demo.json and 'No space left on device', the "
+            "summary keeps workers_verified 2 and restarted yes; no temp file left; the next rollout does not kill the "
+            "new server (same processes, rc 0, warning that the record still cannot be written); once there is room "
+            "the next rollout records it (fingerprint and pid of the running server) without a restart")
+def test_a_record_that_fails_after_a_good_restart_does_not_get_the_server_killed_again(rf):
+    _mount_small(rf, STATE_DIR, fill=False)
+    try:
+        old = _server(rf.snapshot())
+        rf.fleet.ssh(H, "cat > /tmp/gpufleet-filler && chmod 755 /tmp/gpufleet-filler", input=FILLER, check=True)
+        rf.fleet.ssh(H, "nohup setsid /tmp/gpufleet-filler >/dev/null 2>&1 </dev/null &", check=True)
+        run = rf.playbook("restart")
+        assert run.rc == 2, run.tail()
+        row = run.summary[H]
+        assert row["phase"] == "record" and row["restart"] == "yes" and row["workers_verified"] == 2, row
+        assert "/var/lib/gpufleet/demo.json" in row["failure"] and "No space left on device" in row["failure"], row
+        assert _ls(rf, STATE_DIR) == ["filler"]  # no demo.json.<pid>.tmp, and the unverified mark is gone
+        server = _server(rf.snapshot())
+        assert server and not server & old, (server, old)  # the new server
+
+        # The removed mark freed a block: fill it too, so the record still cannot be written.
+        rf.fleet.ssh(H, "dd if=/dev/zero of=%s/filler2 bs=1024 2>/dev/null; true" % STATE_DIR, check=True)
+        run = rf.playbook("rollout")
+        assert run.rc == 0, run.tail()
+        assert run.summary[H]["restart"] == "no" and "its record still cannot be written" in run.out, run.tail()
+        assert _server(rf.snapshot()) == server
+        assert _ls(rf, STATE_DIR) == ["filler", "filler2"]
+
+        rf.fleet.ssh(H, "rm %s/filler %s/filler2" % (STATE_DIR, STATE_DIR), check=True)
+        run = rf.playbook("rollout")
+        assert run.rc == 0 and run.summary[H]["restart"] == "no", run.tail()
+        snap = rf.snapshot()
+        assert _server(snap) == server
+        state = snap.state(H)
+        assert state and state["fingerprint"] and state.get("verified") is not False, state
+        assert state["pid"] == snap.launcher(H) and (state["pid"], state["start_time"]) in server, state
+    finally:
+        rf.fleet.ssh(H, "pkill -f gpufleet-filler; umount %s; true" % STATE_DIR)
