@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _listener, _proc, _restart, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _restart, _server
 from ansible_collections.gpufleet.serving.plugins.modules import server_restart
 
 from helpers import FAKE_NVML_DIR, pid_alive
@@ -468,9 +468,9 @@ def grabber():
                              stdin=subprocess.DEVNULL, start_new_session=True)
         procs.append(p)
 
-        def holds():
-            socks = _listener.listeners(port)
-            return p.pid in sum(_listener.socket_owners([s.inode for s in socks]).values(), [])
+        def holds():  # ss -ltnp: the listening socket of the port and its process
+            out = subprocess.run(["ss", "-Hltnp", "sport = :%d" % port], capture_output=True, text=True).stdout
+            return "pid=%d," % p.pid in out
         return p, holds
     yield start
     for p in procs:
