@@ -243,7 +243,10 @@ def _ready_urls(p: t.Mapping[str, t.Any]) -> t.List[str]:
 def port_preflight(p: t.Mapping[str, t.Any]) -> None:
     """A process outside what the kill selects that listens on the server's port would answer its health URL while the
     new server dies on EADDRINUSE: fail before anything is stopped, naming it (never killed: it is not this service's).
-    """
+
+    A listener that holds the server's GPUs itself or through its descendants is an old server started by hand: with
+    kill.gpu_strays the stray kill ends what holds the GPUs (the runbook's way to take such a server over), so it
+    passes; without, the failure says how to take it over."""
     if p["stop_only"] or not p["wait_ready"] or not p["wait_ready"]["check_listener"]:
         return
     selected: t.Optional[t.Set[int]] = None
@@ -255,12 +258,32 @@ def port_preflight(p: t.Mapping[str, t.Any]) -> None:
             selected = set(chosen["selected"])
         keep = selected
         res = _listener.port_holders(url, lambda pid, _procs: pid in keep)
-        if res["foreign"]:
-            raise StepError("port %d of %s is held by %s, which is not this server's (the kill does not select it, "
-                            "and it is never killed); the new server could not listen there and %s would answer for it. "
-                            "Nothing was stopped: stop that process or give the server another port"
-                            % (res["port"], url, _listener.foreign_text(res), url),
-                            phase="preflight", port_holders=res["foreign"])
+        if not res["foreign"]:
+            continue
+        holding = _holds_server_gpus(p, [f["pid"] for f in res["foreign"]])
+        if p["kill"]["gpu_strays"]:
+            res["foreign"] = [f for f in res["foreign"] if f["pid"] not in holding]
+            if not res["foreign"]:
+                continue
+        hint = ""
+        if holding:
+            hint = (" It holds the server's GPUs (a server started by hand?): adopt it with kill.cmdline_regex "
+                    "(gpufleet_server_adopt_cmdline_regex), or kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends "
+                    "what holds them")
+        raise StepError("port %d of %s is held by %s, which is not this server's (the kill does not select it, "
+                        "and it is never killed); the new server could not listen there and %s would answer for it. "
+                        "Nothing was stopped: stop that process or give the server another port.%s"
+                        % (res["port"], url, _listener.foreign_text(res), url, hint),
+                        phase="preflight", port_holders=res["foreign"])
+
+
+def _holds_server_gpus(p: t.Mapping[str, t.Any], pids: t.Sequence[int]) -> t.Set[int]:
+    """Those of `pids` that hold one of the server's GPUs, themselves or through a descendant."""
+    with _gpumod.backend_or_fail(p["backend"]) as backend:
+        gpus = _gpuwait.read_states(backend, _nvml.resolve_indices(backend, p["gpus"]))
+    holders = {pr["pid"] for g in gpus for pr in g["processes"]}
+    procs = _proc.snapshot()
+    return {pid for pid in pids if holders & ({pid} | _proc.descendants([pid], procs))}
 
 
 @contextlib.contextmanager

@@ -24,7 +24,9 @@ description:
     O(workdir) must exist and O(gpus) must name GPUs of this host; otherwise the module fails and stops nothing.
     With O(wait_ready.check_listener), a process that the kill does not select listening on the port of the health
     URL (or of the request's URL) fails it too, named by pid, user and command line (it is never killed): the new
-    server could not listen there, and that process would answer for it."
+    server could not listen there, and that process would answer for it. A listener holding one of O(gpus) (itself or
+    through a descendant) is a server started by hand: O(kill.gpu_strays) lets it through (the stray kill ends what
+    holds the GPUs), otherwise the failure says how to adopt it."
   - "C(kill): every process carrying the launch tag O(tag_name)=O(name) (workers orphaned to PID 1 included), the
     process O(pidfile) names when confirmed and, with O(kill.cmdline_regex), an adopted server started before
     gpufleet; TERM, grace, KILL, as M(gpufleet.serving.process_kill) does. The pidfile's process is confirmed only by

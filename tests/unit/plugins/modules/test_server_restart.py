@@ -564,3 +564,32 @@ def test_with_gpus_unset_a_gpu_the_ready_server_leaves_idle_fails_early_and_name
                      r"[0-9.]+ s after the server was ready while its processes hold GPU 0; if the server uses only "
                      r"GPU 0, set gpus \(gpufleet_server_gpus\) to \[0\]", r["msg"]), r["msg"]
     assert r["busy"]["idle"] == [1] and r["busy"]["held"] == [0], r["busy"]
+
+
+def test_a_server_started_by_hand_on_the_port_is_named_with_the_takeover_hint_or_left_to_the_stray_kill(
+        server, run_module, nvml):
+    a = server
+    # The same server, started by hand without the launch tag: it listens on the port, its worker holds GPU 0.
+    env = dict(os.environ, **a["env"])
+    hand = subprocess.Popen(a["command"], env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while "pid=%d," % hand.pid not in subprocess.run(["ss", "-Hltnp", "sport = :%d" % _port(a)],
+                                                         capture_output=True, text=True).stdout:
+            assert time.monotonic() < deadline and hand.poll() is None
+            time.sleep(0.05)
+        r = run_module(server_restart.main, a)
+        assert r["failed"] and r["phase"] == "preflight", r
+        assert "is held by pid %d (" % hand.pid in r["msg"], r["msg"]
+        assert r["msg"].endswith("It holds the server's GPUs (a server started by hand?): adopt it with "
+                                 "kill.cmdline_regex (gpufleet_server_adopt_cmdline_regex), or kill.gpu_strays "
+                                 "(gpufleet_server_kill_gpu_strays) ends what holds them"), r["msg"]
+        assert hand.poll() is None
+        # With the stray kill, the preflight lets it through: the stray kill ends its GPU-holding worker.
+        a["kill"] = dict(a["kill"], gpu_strays=True)
+        a["wait_ready"] = dict(a["wait_ready"], timeout=10)
+        r = run_module(server_restart.main, a)
+        assert r.get("phase") != "preflight" and r["strays"]["signalled"] == 1, r
+    finally:
+        hand.kill()
+        hand.wait()
