@@ -469,7 +469,7 @@ def grabber():
         procs.append(p)
 
         def holds():  # ss -ltnp: the listening socket of the port and its process
-            out = subprocess.run(["ss", "-Hltnp", "sport = :%d" % port], capture_output=True, text=True).stdout
+            out = subprocess.run(["ss", "-Hltnp", "sport = :%d" % port], capture_output=True, text=True, check=False).stdout
             return "pid=%d," % p.pid in out
         return p, holds
     yield start
@@ -574,7 +574,7 @@ def test_a_server_started_by_hand_on_the_port_is_named_with_the_takeover_hint_or
     hand = subprocess.Popen(a["command"], env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 30
-        while "pid=%d," % hand.pid not in subprocess.run(["ss", "-Hltnp", "sport = :%d" % _port(a)],
+        while "pid=%d," % hand.pid not in subprocess.run(["ss", "-Hltnp", "sport = :%d" % _port(a)], check=False,
                                                          capture_output=True, text=True).stdout:
             assert time.monotonic() < deadline and hand.poll() is None
             time.sleep(0.05)
