@@ -14,7 +14,12 @@ class ModuleDocFragment(object):
     DOCUMENTATION = r"""
 options:
   tag:
-    description: Select processes whose C(/proc/PID/environ) holds this C(NAME=VALUE) pair.
+    description:
+      - Select processes whose C(/proc/PID/environ) holds this C(NAME=VALUE) pair.
+      - It also names the service the selection is for. A process whose environment holds the same C(NAME) with
+        another value (another gpufleet service's launch tag, for example a second service on the host) is never
+        selected, whatever else matches it (O(pidfile), O(pids), O(cmdline_regex), O(user), O(gpu_holders), a session,
+        group or tree); it is listed under RV(excluded) with the service it belongs to.
     type: str
   pidfile:
     description:

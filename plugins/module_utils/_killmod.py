@@ -63,6 +63,8 @@ def build_selector(p: t.Mapping[str, t.Any], procs: t.Mapping[int, _proc.Proc]) 
         include_descendants=p["include_descendants"],
         include_groups=p["include_groups"],
         exclude_regex=_select.DEFAULT_EXCLUDES if p["exclude_regex"] is None else p["exclude_regex"],
+        # Not a module option: server_restart names its service for the selections it makes without the tag.
+        service_tag=p.get("service_tag"),
     )
     if sel.is_empty() and not p["gpu_holders"]:
         raise StepError("No selector given: set at least one of tag, pidfile, pids, cmdline_regex, user, gpu_holders")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import typing as t
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _ncclvars
+from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _layershare, _ncclvars
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 HEADER = "# Created by gpufleet.serving.nccl_conf; removed with its last gpufleet block.\n"
@@ -68,6 +68,7 @@ def argument_spec() -> t.Dict[str, t.Any]:
         backup=dict(type="bool", default=False),
         nccl_names=dict(type="str", choices=["ignore", "warn", "fail"], default="warn"),
         allow_vars=dict(type="list", elements="str", default=[]),
+        service_tag=dict(type="str"),
     )
 
 
@@ -84,6 +85,7 @@ def run(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
         check_values(env)
     except _envblock.BlockError as e:
         raise StepError(str(e))
+    own = _layershare.parse_service_tag(p.get("service_tag"))
     if present:
         # NCCL setenv()s every NAME=VALUE line of the file, NCCL_* or not, in each process that initialises it (and
         # so in what that process starts later): the same names as sitecustomize_env, no more.
@@ -108,6 +110,9 @@ def run(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
     except (OSError, ValueError) as e:
         raise StepError("cannot read %s: %s" % (path, e), path=path)
 
+    # Before anything is written (and so in check mode too): another service runs on this host with these values.
+    _layershare.refuse_if_shared(own, real, {k: v for k, (v, _line) in parse_conf("".join(old_block)).items()},
+                                 env if present else {})
     # Prove it before writing: read the candidate the way NCCL will.
     effective = parse_conf(desired or "")
     keys = sorted(env) if present else sorted(set(parse_conf("".join(old_block))) | set(env))

@@ -92,7 +92,10 @@ def argument_spec() -> t.Dict[str, t.Any]:
 def _selector(p: t.Mapping[str, t.Any], **over: t.Any) -> t.Dict[str, t.Any]:
     """process_kill/process_env parameters: the selector's own defaults, this module's backend and excludes."""
     sel = {k: v.get("default") for k, v in _killmod.selector_argspec().items()}
-    sel.update(exclude_regex=p["kill"]["exclude_regex"], backend=p["backend"])
+    # Every selection of this cycle is this service's: another service's processes on the host (its launch tag) are
+    # never taken, also by the adopt regex, the stray kill or a session (two services on one host).
+    sel.update(exclude_regex=p["kill"]["exclude_regex"], backend=p["backend"],
+               service_tag="%s=%s" % (p["tag_name"], p["name"]))
     sel.update(over)
     return sel
 
@@ -202,7 +205,9 @@ def holders_hint(p: t.Mapping[str, t.Any], pids: t.Sequence[int]) -> str:
                          "ends them" % head)
     for value in sorted(set(services.values())):
         mine = [pid for pid, v in services.items() if v == value]
-        parts.append("pid %s: gpufleet service %s=%s, stop it first" % (_pids(mine), p["tag_name"], value))
+        # No kill of this service ends it (another service's launch tag is never selected): two definitions share GPUs.
+        parts.append("pid %s: gpufleet service %s=%s, stop it first or give each service its own GPUs "
+                     "(gpufleet_server_gpus)" % (_pids(mine), p["tag_name"], value))
     if excluded:
         parts.append("pid %s: never killed (%s), stop it by hand" % (
             _pids(sorted(excluded)), "; ".join(sorted(set(excluded.values())))))

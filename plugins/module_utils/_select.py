@@ -10,7 +10,8 @@
 
 A selector is a union of criteria (tag, confirmed pidfile, pids, cmdline regex, user, GPU holders),
 expanded with descendants and with the sessions/process groups the selected processes LEAD,
-then reduced by exclusions and by the protected set (pid 1, kernel threads, our own chain).
+then reduced by exclusions, by the protected set (pid 1, kernel threads, our own chain) and, when the selection
+knows its service (its tag), by the processes of other gpufleet services (their launch tag, another value).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class Selector(t.NamedTuple):
     include_descendants: bool = True
     include_groups: bool = True
     exclude_regex: t.Sequence[str] = tuple(DEFAULT_EXCLUDES)
+    # This selection's service (NAME=VALUE) when `tag` is not a criterion (server_restart's stray kill): a process
+    # whose environ has NAME with another value belongs to another service and is never selected. `tag` sets it too.
+    service_tag: str | None = None
 
     def is_empty(self) -> bool:
         return not (self.tag or self.pidfile or self.pids or self.cmdline_regex or self.user or self.gpu_holder_pids)
@@ -115,6 +119,11 @@ def check_pidfile(path: str, procs: t.Mapping[int, _proc.Proc], cmdline_regex: s
         return done("stale", "pidfile %s is stale: pid %d now belongs to another process (%s)" % (path, pid, who))
     if start is None and _proc.start_epoch(p) > mtime + _PIDFILE_SLACK_S:
         return done("stale", "pidfile %s is stale: pid %d started after the pidfile was written (%s)" % (path, pid, who))
+    other = other_service(pid, tag) if tag is not None else None
+    if other is not None:
+        # Two services on one host: an adopt regex matches both servers, and a pidfile is anyone's to write.
+        return done("unconfirmed", "pidfile %s is unconfirmed: pid %d is a process of gpufleet service %s (%s=%s), "
+                    "not of %s; left alone" % (path, pid, other, tag[0], other, tag[1]))
     if cmdline_regex and not re.search(cmdline_regex, p.command):
         return done("unconfirmed", "pidfile %s is unconfirmed: pid %d does not match %r (%s); left alone"
                     % (path, pid, cmdline_regex, who))
@@ -145,6 +154,7 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
     if sel.pidfile_cmdline_regex:
         _compile("pidfile_cmdline_regex", sel.pidfile_cmdline_regex)
     tag = parse_tag(sel.tag) if sel.tag else None
+    own = parse_tag(sel.service_tag) if sel.service_tag else tag
     uid = None
     if sel.user is not None:
         uid = _uid_of(sel.user)
@@ -183,6 +193,7 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
 
     protected = _proc.protected_pids(procs, me)
     excluded: t.Dict[int, str] = {}
+    other_cache: t.Dict[int, t.Optional[str]] = {}
 
     def drop_excluded() -> None:
         for pid in list(reasons):
@@ -191,6 +202,11 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
                 del reasons[pid]
                 continue
             why = _exclusion(p, protected, excl)
+            if why is None and own is not None:
+                # A selection made for one service (its tag) never takes another service's process, whatever matched
+                # it: an adopt regex matching every server_sim.py on the host, a user, the GPU holders, a session or a
+                # tree are guesses about which processes are this service's, and the launch tag says they are not.
+                why = _other_service_reason(pid, own, other_cache)
             if why:
                 excluded[pid] = why
                 del reasons[pid]
@@ -210,6 +226,26 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
     if pidfile is not None:
         out["pidfile"] = pidfile
     return out
+
+
+def other_service(pid: int, own: t.Tuple[str, str]) -> str | None:
+    """The other gpufleet service whose launch tag the process carries (own's NAME with another value), or None
+    (own's value, no tag, or an environ this process may not read)."""
+    try:
+        value = _proc.read_environ(pid, [own[0]]).get(own[0])
+    except _proc.ProcError:
+        return None
+    return value if value is not None and value != own[1] else None
+
+
+def _other_service_reason(pid: int, own: t.Tuple[str, str], cache: t.Dict[int, t.Optional[str]]) -> str | None:
+    if pid not in cache:
+        cache[pid] = other_service(pid, own)
+    other = cache[pid]
+    if other is None:
+        return None
+    return "a process of gpufleet service %s (%s=%s), not of %s: another service's launch tag" % (
+        other, own[0], other, own[1])
 
 
 def _exclusion(p: _proc.Proc, protected: t.Set[int], excl: t.Sequence[t.Pattern[str]]) -> str | None:

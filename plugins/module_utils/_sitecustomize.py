@@ -27,7 +27,7 @@ import subprocess
 import tokenize
 import typing as t
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _ncclvars
+from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _layershare, _ncclvars
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 HEADER = "# Created by gpufleet.serving.sitecustomize_env; removed with its last gpufleet block.\n"
@@ -271,6 +271,7 @@ def argument_spec() -> t.Dict[str, t.Any]:
         probe_env=dict(type="dict", default={}),
         nccl_names=dict(type="str", choices=["ignore", "warn", "fail"], default="ignore"),
         allow_vars=dict(type="list", elements="str", default=[]),
+        service_tag=dict(type="str"),
     )
 
 
@@ -286,6 +287,7 @@ def run(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
         probe_env = _envblock.normalize_env(p["probe_env"], "probe_env")
     except _envblock.BlockError as e:
         raise StepError(str(e))
+    own = _layershare.parse_service_tag(p.get("service_tag"))
     if p["state"] == "present":
         # Every Python process on the host runs this file: only NCCL's names and the ones the user listed
         # (never a loader or interpreter variable). Removal is never refused, so an old block can always go.
@@ -350,6 +352,8 @@ def run(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
             check_markers_are_comments(current, real)
             old_block = _envblock.block_lines(_envblock.split_lines(current or ""), name, real)
             desired = new_text(current, name, env if present else None, p["mode"], real)
+            # In the plan, before any file is written (and so in check mode too): another service runs on this host.
+            _layershare.refuse_if_shared(own, real, parse_body(old_block), env if present else {})
             if desired is not None and desired != current:
                 compile(_envblock.encode(desired), real, "exec", dont_inherit=True)
                 if present:

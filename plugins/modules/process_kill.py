@@ -118,7 +118,7 @@ survivors:
   type: list
   elements: int
 excluded:
-  description: Processes matched but left alone, with the reason (protected, zombie, or exclude_regex).
+  description: Processes matched but left alone, with the reason (protected, zombie, exclude_regex, or another service's launch tag).
   returned: always
   type: list
   elements: dict

@@ -34,6 +34,9 @@ description:
     pidfile naming an unrelated process (a server stopped by hand; its pid, or its pid and real start time) selects
     nothing and is reported in the C(pidfile) of RV(kill)."
   - "C(strays): with O(kill.gpu_strays), every other process holding one of O(gpus), minus O(kill.exclude_regex)."
+  - "Two services on one host: a process carrying another service's launch tag (O(tag_name) with another value in its
+    environment) is never killed by this module, whatever selects it (O(kill.cmdline_regex), O(kill.gpu_strays), a
+    session or process tree, a pidfile); it is listed in the C(excluded) of RV(kill) with the service it belongs to."
   - "C(clean): wait until O(gpus) are clean, as M(gpufleet.serving.gpu_wait) does; nothing is launched onto a
     dirty GPU. The failure lists every holder."
   - "C(launch): start O(command) tagged, in its own session, as M(gpufleet.serving.server_launch) does."
@@ -161,10 +164,12 @@ options:
     default: {}
     suboptions:
       cmdline_regex:
-        description: Also kill processes whose command line matches (a server started before gpufleet managed it).
+        description:
+          - Also kill processes whose command line matches (a server started before gpufleet managed it).
+          - A process carrying another service's launch tag is never killed, even when it matches.
         type: str
       gpu_strays:
-        description: Also kill processes without the tag that hold one of O(gpus).
+        description: Also kill processes without the tag that hold one of O(gpus) (never another service's, by its launch tag).
         type: bool
         default: false
       exclude_regex:

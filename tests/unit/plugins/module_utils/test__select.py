@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 
@@ -321,3 +322,81 @@ def test_pidfile_cmdline_regex_mismatch_is_unconfirmed(real_sleep, tmp_path):
 def test_a_pidfile_that_is_a_directory_is_named(tmp_path):
     with pytest.raises(_select.SelectError, match="pidfile %s is a directory; name the pidfile itself" % tmp_path):
         _select.read_pidfile(str(tmp_path))
+
+
+# --- two services on one host (issue 24 item 1): another service's launch tag is never selected ---
+
+TAG = "GPUFLEET_TEST_SERVICE_%d" % os.getpid()
+
+
+@pytest.fixture
+def two_services(tmp_path):
+    """Two real 'servers' in their own sessions, each a launcher (`sh`, whose command line ends with the same
+    server_sim.py marker, as an adopt regex in group_vars matches both) and two workers, tagged sglang and sgb."""
+    marker = "server_sim.py-%s" % tmp_path.name
+    started = {}
+    for service in ("sglang", "sgb"):
+        po = subprocess.Popen(["sh", "-c", "sleep 600 & sleep 600 & wait", marker],
+                              env=dict(os.environ, **{TAG: service}), start_new_session=True)
+        deadline = time.monotonic() + 10
+        while len(_proc.descendants([po.pid], _proc.snapshot())) < 2:
+            assert time.monotonic() < deadline, "the workers of %s did not start" % service
+            time.sleep(0.01)
+        started[service] = po
+    yield marker, {s: po.pid for s, po in started.items()}
+    for po in started.values():
+        os.killpg(po.pid, 9)
+        po.wait()
+
+
+def _tree(pid):
+    procs = _proc.snapshot()
+    return {pid} | _proc.descendants([pid], procs)
+
+
+@pytest.mark.parametrize("criterion", ["cmdline_regex", "user", "pids", "gpu_holders"])
+def test_another_services_processes_are_never_selected_whatever_matches_them(two_services, criterion):
+    """Each criterion would take sgb's launcher or a worker (and with it, through its session and tree, all of sgb);
+    a selection for sglang (its tag) takes none of sgb's processes and names sgb for each."""
+    marker, launchers = two_services
+    mine, theirs = _tree(launchers["sglang"]), _tree(launchers["sgb"])
+    worker = sorted(theirs - {launchers["sgb"]})[0]
+    crit = {"cmdline_regex": dict(cmdline_regex=re.escape(marker)), "user": dict(user=_proc.user_name(os.getuid())),
+            "pids": dict(pids=[launchers["sgb"]]), "gpu_holders": dict(gpu_holder_pids=[worker])}[criterion]
+    r = _select.select(_select.Selector(tag="%s=sglang" % TAG, **crit))
+    assert mine <= set(r["selected"]), r
+    assert not theirs & set(r["selected"]), r
+    for pid in theirs & set(r["excluded"]):
+        assert r["excluded"][pid] == ("a process of gpufleet service sgb (%s=sgb), not of sglang: another service's "
+                                      "launch tag" % TAG), r["excluded"][pid]
+    assert launchers["sgb"] in r["excluded"] or worker in r["excluded"], r
+
+
+def test_the_stray_kills_selection_names_its_service_without_selecting_by_tag(two_services):
+    """server_restart's stray kill selects the GPU holders with service_tag, not tag: sgb's worker stays out."""
+    _marker, launchers = two_services
+    theirs = sorted(_tree(launchers["sgb"]) - {launchers["sgb"]})
+    mine = sorted(_tree(launchers["sglang"]) - {launchers["sglang"]})
+    r = _select.select(_select.Selector(service_tag="%s=sglang" % TAG, gpu_holder_pids=[theirs[0], mine[0]],
+                                        include_groups=False, include_descendants=False))
+    assert list(r["selected"]) == [mine[0]] and r["selected"][mine[0]] == ["gpu_holder"], r
+    assert "gpufleet service sgb" in r["excluded"][theirs[0]], r
+
+
+def test_without_a_tag_the_selection_knows_no_service_and_takes_both(two_services):
+    """The rule needs the selection's service: process_kill with only a regex is still `pkill -f`, made safe."""
+    marker, launchers = two_services
+    r = _select.select(_select.Selector(cmdline_regex=re.escape(marker)))
+    assert _tree(launchers["sglang"]) | _tree(launchers["sgb"]) <= set(r["selected"]), r
+
+
+def test_a_pidfile_naming_another_services_launcher_is_unconfirmed(two_services, tmp_path):
+    marker, launchers = two_services
+    pf = tmp_path / "sglang.pid"
+    pid = launchers["sgb"]
+    pf.write_text("%d %d\n" % (pid, _proc.read_proc(pid).start_time))
+    r = _select.select(_select.Selector(tag="%s=sglang" % TAG, pidfile=str(pf), cmdline_regex=re.escape(marker)))
+    assert r["pidfile"]["status"] == "unconfirmed", r["pidfile"]
+    assert r["pidfile"]["reason"] == ("pidfile %s is unconfirmed: pid %d is a process of gpufleet service sgb (%s=sgb), "
+                                      "not of sglang; left alone" % (pf, pid, TAG)), r["pidfile"]
+    assert pid not in r["selected"], r

@@ -175,7 +175,8 @@ def test_the_clean_gate_says_what_would_end_each_holder_and_suggests_the_stray_k
     assert ("pid %d: no gpufleet service's: adopt a server started by hand with kill.cmdline_regex "
             "(gpufleet_server_adopt_cmdline_regex), or kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends them"
             % stray.pid) in msg, msg
-    assert "pid %d: gpufleet service %s=other, stop it first" % (other.pid, a["tag_name"]) in msg, msg
+    assert ("pid %d: gpufleet service %s=other, stop it first or give each service its own GPUs (gpufleet_server_gpus)"
+            % (other.pid, a["tag_name"])) in msg, msg
     assert "pid %s: never killed (excluded by '--mib 512 '), stop it by hand" % ", ".join(
         str(x) for x in sorted((agent.pid, own.pid))) in msg, msg
     assert "=demo" not in msg, msg
@@ -267,6 +268,26 @@ def test_gpu_strays_kills_the_untagged_holder_then_launches(server, run_module, 
     stray.wait(timeout=5)
     assert other.poll() is None
     assert r["pid"] in _tagged(a)
+
+
+def test_an_adopt_regex_matching_another_services_server_leaves_it_alone(server, run_module, nvml):
+    """Issue 24 item 1: two services on one host, one adopt regex (group_vars) matching both servers' command lines.
+    The restart of one kills its own server only; the other service's process (its launch tag, another value), matched
+    by the regex and leading its own session, is listed as excluded, naming its service, and keeps running."""
+    a = server
+    first = run_module(server_restart.main, a)
+    assert "failed" not in first, first.get("msg")
+    other = nvml.hold(gpu=1, mib=1024, extra_env={a["tag_name"]: "sgb"}, start_new_session=True)
+    ident = _proc.read_proc(other.pid).identity
+    a["kill"] = dict(a["kill"], cmdline_regex=r"fake_gpu\.py hold", gpu_strays=True)
+    r = run_module(server_restart.main, a)
+    assert "failed" not in r, r.get("msg")
+    assert other.pid not in [p["pid"] for p in r["kill"]["processes"]], r["kill"]
+    assert [(x["pid"], x["reason"]) for x in r["kill"]["excluded"]] == [
+        (other.pid, "a process of gpufleet service sgb (%s=sgb), not of demo: another service's launch tag"
+         % a["tag_name"])], r["kill"]["excluded"]
+    assert other.poll() is None and _proc.is_alive(ident)
+    assert r["pid"] in _tagged(a) and first["pid"] not in _tagged(a)
 
 
 def test_a_worker_without_the_expected_environment_fails_verify_env_and_is_not_recorded(server, run_module):

@@ -1,0 +1,81 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection.
+# Breaking changes can happen without notice.
+
+"""The NCCL layers are host-wide; two services on one host share them (sitecustomize_env, nccl_conf).
+
+The system sitecustomize.py and /etc/nccl.conf are read by every process on the host, so two services with different
+tuning would rewrite them in turn, each run reporting ok and each breaking the other's next start and its audit. A
+layer module that knows its service (its launch tag, `service_tag`) refuses, before anything is written, a change of
+the block's values while a process of another gpufleet service (the same tag name, another value) runs on the host.
+Only the variable names are said: the values are the operator's, and the other service's environ is not ours to print.
+"""
+
+from __future__ import annotations
+
+import os
+import typing as t
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _select
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
+
+
+def parse_service_tag(tag: t.Optional[str]) -> t.Optional[t.Tuple[str, str]]:
+    """service_tag as (NAME, VALUE), None when unset or empty (the module then behaves as without it)."""
+    if not tag:
+        return None
+    try:
+        return _select.parse_tag(tag)
+    except _select.SelectError as e:
+        raise StepError("service_tag: %s; nothing was changed" % e)
+
+
+def changed_names(before: t.Mapping[str, str], after: t.Mapping[str, str]) -> t.List[str]:
+    """Variables whose value the change sets, changes or removes (a reformatted block with the same values: none)."""
+    return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+
+
+def other_services(own: t.Tuple[str, str]) -> t.Dict[str, int]:
+    """service -> the pid of its oldest live process, for every other service whose launch tag (own's NAME, another
+    value) a process on this host carries. Processes whose environ cannot be read (another user's, without become)
+    are not seen."""
+    procs = _proc.snapshot()
+    protected = _proc.protected_pids(procs, os.getpid())
+    found: t.Dict[str, _proc.Proc] = {}
+    for pid, p in procs.items():
+        if pid in protected or p.state in ("Z", "X"):
+            continue
+        value = _select.other_service(pid, own)
+        if value is None:
+            continue
+        if value not in found or (p.start_time, p.pid) < (found[value].start_time, found[value].pid):
+            found[value] = p  # the oldest: the launcher, as an SRE would look it up
+    return {value: p.pid for value, p in sorted(found.items())}
+
+
+def refuse_if_shared(own: t.Optional[t.Tuple[str, str]], path: str, before: t.Mapping[str, str],
+                     after: t.Mapping[str, str]) -> None:
+    """StepError when writing `after` over `before` in the host-wide file `path` would change the values another
+    running gpufleet service was started with; nothing when no service is named, no value changes, or none runs."""
+    if own is None:
+        return
+    names = changed_names(before, after)
+    if not names:
+        return
+    others = other_services(own)
+    if not others:
+        return
+    who = ", ".join("%s (pid %d)" % kv for kv in others.items())
+    them = " and ".join(others)
+    many = len(others) > 1
+    raise StepError(
+        "NCCL layers are host-wide (%s): service%s %s run%s on this host with the current values; changing %s for %s "
+        "would change %s next start too. Give every service on a host the same gpufleet_nccl_* (the host's "
+        "group_vars), or stop %s first (gpufleet.serving.clean); nothing was changed"
+        % (path, "s" if many else "", who, "" if many else "s", ", ".join(names), own[1],
+           "their" if many else them + "'s", "them" if many else them),
+        path=path, changed_vars=names, other_services=sorted(others))

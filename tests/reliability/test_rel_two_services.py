@@ -1,0 +1,156 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Two gpufleet services on one sandbox host (issue 24, items 1 and 2), each rolled out by its own real rollout
+(gpufleet.serving.rollout through ansible-runner, its own inventory), as two teams sharing a box would:
+
+- `sglang` on GPU 0 / port 30000 and `sgb` on GPU 1 / port 30001, with the same adopt regex in group_vars
+  (`demo_server\\.py`, which matches both servers' command lines) and the same NCCL tuning (pcie_only);
+- each service is rolled out, then `sglang` is restarted again (forced): neither restart may touch the other
+  service's launcher or workers (same pids, same start times);
+- then `sgb` asks for other NCCL values: the host-wide layers would change under the running `sglang`, so its run
+  fails before anything is written (check mode predicts it), and the same tuning again changes nothing.
+"""
+from __future__ import annotations
+
+import pytest
+
+from gpufleet_ci import sandbox
+from rel_helpers import DEMO, ROLLOUT_SITE, host_py, ps, runner_play, summary
+
+pytestmark = pytest.mark.sandbox
+
+RESTART_TASK = "Restart the server (kill, verify clean, launch, wait ready, verify the workers' environment, record)"
+SITE_TASK = "Manage the NCCL block in the Python interpreters' sitecustomize.py"
+H = "host1"
+SITE_CODE = r"""
+import json, os, sysconfig
+p = os.path.realpath(os.path.join(sysconfig.get_paths()["stdlib"], "sitecustomize.py"))
+print(json.dumps({"path": p, "text": open(p).read() if os.path.exists(p) else None}))
+"""
+
+
+def _service(py, name, gpu, port):
+    v = sandbox.server_vars(py, gpus=1, mib=1000)
+    v.update(
+        gpufleet_server_name=name,
+        gpufleet_server_command=[py, DEMO, "--port", str(port), "--tp", "1", "--gpus", str(gpu), "--mib", "1000",
+                                 "--state-dir", "/var/lib/demo-%s" % name],
+        gpufleet_server_gpus=[gpu],
+        gpufleet_server_health_url="http://127.0.0.1:%d/health" % port,
+        gpufleet_server_health_request=dict(v["gpufleet_server_health_request"],
+                                            url="http://127.0.0.1:%d/generate" % port),
+        gpufleet_server_nccl_log="/var/log/gpufleet/%s.log" % name,
+    )
+    # The quickstart's pattern, in the host's group_vars: it matches both services' servers.
+    assert v["gpufleet_server_adopt_cmdline_regex"] == r"demo_server\.py" and v["gpufleet_nccl_profile"] == "pcie_only"
+    return v
+
+
+def _tree(fleet, service):
+    """(pid, start time) of every process carrying the service's launch tag."""
+    return sorted((p["pid"], p["start"]) for p in ps(fleet, H).values() if p.get("tag") == service)
+
+
+@pytest.fixture(scope="module")
+def two(sandbox_fleet_module, tmp_path_factory):
+    fleet = sandbox_fleet_module(hosts=1, gpus=2)
+    work = tmp_path_factory.mktemp("rel-two-services")
+    invs = {}
+    for name, gpu, port in (("sglang", 0, 30000), ("sgb", 1, 30001)):
+        invs[name] = work / ("%s.yml" % name)
+        invs[name].write_text(sandbox.servers_inventory([H], _service(fleet.python, name, gpu, port)))
+    runs = {}
+
+    def rollout(ident, service, extravars=None, cmdline=""):
+        runs[ident] = runner_play(work, ROLLOUT_SITE, [fleet.inventory, invs[service]], extravars=extravars,
+                                  cmdline=cmdline, ident=ident)
+        return runs[ident]
+
+    st = {}
+    rollout("sglang-1", "sglang")
+    st["sglang_after_own"] = _tree(fleet, "sglang")
+    rollout("sgb-1", "sgb")
+    st["sglang_after_sgb"] = _tree(fleet, "sglang")
+    st["sgb_after_own"] = _tree(fleet, "sgb")
+    rollout("sglang-2", "sglang", extravars={"gpufleet_server_force_restart": True})
+    st["sgb_after_sglang"] = _tree(fleet, "sgb")
+    st["sglang_after_restart"] = _tree(fleet, "sglang")
+
+    # Item 2: sgb asks for other values of two of the profile's variables.
+    other = {"gpufleet_nccl_env": {"NCCL_PROTO": "Simple", "NCCL_ALGO": "Tree"}}
+    st["site_before"] = host_py(fleet, H, SITE_CODE)
+    rollout("sgb-other-check", "sgb", extravars=other, cmdline="--check")
+    rollout("sgb-other", "sgb", extravars=other)
+    st["site_after_refusal"] = host_py(fleet, H, SITE_CODE)
+    st["trees_after_refusal"] = (_tree(fleet, "sglang"), _tree(fleet, "sgb"))
+    rollout("sgb-same", "sgb")
+    st["site_after_same"] = host_py(fleet, H, SITE_CODE)
+    st["trees_after_same"] = (_tree(fleet, "sglang"), _tree(fleet, "sgb"))
+    return dict(fleet=fleet, runs=runs, **st)
+
+
+def _ok(run):
+    assert run.rc == 0 and not run.failed(H), (run.rc, [f["res"].get("msg") for f in run.failed(H)], run.stdout[-3000:])
+
+
+@pytest.mark.reliability(
+    section="security", case="Two services on one host, one adopt regex matching both servers",
+    provoked="services sglang (GPU 0, port 30000) and sgb (GPU 1, port 30001) on one sandbox host, each rolled out by "
+             "its own rollout with the same gpufleet_server_adopt_cmdline_regex (demo_server\\.py, matching both "
+             "servers); then sglang restarted again (forced)",
+    outcome="each restart kills its own server only: the other service's launcher and workers keep their pids and start "
+            "times; its launcher is listed in the kill's excluded as \"a process of gpufleet service <other> "
+            "(GPUFLEET_SERVICE=<other>), not of <this>\" (the adopt regex, the stray kill, pids, a pidfile, sessions "
+            "and trees never select another service's tagged process)")
+def test_restarting_one_service_leaves_the_other_services_server_alone(two):
+    for ident in ("sglang-1", "sgb-1", "sglang-2"):
+        _ok(two["runs"][ident])
+    sglang, sgb = two["sglang_after_own"], two["sgb_after_own"]
+    assert len(sglang) >= 2 and len(sgb) >= 2, (sglang, sgb)  # launcher + worker each
+    # sgb's first rollout (its regex matches sglang's launcher) left sglang's server exactly as it was.
+    assert two["sglang_after_sgb"] == sglang
+    kill = two["runs"]["sgb-1"].res(H, RESTART_TASK)["kill"]
+    assert not {p["pid"] for p in kill["processes"]} & {pid for pid, _ in sglang}, kill["processes"]
+    reasons = {x["pid"]: x["reason"] for x in kill["excluded"]}
+    assert any(r == "a process of gpufleet service sglang (GPUFLEET_SERVICE=sglang), not of sgb: another service's "
+               "launch tag" for pid, r in reasons.items() if pid in {p for p, _ in sglang}), reasons
+    # sglang's forced restart replaced its own server and left sgb's exactly as it was.
+    assert summary(two["runs"]["sglang-2"])[H]["restarted"] is True
+    assert not set(two["sglang_after_restart"]) & set(sglang)
+    assert two["sgb_after_sglang"] == sgb
+    kill = two["runs"]["sglang-2"].res(H, RESTART_TASK)["kill"]
+    assert {x["pid"] for x in kill["excluded"]} & {pid for pid, _ in sgb}, kill["excluded"]
+
+
+@pytest.mark.reliability(
+    section="input", case="Two services on one host, different NCCL tuning",
+    provoked="sglang and sgb running on one sandbox host with the same profile (pcie_only); sgb's rollout then asks for "
+             "NCCL_PROTO and NCCL_ALGO values of its own (gpufleet_nccl_env), with --check and for real; then sgb's "
+             "rollout with the shared tuning again",
+    outcome="both runs with other values fail on the host before anything is written: \"NCCL layers are host-wide "
+            "(<sitecustomize.py>): service sglang (pid N) runs on this host with the current values; changing "
+            "NCCL_ALGO, NCCL_PROTO for sgb would change sglang's next start too. Give every service on a host the same "
+            "gpufleet_nccl_* ...\" (variable names only, never values); the system sitecustomize.py is byte-for-byte "
+            "unchanged and both servers run on; the shared tuning passes and changes nothing (no restart)")
+def test_a_second_service_with_other_nccl_values_is_refused_and_the_same_values_pass(two):
+    site = two["site_before"]
+    assert site["text"] and "('NCCL_PROTO', 'LL')" in site["text"], site
+    launcher = min(two["sglang_after_restart"], key=lambda p: (p[1], p[0]))[0]  # the oldest: the launcher
+    want = ("NCCL layers are host-wide (%s): service sglang (pid %d) runs on this host with the current values; "
+            "changing NCCL_ALGO, NCCL_PROTO for sgb would change sglang's next start too. Give every service on a host "
+            "the same gpufleet_nccl_* (the host's group_vars), or stop sglang first (gpufleet.serving.clean); nothing "
+            "was changed" % (site["path"], launcher))
+    for ident in ("sgb-other-check", "sgb-other"):
+        run = two["runs"][ident]
+        assert run.rc != 0, run.stdout[-2000:]
+        msgs = [f["res"].get("msg", "") for f in run.failed(H)]
+        assert want in msgs, (ident, msgs)
+        assert "Simple" not in " ".join(msgs) and "Tree" not in " ".join(msgs), msgs
+        assert RESTART_TASK not in run.tasks_seen(H)  # the host failed at the tuning, before its server was touched
+    assert two["site_after_refusal"] == site  # byte for byte
+    assert two["trees_after_refusal"] == (two["sglang_after_restart"], two["sgb_after_sglang"])
+    # The shared tuning again: nothing to change, no restart, both servers as they were.
+    same = two["runs"]["sgb-same"]
+    _ok(same)
+    assert summary(same)[H]["restarted"] is False, summary(same)
+    assert two["site_after_same"] == site
+    assert two["trees_after_same"] == two["trees_after_refusal"]

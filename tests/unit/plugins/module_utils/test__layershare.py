@@ -1,0 +1,112 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Two services on one host share the host-wide NCCL layers (issue 24 item 2): sitecustomize_env and nccl_conf, given
+their service's launch tag, refuse a change of the block's values while another service's real process runs, before
+anything is written, in check mode too; the same values, or no other service, go through."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _layershare, _proc
+from ansible_collections.gpufleet.serving.plugins.modules import nccl_conf, sitecustomize_env
+
+TAG = "GPUFLEET_TEST_SERVICE_%d" % os.getpid()
+
+
+@pytest.fixture
+def other_service():
+    """A real process of service sgb (its launch tag in its environment), in its own session."""
+    started = []
+
+    def start(value="sgb"):
+        po = subprocess.Popen(["sleep", "600"], env=dict(os.environ, **{TAG: value}), start_new_session=True)
+        started.append(po)
+        return po
+
+    yield start
+    for po in started:
+        po.kill()
+        po.wait()
+
+
+def _sitecustomize(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    path = site / "sitecustomize.py"
+    layer = {"path": str(path), "interpreters": [sys.executable], "probe_env": {"PYTHONPATH": str(site)}, "name": "nccl",
+             "service_tag": "%s=sglang" % TAG}
+    return sitecustomize_env.main, layer, path
+
+
+def _ncclconf(tmp_path):
+    path = tmp_path / "nccl.conf"
+    return nccl_conf.main, {"path": str(path), "name": "nccl", "service_tag": "%s=sglang" % TAG}, path
+
+
+def _message(path, pid, names):
+    return ("NCCL layers are host-wide (%s): service sgb (pid %d) runs on this host with the current values; changing %s "
+            "for sglang would change sgb's next start too. Give every service on a host the same gpufleet_nccl_* (the "
+            "host's group_vars), or stop sgb first (gpufleet.serving.clean); nothing was changed"
+            % (os.path.realpath(str(path)), pid, names))
+
+
+@pytest.mark.parametrize("layer", [_sitecustomize, _ncclconf], ids=["sitecustomize_env", "nccl_conf"])
+def test_a_change_of_the_values_under_another_running_service_is_refused_and_nothing_is_written(
+        tmp_path, run_module, other_service, layer):
+    main, args, path = layer(tmp_path)
+    first = run_module(main, dict(args, env={"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}))
+    assert first["changed"] is True and "failed" not in first, first  # no other service yet
+    sgb = other_service()
+    before = path.read_bytes()
+
+    # The same values: nothing to change, nothing refused (idempotent with the other service running).
+    same = run_module(main, dict(args, env={"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"}))
+    assert "failed" not in same and same["changed"] is False, same
+
+    for env, state, names in (({"NCCL_PROTO": "Simple", "NCCL_ALGO": "Tree"}, "present", "NCCL_ALGO, NCCL_PROTO"),
+                              ({"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_BUFFSIZE": "4194304"}, "present",
+                               "NCCL_BUFFSIZE"),
+                              ({}, "absent", "NCCL_ALGO, NCCL_PROTO")):
+        for check_mode in (True, False):
+            r = run_module(main, dict(args, env=env, state=state), check_mode=check_mode)
+            assert r.get("failed") is True, r
+            assert r["msg"] == _message(path, sgb.pid, names), r["msg"]
+            assert "Simple" not in r["msg"] and "4194304" not in r["msg"]  # names only, never values
+            assert path.read_bytes() == before
+    assert sgb.poll() is None
+
+    # Without the service's tag the module knows no service and checks nothing (as before).
+    r = run_module(main, dict(args, env={"NCCL_PROTO": "Simple"}, service_tag=None))
+    assert "failed" not in r and r["changed"] is True, r
+
+
+@pytest.mark.parametrize("layer", [_sitecustomize, _ncclconf], ids=["sitecustomize_env", "nccl_conf"])
+def test_a_process_of_the_same_service_or_none_at_all_lets_the_change_through(tmp_path, run_module, other_service,
+                                                                                layer):
+    main, args, path = layer(tmp_path)
+    run_module(main, dict(args, env={"NCCL_PROTO": "LL"}))
+    other_service("sglang")  # this service's own server: its restart follows the change
+    r = run_module(main, dict(args, env={"NCCL_PROTO": "Simple"}))
+    assert "failed" not in r and r["changed"] is True, r
+    assert "Simple" in path.read_text()
+
+
+@pytest.mark.parametrize("tag", ["sglang", "=sglang", "GPUFLEET SERVICE=x", "GPUFLEET_SERVICE="])
+def test_a_malformed_service_tag_is_refused_before_anything_is_read(tmp_path, run_module, tag):
+    main, args, path = _ncclconf(tmp_path)
+    r = run_module(main, dict(args, env={"NCCL_PROTO": "LL"}, service_tag=tag))
+    assert r["failed"] is True and r["msg"].startswith("service_tag: tag must look like NAME=VALUE"), r
+    assert not path.exists()
+
+
+def test_other_services_names_each_service_once_by_its_oldest_process(other_service):
+    first = other_service("sgb")
+    other_service("sgb")
+    third = other_service("vllm")
+    other_service("sglang")
+    got = _layershare.other_services((TAG, "sglang"))
+    assert got == {"sgb": first.pid, "vllm": third.pid}, got
+    assert _proc.read_proc(first.pid) is not None
