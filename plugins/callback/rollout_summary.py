@@ -16,11 +16,15 @@ description:
   - It prints even when a failed batch stops the rollout, so the hosts left untouched are listed too.
   - The table is titled after the collection's playbook that ran (C(GPUFLEET AUDIT SUMMARY) for
     C(gpufleet.serving.audit), also when a C(site.yml) imports it); a playbook of the user's gets C(ROLLOUT).
-  - A host whose old server was killed counts as restarted, also when it failed afterwards; the C(restarted) column
-    then says C(killed, not relaunched) (failed before the new server was started) or C(killed, relaunch failed)
-    (started, but it died or never got ready), and the C(kill_s) column shows the kill's time. Those come from
-    the failed M(gpufleet.serving.server_restart) result (RV(gpufleet.serving.server_restart#module:killed),
-    RV(gpufleet.serving.server_restart#module:timings), RV(gpufleet.serving.server_restart#module:phase)).
+  - "A host whose old server was killed counts as restarted, also when it failed afterwards; the C(restarted) column
+    then says what the host was left with, in the runbook's terms. C(killed, not relaunched): it failed before the new
+    server was started. When the new server was started but died or never got ready (it serves nobody):
+    C(killed, not serving (failed new server stopped)) (stopped and its GPUs verified clean, the default),
+    C(killed, failed new server kept) (C(gpufleet_server_keep_failed), still running and holding its GPUs),
+    C(killed, failed new server not stopped) (its stop failed) or C(killed, not serving) (nothing of it left). The
+    C(kill_s) column shows the kill's time. Those come from the failed M(gpufleet.serving.server_restart) result
+    (RV(gpufleet.serving.server_restart#module:killed), RV(gpufleet.serving.server_restart#module:timings),
+    RV(gpufleet.serving.server_restart#module:phase), RV(gpufleet.serving.server_restart#module:new_server))."
   - A host that became unreachable during its restart (the M(gpufleet.serving.server_restart) task) may have finished
     the restart on the host or not (the cycle runs to its end there without its controller), so its C(restarted)
     column says C(unknown (unreachable during the restart)), and the JSON's C(restarted) is C(null). Bound how long ssh
@@ -80,8 +84,9 @@ def _count(v: t.Any) -> int:
         return 0
 
 
-def restart_cell(status: t.Optional[str], restarted: bool, would: bool, phase: t.Optional[str]) -> str:
-    """The `restarted` column: whether the old server is gone, and whether a new one took its place."""
+def restart_cell(status: t.Optional[str], restarted: bool, would: bool, phase: t.Optional[str],
+                 new_server: t.Optional[t.Mapping[str, t.Any]] = None) -> str:
+    """The `restarted` column: whether the old server is gone, and what took its place (docs/runbook.md's terms)."""
     if would:
         return "would"
     if not restarted:
@@ -89,7 +94,15 @@ def restart_cell(status: t.Optional[str], restarted: bool, would: bool, phase: t
     if status != "ok" and phase in BEFORE_LAUNCH:
         return "killed, not relaunched"
     if status != "ok" and phase in NOT_READY:
-        return "killed, relaunch failed"
+        # server_restart's new_server: what it did with a new server that serves nobody.
+        new_server = new_server or {}
+        if new_server.get("kept"):
+            return "killed, failed new server kept"
+        if new_server.get("error"):
+            return "killed, failed new server not stopped"
+        if new_server.get("stopped"):
+            return "killed, not serving (failed new server stopped)"
+        return "killed, not serving"
     return "yes"
 
 
@@ -295,6 +308,8 @@ class CallbackModule(CallbackBase):
         # is gone, whatever the role's rescue records afterwards.
         if "killed" in res and "timings" in res:
             h.update(killed=res["killed"], timings=res["timings"], phase=res.get("phase"))
+            if isinstance(res.get("new_server"), dict):
+                h["new_server"] = {k: res["new_server"].get(k) for k in ("kept", "stopped", "error")}
 
     def v2_runner_on_unreachable(self, result: t.Any) -> None:
         h = self._host(result.host.get_name())
@@ -333,7 +348,7 @@ class CallbackModule(CallbackBase):
             stopped = bool(h.get("stopped"))
             restarted = not stopped and (bool(h.get("restarted")) or (killed > 0 and not would))
             cell = ("would stop" if h.get("would_stop") else "stopped" if killed > 0 else "nothing to stop") if stopped else \
-                restart_cell(h.get("status"), restarted, would, h.get("phase"))
+                restart_cell(h.get("status"), restarted, would, h.get("phase"), h.get("new_server"))
             if h.get("restart_unknown"):
                 # No result came back: whether the old server was killed and a new one verified is not known here.
                 restarted, cell = None, UNKNOWN_RESTART
@@ -346,6 +361,7 @@ class CallbackModule(CallbackBase):
                 "would_restart": would,
                 "killed": killed,
                 "phase": h.get("phase"),
+                "new_server": h.get("new_server"),
                 "kill_s": tm.get("kill_s"),
                 "clean_s": tm.get("clean_s"),
                 "launch_s": tm.get("launch_s"),

@@ -29,7 +29,7 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _envcheck, _gpumod, _gpuwait, _killmod, _nvml, _proc, _select, _server, _systemd)
+    _envcheck, _gpumod, _gpuwait, _killmod, _listener, _nvml, _proc, _select, _server, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 
@@ -49,6 +49,7 @@ def argument_spec() -> t.Dict[str, t.Any]:
         )),
         wait_clean=dict(type="dict", default={}, options=gate),
         wait_ready=dict(type="dict", options=_server.ready_argspec()),
+        keep_failed=dict(type="bool", default=False),
     )
     # With the systemd launcher the unit defines the command and its environment.
     spec["command"] = dict(type="list", elements="str")
@@ -69,6 +70,7 @@ def argument_spec() -> t.Dict[str, t.Any]:
             min_processes=dict(type="int", default=1),
             timeout=dict(type="float", default=600.0),
             poll_interval=dict(type="float", default=0.05),
+            idle_grace=dict(type="float", default=30.0),
         )),
         verify_env=dict(type="dict", options=dict(
             expected=dict(type="dict", required=True),
@@ -130,8 +132,8 @@ def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     if not p["wait_ready"] and not p["stop_only"]:
         return "wait_ready: set health_url or request (a restart ends with a server that answers)"
     b = p["wait_busy"]
-    if b and (b["timeout"] <= 0 or b["poll_interval"] <= 0 or b["min_processes"] < 1):
-        return "wait_busy: timeout and poll_interval must be > 0 and min_processes >= 1"
+    if b and (b["timeout"] <= 0 or b["poll_interval"] <= 0 or b["min_processes"] < 1 or b["idle_grace"] <= 0):
+        return "wait_busy: timeout, poll_interval and idle_grace must be > 0 and min_processes >= 1"
     if p["verify_env"]:
         try:
             _envcheck.normalize_expected(p["verify_env"]["expected"])
@@ -231,6 +233,7 @@ def preflight(p: t.Mapping[str, t.Any]) -> None:
     if problems:
         raise StepError("cannot run this server, nothing was stopped: %s" % "; ".join(problems), phase="preflight",
                         launch_problems=problems)
+    port_preflight(p)
     if p["gpus"]:
         try:
             _all_gpus(p)
@@ -255,6 +258,58 @@ def launch_env(p: t.Mapping[str, t.Any], marked: bool) -> t.Dict[str, str]:
     if p["record"] and marked:
         env[p["tag_name"] + _server.FINGERPRINT_SUFFIX] = p["record"]["fingerprint"]
     return env
+
+
+def _ready_urls(p: t.Mapping[str, t.Any]) -> t.List[str]:
+    r = p["wait_ready"] or {}
+    urls = [r.get("health_url"), (r.get("request") or {}).get("url")]
+    return [u for i, u in enumerate(urls) if u and u not in urls[:i]]
+
+
+def port_preflight(p: t.Mapping[str, t.Any]) -> None:
+    """A process outside what the kill selects that listens on the server's port would answer its health URL while the
+    new server dies on EADDRINUSE: fail before anything is stopped, naming it (never killed: it is not this service's).
+
+    A listener that holds the server's GPUs itself or through its descendants is an old server started by hand: with
+    kill.gpu_strays the stray kill ends what holds the GPUs (the runbook's way to take such a server over), so it
+    passes; without, the failure says how to take it over."""
+    if p["stop_only"] or not p["wait_ready"] or not p["wait_ready"]["check_listener"]:
+        return
+    selected: t.Optional[t.Set[int]] = None
+    for url in _ready_urls(p):
+        if selected is None:
+            chosen, _procs = _killmod.select_or_fail(_selector(p, tag="%s=%s" % (p["tag_name"], p["name"]),
+                                                               pidfile=p["pidfile"],
+                                                               cmdline_regex=p["kill"]["cmdline_regex"]))
+            selected = set(chosen["selected"])
+        keep = selected
+        res = _listener.port_holders(url, lambda pid, _procs: pid in keep)
+        if not res["foreign"]:
+            continue
+        holding = _holds_server_gpus(p, [f["pid"] for f in res["foreign"]])
+        if p["kill"]["gpu_strays"]:
+            res["foreign"] = [f for f in res["foreign"] if f["pid"] not in holding]
+            if not res["foreign"]:
+                continue
+        hint = ""
+        if holding:
+            hint = (" It holds the server's GPUs (a server started by hand?): adopt it with kill.cmdline_regex "
+                    "(gpufleet_server_adopt_cmdline_regex), or kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends "
+                    "what holds them")
+        raise StepError("port %d of %s is held by %s, which is not this server's (the kill does not select it, "
+                        "and it is never killed); the new server could not listen there and %s would answer for it. "
+                        "Nothing was stopped: stop that process or give the server another port.%s"
+                        % (res["port"], url, _listener.foreign_text(res), url, hint),
+                        phase="preflight", port_holders=res["foreign"])
+
+
+def _holds_server_gpus(p: t.Mapping[str, t.Any], pids: t.Sequence[int]) -> t.Set[int]:
+    """Those of `pids` that hold one of the server's GPUs, themselves or through a descendant."""
+    with _gpumod.backend_or_fail(p["backend"]) as backend:
+        gpus = _gpuwait.read_states(backend, _nvml.resolve_indices(backend, p["gpus"]))
+    holders = {pr["pid"] for g in gpus for pr in g["processes"]}
+    procs = _proc.snapshot()
+    return {pid for pid in pids if holders & ({pid} | _proc.descendants([pid], procs))}
 
 
 @contextlib.contextmanager
@@ -368,26 +423,31 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
     timings["launch_s"] = result["launch_s"] = round(time.monotonic() - t_launch, 4)
 
     result["phase"] = "ready"
+    launched = (proc.pid, proc.start_time)
     try:
-        result["ready"] = _server.wait_ready((proc.pid, proc.start_time), r["health_url"], r["request"], r["timeout"],
+        result["ready"] = _server.wait_ready(launched, r["health_url"], r["request"], r["timeout"],
                                              r["interval"], p["log_path"], r["log_tail_lines"], r["log_tail_path"],
-                                             tail_since)
+                                             tail_since, tag=(p["tag_name"], p["name"]),
+                                             check_listener=r["check_listener"])
     except _server.ServerError as e:
         msg = str(e)
         if p["launcher"] == "systemd" and e.details.get("phase") == "startup":
             # systemd's word first: the summary keeps a message's first 400 characters.
             head, sep, tail = msg.partition("; log tail")
             msg = head + _systemd_end(module, p["systemd"]["unit"], t_launch_epoch) + sep + tail
-        raise StepError(msg, **e.details)
+        # The new server serves nobody: stopped (unless kept for debugging) before the failure is reported.
+        left = stop_failed(module, p, result, gate)
+        raise StepError("%s. %s" % (msg, left["text"]), **dict(e.details, new_server=left))
     timings["ready_s"] = result["ready"]["ready_s"]
     # From the first signal to the server answering its real request.
     timings["cycle_s"] = round(time.monotonic() - t0, 3)
+    assumed = (result["ready"].get("listener") or {}).get("assumed")
+    if assumed:
+        module.warn("readiness: %s" % assumed)
 
     if p["wait_busy"]:
         result["phase"] = "busy"
-        b = p["wait_busy"]
-        opts = dict(gpus=p["gpus"], backend=p["backend"], timeout=b["timeout"], poll_interval=b["poll_interval"])
-        result["busy"] = _gpumod.wait_or_fail(opts, state="busy", min_processes=b["min_processes"])
+        result["busy"] = wait_busy(p, launched)
 
     if p["verify_env"]:
         result["phase"] = "verify_env"
@@ -418,6 +478,94 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
                                else "the next run restarts it (nothing on the host tells it from an unverified launch)"),
                             path=p["record"]["state_file"])
     result.pop("phase")
+
+
+def stop_failed(module: t.Any, p: t.Mapping[str, t.Any], result: t.Mapping[str, t.Any],
+                gate: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
+    """After a start-up or readiness failure: stop what is left of the new server (it serves nobody and holds the
+    GPUs), then verify the GPUs clean, unless keep_failed asks to keep it for debugging. Returns what was left, with a
+    sentence in the docs' terms (docs/runbook.md, "The new server failed its readiness") for the failure message."""
+    alive = [pid for pid in _proc.list_pids() if _proc.environ_has(pid, p["tag_name"], p["name"])]
+    if p["keep_failed"]:
+        return {"kept": True, "stopped": False, "processes": len(alive), "text": (
+            "The failed new server was kept for debugging (keep_failed): %d process(es) of it (pid %s) still run and "
+            "hold its GPUs, serving nobody; stop it by hand when done (runbook: The new server failed its readiness)"
+            % (len(alive), result.get("pid")) if alive else
+            "Nothing of the failed new server is left running (keep_failed had nothing to keep); the host is not serving")}
+    out: t.Dict[str, t.Any] = {"kept": False, "stopped": False, "processes": len(alive)}
+    try:
+        if p["launcher"] == "systemd":
+            _systemd.stop(_runner(module), p["systemd"]["unit"])
+        kill = _kill_step(module, p, tag="%s=%s" % (p["tag_name"], p["name"]), pidfile=p["pidfile"])
+        out.update(stopped=True, killed=ended(kill))
+        out["clean"] = _gpumod.wait_or_fail(gate)
+    except (StepError, _systemd.SystemdError) as e:
+        out["error"] = str(e)
+        out["text"] = ("The failed new server could not be stopped cleanly: %s; the host is not serving (runbook: The new "
+                       "server failed its readiness)" % e)
+        return out
+    what = "stopped (%d process(es) ended)" % out["killed"] if out["killed"] else "not running any more"
+    out["text"] = ("The failed new server was %s and its GPUs are clean: nothing of this service runs on the host, "
+                   "which is not serving" % what)
+    return out
+
+
+def _gpu_list(indices: t.Sequence[int]) -> str:
+    return ", ".join(str(i) for i in indices)
+
+
+def wait_busy(p: t.Mapping[str, t.Any], launched: t.Tuple[int, int]) -> t.Dict[str, t.Any]:
+    """Wait until each GPU of `gpus` lists wait_busy.min_processes processes, while the launcher lives.
+
+    Fails at once when the launcher dies, and early (wait_busy.idle_grace seconds, not the whole timeout) when the
+    server's own processes hold some of the GPUs and the others stay idle: a ready server has loaded its model, so a GPU
+    it has not taken by then is one it does not use (a tp-1 server with gpus unset on a 2-GPU host: issue 24, item 10).
+    The failure names the idle GPUs and the ones the server holds, and suggests the gpus to set."""
+    b = p["wait_busy"]
+    t0 = time.monotonic()
+    deadline = t0 + b["timeout"]
+    polls = 0
+    since, last_held = t0, None
+    with _gpumod.backend_or_fail(p["backend"]) as backend:
+        indices = _nvml.resolve_indices(backend, p["gpus"])
+        if not indices:
+            raise StepError("gpus: this host has no GPUs, so there is nothing to wait for", backend=backend.name)
+        while True:
+            gpus = _gpuwait.read_states(backend, indices)
+            polls += 1
+            now = time.monotonic()
+            reading = {"state": "busy", "waited_s": round(now - t0, 4), "polls": polls, "gpus": gpus,
+                       "backend": backend.name}
+            idle = [g["index"] for g in gpus if not _gpuwait.gpu_busy(g, b["min_processes"], 0)]
+            if not idle:
+                reading["holders"] = _gpuwait.enrich_holders(gpus)
+                return reading
+            if not _proc.is_alive(launched):
+                status = _server.exit_status(launched[0])
+                raise StepError("server process %d exited%s after it was ready, while waiting for its GPUs to be busy; "
+                                "log: %s" % (launched[0], " (%s)" % status if status else "", p["log_path"]),
+                                **dict(reading, holders=_gpuwait.enrich_holders(gpus)))
+            procs = _proc.snapshot()
+            tree = {launched[0]} | _proc.descendants([launched[0]], procs)
+            held = sorted(g["index"] for g in gpus if any(
+                pr["pid"] in tree or _proc.environ_has(pr["pid"], p["tag_name"], p["name"]) for pr in g["processes"]))
+            if held != last_held:
+                since, last_held = now, held
+            early = bool(held) and now - since >= b["idle_grace"]
+            if early or now >= deadline:
+                used = ", ".join("GPU %d %s MiB used" % (g["index"], g["used_mib"]) for g in gpus)
+                if held:
+                    why = ("GPU %s stayed idle %.1f s after the server was ready while its processes hold GPU %s; if the "
+                           "server uses only GPU %s, set gpus (gpufleet_server_gpus) to [%s] (unset means every GPU "
+                           "of the host)" % (_gpu_list(idle), now - since, _gpu_list(held), _gpu_list(held),
+                                             _gpu_list(held)))
+                else:
+                    why = ("no GPU is held by a process of the server (idle or below %d process(es): GPU %s); check "
+                           "that the server runs on GPUs and gpus (gpufleet_server_gpus) names the ones it uses"
+                           % (b["min_processes"], _gpu_list(idle)))
+                raise StepError("GPUs not busy after %.1f s (%s): %s" % (now - t0, used, why),
+                                **dict(reading, holders=_gpuwait.enrich_holders(gpus), idle=idle, held=held))
+            time.sleep(min(b["poll_interval"], max(0.0, deadline - now)))
 
 
 def _runner(module: t.Any) -> _systemd.Runner:

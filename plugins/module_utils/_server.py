@@ -16,7 +16,9 @@ import math
 import os
 import pwd
 import re
+import shlex
 import shutil
+import signal
 import ssl
 import stat
 import subprocess
@@ -27,7 +29,7 @@ from urllib.parse import urlparse
 
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError, Request
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _proc
+from ansible_collections.gpufleet.serving.plugins.module_utils import _listener, _proc
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -90,6 +92,7 @@ def ready_argspec() -> t.Dict[str, t.Any]:
         interval=dict(type="float", default=0.25),
         log_tail_lines=dict(type="int", default=40),
         log_tail_path=dict(type="path"),
+        check_listener=dict(type="bool", default=True),
     )
 
 
@@ -370,7 +373,8 @@ def launch(argv: t.Sequence[str], env: t.Mapping[str, str], user: str, workdir: 
             os.setgid(pw.pw_gid)
             os.setuid(pw.pw_uid)
 
-    os.write(log_fd, ("==== gpufleet launch %s: %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S%z"), " ".join(argv))).encode())
+    # Quoted as a shell would need it, so the line can be pasted to start the server by hand.
+    os.write(log_fd, ("==== gpufleet launch %s: %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S%z"), shlex.join(argv))).encode())
     try:
         child = subprocess.Popen(list(argv), env=dict(env), cwd=workdir, stdin=subprocess.DEVNULL, stdout=log_fd,
                                  stderr=log_fd, start_new_session=True, close_fds=True, preexec_fn=demote)
@@ -535,10 +539,35 @@ def _http_url(url: str) -> bool:
     return u.scheme in ("http", "https") and bool(u.hostname)
 
 
+def exit_status(pid: int) -> t.Optional[str]:
+    """How a launcher that this process started (and has not reaped) ended: 'exit status 1', 'killed by SIGKILL';
+    None when it is not this process's child (server_ready watching a pidfile) or still runs."""
+    try:
+        got, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if got != pid:
+        return None
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            return "killed by %s" % signal.Signals(sig).name
+        except ValueError:
+            return "killed by signal %d" % sig
+    return "exit status %d" % os.WEXITSTATUS(status)
+
+
 def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request: t.Mapping[str, t.Any],
                timeout: float, interval: float, log_path: str, tail_lines: int = 40, tail_path: t.Optional[str] = None,
-               tail_since: t.Optional[LogStamp] = None) -> t.Dict[str, t.Any]:
-    """Poll health (then a real request) until both pass; fail at once if the server dies (tail: failure_tail)."""
+               tail_since: t.Optional[LogStamp] = None, tag: t.Optional[t.Tuple[str, str]] = None,
+               check_listener: bool = True) -> t.Dict[str, t.Any]:
+    """Poll health (then a real request) until both pass; fail at once if the server dies (tail: failure_tail).
+
+    With `identity` (the launcher's pid and start time), an answer counts only when the socket listening on the URL's
+    port belongs to the launcher's tree (or, with `tag`, to a process carrying the launch tag): a foreign listener on
+    the port answers 200 while the launched server dies on EADDRINUSE. Where the socket cannot be attributed (the
+    URL's host is not this host, no visible listener), the answer counts and `listener.assumed` says so.
+    """
     request = compact_request(request)
     client = http_client()
     t0 = time.monotonic()
@@ -546,6 +575,28 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
     last = "not polled yet"
     health_ok_at = None
     attempts = 0
+    ours = _listener.tree_of(identity, tag) if identity is not None else None
+    listener: t.Dict[str, t.Any] = {}
+
+    def foreign_answer(url: str, what: str) -> t.Optional[str]:
+        """Why an answer from `url` is not the launched server's (None: it is, or it cannot be told)."""
+        if ours is None or not check_listener:
+            return None
+        res = _listener.port_holders(url, ours)
+        listener.clear()
+        listener.update(res)
+        if not res["foreign"] or res["ours"]:
+            return None
+        return ("%s answered, but port %d is held by %s, not by the server gpufleet launched (pid %d); not counted"
+                % (what, res["port"], _listener.foreign_text(res), identity[0]))
+
+    def done(extra: t.Dict[str, t.Any]) -> t.Dict[str, t.Any]:
+        out = {"ready_s": round(time.monotonic() - t0, 3), "health_s": health_ok_at, "attempts": attempts}
+        out.update(extra)
+        if listener:
+            out["listener"] = {k: listener[k] for k in ("port", "checked", "ours", "assumed")}
+        return out
+
     while True:
         if identity is not None and not _proc.is_alive(identity):
             tail, where = failure_tail(log_path, tail_lines, tail_path, tail_since)
@@ -554,28 +605,46 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
             last = " | ".join(ln.strip() for ln in tail.splitlines()[-3:] if ln.strip() and not ln.startswith(LAUNCH_LINE))
             if len(last) > 300:
                 last = "..." + last[-297:]
-            raise ServerError("server process %d exited during start-up after %.1f s; log tail (%s): %s"
-                              % (identity[0], time.monotonic() - t0, where, last or "(empty)"),
-                              log_tail=tail, phase="startup")
+            status = exit_status(identity[0])
+            # EADDRINUSE: say who holds the port (never killed: it is not this service's).
+            held = ""
+            url = health_url or request.get("url")
+            if url and check_listener:
+                res = _listener.port_holders(url, _listener.tree_of(identity, tag))
+                if res["foreign"]:
+                    held = "; port %d is held by %s" % (res["port"], _listener.foreign_text(res))
+            raise ServerError("server process %d exited during start-up after %.1f s%s%s; log tail (%s): %s"
+                              % (identity[0], time.monotonic() - t0, " (%s)" % status if status else "", held, where,
+                                 last or "(empty)"),
+                              log_tail=tail, phase="startup", exit_status=status)
         attempts += 1
         try:
             if health_url and health_ok_at is None:
                 code, _body = http(health_url, timeout=min(5.0, max(0.1, deadline - time.monotonic())), client=client)
                 if code == 200:
-                    health_ok_at = time.monotonic() - t0
+                    why = foreign_answer(health_url, "health")
+                    if why:
+                        last = why
+                    else:
+                        health_ok_at = time.monotonic() - t0
                 else:
                     last = "health returned HTTP %d" % code
             if health_ok_at is not None or not health_url:
                 if not request:
-                    return {"ready_s": round(time.monotonic() - t0, 3), "health_s": health_ok_at, "attempts": attempts}
+                    return done({})
                 code, text = http(request["url"], request.get("method") or "POST", request.get("body"),
                                   request.get("headers") or {}, timeout=float(request.get("timeout") or 10), client=client)
                 want = int(request.get("status") or 200)
                 rx = request.get("expect_regex")
                 if code == want and (not rx or re.search(rx, text)):
-                    return {"ready_s": round(time.monotonic() - t0, 3), "health_s": health_ok_at, "attempts": attempts,
-                            "request_status": code, "response": text[:300]}
-                last = "real request returned HTTP %d: %s" % (code, text[:200])
+                    why = foreign_answer(request["url"], "the real request")
+                    if why:
+                        last = why
+                        health_ok_at = None  # the health answer may have come from the same listener
+                    else:
+                        return done({"request_status": code, "response": text[:300]})
+                else:
+                    last = "real request returned HTTP %d: %s" % (code, text[:200])
         except (urllib.error.URLError, UrlsConnectionError, OSError, ValueError) as e:
             reason = getattr(e, "reason", e)
             last = ("real request" if health_ok_at is not None else "health") + " failed: %s" % reason

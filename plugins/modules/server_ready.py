@@ -88,6 +88,20 @@ options:
         to the output that O(log_path) captures. The failure's log tail is read from it, and from O(log_path) when
         it is missing or empty.
     type: path
+  check_listener:
+    version_added: 0.2.0
+    description:
+      - With O(pidfile), count an answer only when the socket listening on the URL's port belongs to the process the
+        pidfile names or one of its descendants (read from C(/proc/net/tcp), C(/proc/net/tcp6) and C(/proc/PID/fd), as
+        C(ss -ltnp) does). An answer from another process on the port (a foreign listener, while the server itself
+        died on C(EADDRINUSE)) is not counted, and the failure names that process (pid, user, command line); it is
+        never signalled.
+      - When the URL's host is not an address of this host, or no listening socket of the port can be attributed to
+        a process here (a port forwarded into a container), the answer counts and RV(listener.assumed) says what was
+        assumed. V(false) counts every answer, as a server behind a proxy process of its own (C(docker-proxy))
+        needs.
+    type: bool
+    default: true
 """
 
 EXAMPLES = r"""
@@ -120,6 +134,31 @@ phase:
   description: On failure, V(startup) (the process died) or V(ready) (timeout).
   returned: failure
   type: str
+exit_status:
+  version_added: 0.2.0
+  description: How the server process ended (V(exit status 1), V(killed by SIGKILL)), when this module could read it
+    (only the parent of a process can); null otherwise.
+  returned: failure in phase startup
+  type: str
+listener:
+  version_added: 0.2.0
+  description: Who answered, by the socket listening on the URL's port (O(check_listener)).
+  returned: success, with O(pidfile) and O(check_listener)
+  type: dict
+  contains:
+    port:
+      description: The port checked.
+      type: int
+    checked:
+      description: Whether the listening socket was attributed to a process.
+      type: bool
+    ours:
+      description: Pids of the server's processes holding the listening socket.
+      type: list
+      elements: int
+    assumed:
+      description: When not checked, what was assumed and why (the host is not local, no visible listener).
+      type: str
 """
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _nolog, _server
@@ -136,6 +175,7 @@ def main() -> None:
             log_path=dict(type="path", default=""),
             log_tail_lines=dict(type="int", default=40),
             log_tail_path=dict(type="path"),
+            check_listener=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
     )
@@ -150,9 +190,12 @@ def main() -> None:
         module.fail_json(msg="pidfile %s is missing or unreadable; was the server launched?" % p["pidfile"])
     try:
         res = _server.wait_ready(ident, p["health_url"], p["request"], p["timeout"], p["interval"],
-                                 p["log_path"], p["log_tail_lines"], p["log_tail_path"])
+                                 p["log_path"], p["log_tail_lines"], p["log_tail_path"],
+                                 check_listener=p["check_listener"])
     except _server.ServerError as e:
         module.fail_json(msg=str(e), **e.details)
+    if (res.get("listener") or {}).get("assumed"):
+        module.warn(res["listener"]["assumed"])
     module.exit_json(changed=False, **res)
 
 

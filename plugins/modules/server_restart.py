@@ -23,7 +23,12 @@ description:
   - "C(preflight): before anything is stopped, the launch's executable (an absolute O(command[0])), O(user) and
     O(workdir) must exist and O(gpus) must name GPUs of this host, and the directories of O(record.state_file),
     O(pidfile), O(release_lock.lock_file) and O(log_path) must each have 16 KiB and 4 inodes free (the failure names
-    the directory and its free bytes); otherwise the module fails and stops nothing."
+    the directory and its free bytes); otherwise the module fails and stops nothing.
+    With O(wait_ready.check_listener), a process that the kill does not select listening on the port of the health
+    URL (or of the request's URL) fails it too, named by pid, user and command line (it is never killed): the new
+    server could not listen there, and that process would answer for it. A listener holding one of O(gpus) (itself or
+    through a descendant) is a server started by hand: O(kill.gpu_strays) lets it through (the stray kill ends what
+    holds the GPUs), otherwise the failure says how to adopt it."
   - "C(kill): every process carrying the launch tag O(tag_name)=O(name) (workers orphaned to PID 1 included), the
     process O(pidfile) names when confirmed and, with O(kill.cmdline_regex), an adopted server started before
     gpufleet; TERM, grace, KILL, as M(gpufleet.serving.process_kill) does. The pidfile's process is confirmed only by
@@ -37,10 +42,20 @@ description:
   - "C(clean): wait until O(gpus) are clean, as M(gpufleet.serving.gpu_wait) does; nothing is launched onto a
     dirty GPU. The failure lists every holder."
   - "C(launch): start O(command) tagged, in its own session, as M(gpufleet.serving.server_launch) does."
-  - "C(ready): wait for the health URL and a real request, failing at once with the log tail if the server dies
-    (C(startup)), as M(gpufleet.serving.server_ready) does. O(wait_ready) must name a health URL or a request; without
+  - "C(ready): wait for the health URL and a real request, failing at once with the launcher's exit status and the
+    log tail if the server dies (C(startup)), as M(gpufleet.serving.server_ready) does. An answer counts only when the
+    socket listening on the URL's port belongs to the launched server (the launcher's process tree or a process
+    carrying the launch tag; O(wait_ready.check_listener)). O(wait_ready) must name a health URL or a request; without
     one the module fails before anything is killed."
-  - "C(busy): with O(wait_busy), wait until the workers hold the GPUs."
+  - "A new server that dies during start-up or fails the readiness gate serves nobody: unless O(keep_failed), what is
+    left of it (the processes carrying the launch tag; with O(launcher=systemd), the unit, stopped) is killed as the
+    old server was and its GPUs are verified clean again, then the module fails; the message ends with what was left
+    and RV(new_server) says it."
+  - "C(busy): with O(wait_busy), wait until each GPU of O(gpus) (every GPU of the host when empty) lists
+    O(wait_busy.min_processes) processes, failing at once if the launcher dies. A GPU that stays idle for
+    O(wait_busy.idle_grace) seconds while the server's own processes hold the others fails the step early (a ready
+    server has loaded its model: a GPU it has not taken is one it does not use), and the failure names the idle GPUs
+    and the O(gpus) to set. The server is left running then: it answered its readiness request."
   - "C(verify_env): with O(verify_env), check that every GPU-holding worker carries the expected environment
     (and, with a log, what NCCL logged), as M(gpufleet.serving.process_env) does. Only the expected keys are read."
   - "C(record): with O(record), write the state file (fingerprint, pid, timings) as
@@ -114,6 +129,13 @@ options:
         type: list
         elements: path
         required: true
+  keep_failed:
+    version_added: 0.2.0
+    description:
+      - Keep a new server that died during start-up or failed the readiness gate running, for debugging. By default
+        (V(false)) what is left of it is stopped and its GPUs verified clean before the module fails.
+    type: bool
+    default: false
   stop_only:
     version_added: 0.2.0
     description:
@@ -266,6 +288,15 @@ options:
           - Unset, the tail comes from O(log_path); when that holds only gpufleet's launch line, the failure says
             so and points here.
         type: path
+      check_listener:
+        version_added: 0.2.0
+        description:
+          - Count an answer only when the socket listening on the URL's port belongs to the launched server, as
+            O(gpufleet.serving.server_ready#module:check_listener) does (the launch tag counts too), and check the
+            port in the C(preflight).
+          - V(false) counts every answer (a server reached through a proxy process of its own, C(docker-proxy)).
+        type: bool
+        default: true
   wait_busy:
     description: Wait until the workers hold the GPUs. Unset skips the step.
     type: dict
@@ -282,6 +313,13 @@ options:
         description: Seconds between polls.
         type: float
         default: 0.05
+      idle_grace:
+        version_added: 0.2.0
+        description:
+          - Seconds a GPU may stay idle while the server's own processes hold the other GPUs (the set they hold not
+            changing) before the step fails, instead of waiting out O(wait_busy.timeout).
+        type: float
+        default: 30
   verify_env:
     description: Check the environment of the GPU-holding workers. Unset skips the step.
     type: dict
@@ -409,9 +447,44 @@ launch_s:
   returned: when launched
   type: float
 ready:
-  description: C(ready_s), C(health_s) and C(attempts), as M(gpufleet.serving.server_ready) returns them.
+  description: C(ready_s), C(health_s), C(attempts) and C(listener), as M(gpufleet.serving.server_ready) returns them.
   returned: when the server became ready
   type: dict
+new_server:
+  version_added: 0.2.0
+  description: What was left of a new server that died during start-up or failed the readiness gate.
+  returned: failure in phase startup or ready, after the launch
+  type: dict
+  contains:
+    kept:
+      description: Kept running for debugging (O(keep_failed)).
+      type: bool
+    stopped:
+      description: Stopped (its tagged processes killed, with O(launcher=systemd) the unit stopped).
+      type: bool
+    killed:
+      description: Its processes the stop ended.
+      type: int
+    clean:
+      description: The clean gate's reading after the stop.
+      type: dict
+    error:
+      description: Why the stop or the clean gate failed.
+      type: str
+    text:
+      description: The sentence the failure message ends with.
+      type: str
+exit_status:
+  version_added: 0.2.0
+  description: How the launcher ended (V(exit status 1), V(killed by SIGKILL)).
+  returned: failure in phase startup, with O(launcher=process)
+  type: str
+port_holders:
+  version_added: 0.2.0
+  description: The processes outside the kill's selection listening on the server's port (pid, user, cmdline).
+  returned: failure in phase preflight for that reason
+  type: list
+  elements: dict
 busy:
   description: The busy wait's reading.
   returned: when wait_busy is set and the step ran
@@ -508,7 +581,8 @@ log_tail:
   type: str
 phase:
   description: The step that failed - V(preflight) (nothing stopped), V(kill), V(strays), V(clean) (nothing launched), V(launch), V(startup) (the
-    server died), V(ready) (timeout), V(busy), V(verify_env) or V(record).
+    server died; stopped unless O(keep_failed)), V(ready) (timeout; stopped unless O(keep_failed)), V(busy) (a GPU
+    stayed idle, or the launcher died after it was ready), V(verify_env) or V(record).
   returned: failure
   type: str
 """

@@ -89,7 +89,8 @@ def test_json_and_markdown_files(summary_run):
 # A failed server_restart as the module returns it: what it killed, the timings of the steps that ran, the phase.
 FAKE_RESTART = '''#!/usr/bin/python
 from ansible.module_utils.basic import AnsibleModule
-m = AnsibleModule(argument_spec=dict(phase=dict(type="str"), killed=dict(type="int"), timings=dict(type="dict")))
+m = AnsibleModule(argument_spec=dict(phase=dict(type="str"), killed=dict(type="int"), timings=dict(type="dict"),
+                                     new_server=dict(type="dict")))
 m.fail_json(msg="demo: failed in step %s" % m.params["phase"], **m.params)
 '''
 FAILED_RESTARTS = """
@@ -99,7 +100,9 @@ FAILED_RESTARTS = """
   vars:
     restart:
       hclean: {phase: clean, killed: 3, timings: {kill_s: 2.5}}
-      hstartup: {phase: startup, killed: 3, timings: {kill_s: 1.25, clean_s: 0.1, launch_s: 0.02}}
+      hstartup: {phase: startup, killed: 3, timings: {kill_s: 1.25, clean_s: 0.1, launch_s: 0.02},
+                 new_server: {kept: false, stopped: true, killed: 1}}
+      hkept: {phase: ready, killed: 3, timings: {kill_s: 1.0}, new_server: {kept: true, stopped: false}}
       henv: {phase: verify_env, killed: 3, timings: {kill_s: 1.0, clean_s: 0.1, launch_s: 0.02, ready_s: 4.0}}
       hnothing: {phase: clean, killed: 0, timings: {kill_s: 0.0}}
   tasks:
@@ -142,18 +145,22 @@ def test_a_host_that_failed_after_the_kill_shows_its_old_server_killed_and_the_k
     (tmp_path / "library").mkdir()
     (tmp_path / "library" / "fake_restart.py").write_text(FAKE_RESTART)
     (tmp_path / "pb.yml").write_text(FAILED_RESTARTS)
-    r, data = _play(tmp_path, tmp_path / "pb.yml", ["hclean", "hstartup", "henv", "hnothing"])
+    r, data = _play(tmp_path, tmp_path / "pb.yml", ["hclean", "hstartup", "hkept", "henv", "hnothing"])
     assert r.returncode == 2, r.stdout
     cells = _cells(r.stdout, "GPUFLEET ROLLOUT SUMMARY")
     # host, status, restarted, kill_s, clean_s, launch_s, ready_s, workers_verified, failure
     assert cells["hclean"][1:5] == ["failed", "killed, not relaunched", "2.50", "-"], cells["hclean"]
-    assert cells["hstartup"][1:6] == ["failed", "killed, relaunch failed", "1.25", "0.10", "0.02"], cells["hstartup"]
+    # A new server that died or never got ready serves nobody: stopped (the default) or kept for debugging.
+    assert cells["hstartup"][1:6] == ["failed", "killed, not serving (failed new server stopped)", "1.25", "0.10",
+                                      "0.02"], cells["hstartup"]
+    assert cells["hkept"][1:4] == ["failed", "killed, failed new server kept", "1.00"], cells["hkept"]
     assert cells["henv"][1:7] == ["failed", "yes", "1.00", "0.10", "0.02", "4.00"], cells["henv"]
     assert cells["hnothing"][1:3] == ["failed", "no"], cells["hnothing"]
     assert cells["hclean"][8] == "demo: failed in step clean"
     hosts = {h["host"]: h for h in data["hosts"]}
     assert [(hosts[n]["restarted"], hosts[n]["killed"], hosts[n]["phase"]) for n in ("hclean", "hstartup", "hnothing")] == [
         (True, 3, "clean"), (True, 3, "startup"), (False, 0, "clean")]
+    assert hosts["hkept"]["new_server"] == {"kept": True, "stopped": False, "error": None}
 
 
 AUDIT = """

@@ -271,6 +271,54 @@ def test_a_zombie_server_counts_as_dead(tmp_path):
         p.wait()
 
 
+# A foreign listener on the server's port (issue 24, item 5): this test process's HTTP server answers 200 to everything.
+DEMO = os.path.join(os.path.dirname(__file__), "..", "..", "..", "sandbox", "demo_server.py")
+
+
+def _launch(argv, tmp_path):
+    return _server.launch(argv, {"PATH": os.environ["PATH"]}, "root" if os.geteuid() == 0 else os.environ["USER"],
+                          str(tmp_path), str(tmp_path / "launch.log"), str(tmp_path / "run" / "s.pid"))
+
+
+def test_a_foreign_listener_answering_200_is_not_counted_and_is_named(http_server, tmp_path):
+    p = _launch(["sleep", "60"], tmp_path)  # the launched server: alive, listening nowhere
+    try:
+        with pytest.raises(_server.ServerError) as e:
+            _server.wait_ready(p.identity, http_server.url + "/health", {}, timeout=0.6, interval=0.05, log_path="")
+    finally:
+        os.kill(p.pid, 9)
+        os.waitpid(p.pid, 0)
+    msg = str(e.value)
+    port = int(http_server.url.rsplit(":", 1)[1])
+    assert msg.startswith("server not ready after 0.6 s: health answered, but port %d is held by pid %d (" % (
+        port, os.getpid())), msg
+    assert "not by the server gpufleet launched (pid %d); not counted" % p.pid in msg, msg
+    assert e.value.details["phase"] == "ready" and e.value.details["health_ok"] is False
+
+
+def test_a_launcher_dying_on_eaddrinuse_fails_at_once_with_its_exit_status_and_the_ports_holder(http_server, tmp_path):
+    port = int(http_server.url.rsplit(":", 1)[1])
+    p = _launch([sys.executable, DEMO, "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(tmp_path / "st")],
+                tmp_path)
+    t0 = time.monotonic()
+    with pytest.raises(_server.ServerError) as e:
+        _server.wait_ready(p.identity, http_server.url + "/health", {}, timeout=120, interval=0.05,
+                           log_path=str(tmp_path / "launch.log"))
+    assert time.monotonic() - t0 < 30
+    msg = str(e.value)
+    assert msg.startswith("server process %d exited during start-up after " % p.pid), msg
+    assert "(exit status 1); port %d is held by pid %d (" % (port, os.getpid()) in msg, msg
+    assert "Address already in use" in msg, msg
+    assert e.value.details["phase"] == "startup" and e.value.details["exit_status"] == "exit status 1"
+
+
+def test_the_launch_line_quotes_the_argv_as_a_shell_would_need_it(tmp_path):
+    p = _launch(["sh", "-c", "exit 0", "a b", "it's"], tmp_path)
+    os.waitpid(p.pid, 0)
+    line = (tmp_path / "launch.log").read_text().splitlines()[0]
+    assert line.endswith(": sh -c 'exit 0' 'a b' 'it'\"'\"'s'"), line
+
+
 # ---------------------------------------------------------------- failure_tail
 
 LAUNCH = "==== gpufleet launch 2026-01-01T00:00:00+0000: demo --log /var/log/demo.log"

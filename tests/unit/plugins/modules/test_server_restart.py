@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -452,3 +453,166 @@ def test_the_cycle_notes_termination_signals_without_obeying_them_and_execd_chil
     with _restart.shielded(False) as got:  # check mode: nothing changes
         assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
     assert got == []
+
+
+# ---------------------------------------------------------------- issue 24: foreign listener, failed relaunch, idle GPU
+
+# Another user's process answering 200 to every request; with a port already taken it retries every 5 ms until it
+# gets it (so it takes the port the moment the old server lets it go).
+GRABBER = r"""
+import http.server, sys, time
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"ok")
+    do_POST = do_GET
+while True:
+    try:
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+        break
+    except OSError:
+        time.sleep(0.005)
+srv.serve_forever()
+"""
+
+
+@pytest.fixture
+def grabber():
+    """Start GRABBER as user nobody (the system python: nobody cannot reach the test venv); returns it and a function
+    telling whether it holds its port."""
+    procs = []
+
+    def start(port):
+        def demote():
+            os.setgid(65534)
+            os.setuid(65534)
+        p = subprocess.Popen(["/usr/bin/python3", "-c", GRABBER, str(port)], preexec_fn=demote, cwd="/",
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+        procs.append(p)
+
+        def holds():  # ss -ltnp: the listening socket of the port and its process
+            out = subprocess.run(["ss", "-Hltnp", "sport = :%d" % port], capture_output=True, text=True, check=False).stdout
+            return "pid=%d," % p.pid in out
+        return p, holds
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def _port(a):
+    return int(a["wait_ready"]["health_url"].rsplit(":", 1)[1].split("/")[0])
+
+
+def test_a_foreign_listener_on_the_servers_port_fails_the_preflight_and_nothing_is_stopped(server, run_module,
+                                                                                           grabber):
+    a = server
+    assert "failed" not in run_module(server_restart.main, a)
+    running = _tagged(a)
+    new_port = _free_port()
+    holder, holds = grabber(new_port)
+    deadline = time.monotonic() + 30
+    while not holds() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    # The new definition moves the server to the port the foreign process holds.
+    a["command"] = a["command"][:2] + [str(new_port)] + a["command"][3:]
+    a["wait_ready"] = dict(a["wait_ready"], health_url="http://127.0.0.1:%d/health" % new_port)
+    r = run_module(server_restart.main, a)
+    assert r["failed"] and r["phase"] == "preflight", r
+    assert r["msg"].startswith("port %d of http://127.0.0.1:%d/health is held by pid %d (nobody: " % (
+        new_port, new_port, holder.pid)), r["msg"]
+    assert "Nothing was stopped" in r["msg"] and r["port_holders"][0]["pid"] == holder.pid
+    assert r.get("killed", 0) == 0 and _tagged(a) == running and holder.poll() is None
+
+
+def test_a_foreign_listener_taking_the_port_after_the_kill_fails_the_start_at_once_and_is_not_killed(
+        server, run_module, grabber):
+    a = server
+    first = run_module(server_restart.main, a)
+    assert "failed" not in first, first.get("msg")
+    holder, holds = grabber(_port(a))  # waits for the port: the old server holds it during the preflight
+    a["wait_ready"] = dict(a["wait_ready"], timeout=120)
+    a["wait_busy"] = {"timeout": 120}
+    t0 = time.monotonic()
+    r = run_module(server_restart.main, a)
+    took = time.monotonic() - t0
+    assert holds() and holder.poll() is None  # it got the port, and is left alone
+    assert r["failed"] and r["phase"] == "startup", r
+    assert took < 60, took
+    assert r["msg"].startswith("server process %d exited during start-up after " % r["pid"]), r["msg"]
+    assert "(exit status 1); port %d is held by pid %d (nobody: " % (_port(a), holder.pid) in r["msg"], r["msg"]
+    assert "Address already in use" in r["log_tail"]
+    # Its worker, which had started before the launcher died, is stopped: nothing of the service holds the GPU.
+    assert r["new_server"]["stopped"] is True and r["new_server"]["killed"] == 1, r["new_server"]
+    assert r["new_server"]["clean"]["holders"] == [] and _tagged(a) == []
+    assert "The failed new server was stopped (1 process(es) ended) and its GPUs are clean" in r["msg"], r["msg"]
+
+
+def test_a_relaunch_failing_its_readiness_is_stopped_unless_kept_for_debugging(server, run_module):
+    a = server
+    assert "failed" not in run_module(server_restart.main, a)
+    # /health answers 200, the real request never succeeds (the demo launcher answers no POST).
+    a["wait_ready"] = dict(a["wait_ready"], timeout=1.5, request={"url": a["wait_ready"]["health_url"].replace(
+        "/health", "/generate"), "timeout": 0.3})
+    r = run_module(server_restart.main, a)
+    assert r["failed"] and r["phase"] == "ready" and r["health_ok"] is True, r
+    assert r["killed"] == 2  # the old server
+    assert r["new_server"]["kept"] is False and r["new_server"]["stopped"] is True and r["new_server"]["killed"] == 2
+    assert r["new_server"]["clean"]["holders"] == [] and _tagged(a) == []
+    assert r["msg"].endswith("The failed new server was stopped (2 process(es) ended) and its GPUs are clean: nothing "
+                             "of this service runs on the host, which is not serving"), r["msg"]
+
+    assert "failed" not in run_module(server_restart.main, dict(a, wait_ready=server["wait_ready"] | {
+        "request": {}, "timeout": 30}))
+    r = run_module(server_restart.main, dict(a, keep_failed=True))
+    assert r["failed"] and r["phase"] == "ready", r
+    kept = _tagged(a)
+    assert r["pid"] in kept and len(kept) == 2 and r["new_server"]["kept"] is True, (kept, r["new_server"])
+    assert "The failed new server was kept for debugging (keep_failed): 2 process(es) of it (pid %d) still run" % (
+        r["pid"]) in r["msg"], r["msg"]
+
+
+def test_with_gpus_unset_a_gpu_the_ready_server_leaves_idle_fails_early_and_names_the_gpus_to_set(
+        server, run_module):
+    a = server
+    a["gpus"] = []  # both fake GPUs; the server's one worker holds GPU 0
+    a["wait_busy"] = {"timeout": 120, "idle_grace": 1}
+    t0 = time.monotonic()
+    r = run_module(server_restart.main, a)
+    took = time.monotonic() - t0
+    assert r["failed"] and r["phase"] == "busy", r
+    assert took < 60, took
+    assert re.search(r"^GPUs not busy after [0-9.]+ s \(GPU 0 2000 MiB used, GPU 1 0 MiB used\): GPU 1 stayed idle "
+                     r"[0-9.]+ s after the server was ready while its processes hold GPU 0; if the server uses only "
+                     r"GPU 0, set gpus \(gpufleet_server_gpus\) to \[0\]", r["msg"]), r["msg"]
+    assert r["busy"]["idle"] == [1] and r["busy"]["held"] == [0], r["busy"]
+
+
+def test_a_server_started_by_hand_on_the_port_is_named_with_the_takeover_hint_or_left_to_the_stray_kill(
+        server, run_module, nvml):
+    a = server
+    # The same server, started by hand without the launch tag: it listens on the port, its worker holds GPU 0.
+    env = dict(os.environ, **a["env"])
+    hand = subprocess.Popen(a["command"], env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while "pid=%d," % hand.pid not in subprocess.run(["ss", "-Hltnp", "sport = :%d" % _port(a)], check=False,
+                                                         capture_output=True, text=True).stdout:
+            assert time.monotonic() < deadline and hand.poll() is None
+            time.sleep(0.05)
+        r = run_module(server_restart.main, a)
+        assert r["failed"] and r["phase"] == "preflight", r
+        assert "is held by pid %d (" % hand.pid in r["msg"], r["msg"]
+        assert r["msg"].endswith("It holds the server's GPUs (a server started by hand?): adopt it with "
+                                 "kill.cmdline_regex (gpufleet_server_adopt_cmdline_regex), or kill.gpu_strays "
+                                 "(gpufleet_server_kill_gpu_strays) ends what holds them"), r["msg"]
+        assert hand.poll() is None
+        # With the stray kill, the preflight lets it through: the stray kill ends its GPU-holding worker.
+        a["kill"] = dict(a["kill"], gpu_strays=True)
+        a["wait_ready"] = dict(a["wait_ready"], timeout=10)
+        r = run_module(server_restart.main, a)
+        assert r.get("phase") != "preflight" and r["strays"]["signalled"] == 1, r
+    finally:
+        hand.kill()
+        hand.wait()

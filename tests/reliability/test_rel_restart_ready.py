@@ -1,0 +1,217 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""What the gpu_server role's restart counts as a started server, and what it leaves when the start fails (issue 24,
+items 5, 8 and 10). Each case is one real ansible-playbook run of the role on localhost (fake GPUs, the sandbox's demo
+server launched by the role, the rollout summary callback on):
+
+- a foreign listener (user nobody, 200 to every request) on the server's port: the restart fails in its preflight,
+  naming the listener, and stops nothing;
+- a relaunch whose /health says 200 but whose real request hangs: the failed new server is stopped and its GPUs
+  verified clean, and the summary says so in the runbook's terms;
+- a tensor-parallel-1 server with gpufleet_server_gpus unset on a 2-GPU host: the busy wait fails early, naming the
+  idle GPU and the gpufleet_server_gpus to set, not after the start timeout.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+import typing as t
+from pathlib import Path
+
+import pytest
+
+from helpers import FAKE_NVML_DIR, PY, FakeGpus, pid_alive, wait_for
+from rel_helpers import role_cases
+
+DEMO = Path(__file__).resolve().parents[1] / "sandbox" / "demo_server.py"
+# Another user's HTTP server answering 200 to everything (run by the system python: nobody cannot reach the venv).
+FOREIGN = r"""
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"ok")
+    do_POST = do_GET
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tagged(name: str) -> t.Set[int]:
+    out = set()
+    for n in os.listdir("/proc"):
+        if n.isdigit():
+            try:
+                env = open("/proc/%s/environ" % n, "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if ("GPUFLEET_SERVICE=%s" % name).encode() in env:
+                out.add(int(n))
+    return out
+
+
+def _kill_tagged(name: str) -> None:
+    for pid in _tagged(name):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+class Host:
+    """Fake GPUs, the role's directories and the variables of a demo server on `port` (GPU 0, tp 1)."""
+
+    def __init__(self, base: Path, name: str, gpus: int = 2) -> None:
+        self.base, self.name = base, name
+        self.fg = FakeGpus(base / "nvml")
+        self.fg.configure(gpus=gpus)
+        self.run, self.log, self.state = base / "run", base / "log", base / "state"
+        for d in (self.run, self.log, self.state):
+            d.mkdir()
+
+    def command(self, port: int, *flags: str) -> t.List[str]:
+        return [PY, str(DEMO), "--host", "127.0.0.1", "--port", str(port), "--tp", "1", "--gpus", "0", "--mib", "1000",
+                "--state-dir", str(self.base / ("demo-%d" % port))] + list(flags)
+
+    def vars(self, port: int, *flags: str, **over: t.Any) -> t.Dict[str, t.Any]:
+        v = {
+            "gpufleet_server_name": self.name,
+            "gpufleet_server_command": self.command(port, *flags),
+            "gpufleet_server_env": {"FAKE_NVML_CONFIG": str(self.fg.config), "PYTHONPATH": str(FAKE_NVML_DIR)},
+            "gpufleet_server_gpus": [0],
+            "gpufleet_server_health_url": "http://127.0.0.1:%d/health" % port,
+            "gpufleet_server_start_timeout": 60, "gpufleet_server_clean_timeout": 10, "gpufleet_server_kill_grace": 2,
+            "gpufleet_server_kill_final_wait": 2, "gpufleet_server_verify_env": False,
+            "gpufleet_server_force_restart": True,
+            "gpufleet_server_run_dir": str(self.run), "gpufleet_server_log_dir": str(self.log),
+            "gpufleet_server_state_dir": str(self.state),
+        }
+        v.update(over)
+        return v
+
+    def start_old(self, port: int) -> subprocess.Popen:
+        """The server running before the rollout, started by hand with the launch tag (the kill selects it)."""
+        p = subprocess.Popen(self.command(port), env=dict(self.fg.env, GPUFLEET_SERVICE=self.name),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        wait_for(lambda: self.holders(0), 60, "the old server holding GPU 0", interval=0.05)
+        return p
+
+    def holders(self, gpu: int) -> t.List[int]:
+        """Live pids holding fake memory on `gpu` (the fake NVML's hold-GPU-PID-START files, as the modules read them)."""
+        out = []
+        for f in self.fg.state.glob("hold-%d-*" % gpu) if self.fg.state.exists() else []:
+            _h, _g, pid, start = f.name.split("-")[:4]
+            if pid_alive(int(pid)) and open("/proc/%s/stat" % pid).read().rsplit(")", 1)[1].split()[19] == start:
+                out.append(int(pid))
+        return out
+
+    def play(self, gv: t.Dict[str, t.Any]) -> t.Tuple[t.Dict[str, t.Any], t.Dict[str, t.Any], float]:
+        """One ansible-playbook run of the role; (its failure, its summary row, seconds)."""
+        env = dict(self.fg.env, GPUFLEET_SUMMARY_DIR=str(self.base / "summary"))
+        t0 = time.monotonic()
+        res = role_cases(self.base, "gpufleet.serving.gpu_server", gv, [("case", {})], env,
+                         registers=["gpufleet_server_result"])
+        took = time.monotonic() - t0
+        summary = json.loads((self.base / "summary" / "rollout-summary.json").read_text())
+        return res["case"], summary["hosts"][0], took
+
+
+@pytest.fixture
+def host(tmp_path):
+    made = []
+
+    def make(name: str, gpus: int = 2) -> Host:
+        h = Host(tmp_path / name, name, gpus)
+        made.append(h)
+        return h
+    yield make
+    for h in made:
+        _kill_tagged(h.name)
+        h.fg.cleanup()
+
+
+@pytest.mark.reliability(
+    section="fault", case="A foreign listener on the server's port",
+    provoked="a process of user nobody answers 200 to every request on the port of gpufleet_server_health_url; the "
+             "old tagged server runs (on another port) and the new definition moves it to that port",
+    outcome="the restart fails in its preflight, before the kill, naming the listener's pid, user (nobody) and "
+            "command line; the old server and the listener are alive (never killed), nothing was launched")
+def test_a_foreign_listener_on_the_port_fails_the_host_before_the_kill(host):
+    h = host("relport")
+    old = h.start_old(_free_port())
+    running = _tagged(h.name)
+    port = _free_port()
+
+    def demote():
+        os.setgid(65534)
+        os.setuid(65534)
+    foreign = subprocess.Popen(["/usr/bin/python3", "-c", FOREIGN, str(port)], preexec_fn=demote, cwd="/",
+                               start_new_session=True)
+    try:
+        wait_for(lambda: subprocess.run(["curl", "-sf", "http://127.0.0.1:%d/health" % port],
+                                        capture_output=True, check=False).returncode == 0, 30, "the foreign listener",
+                 interval=0.05)
+        failure, row, _took = h.play(h.vars(port))
+        assert failure["failed"] is True, failure
+        assert "port %d of http://127.0.0.1:%d/health is held by pid %d (nobody: /usr/bin/python3 -c " % (
+            port, port, foreign.pid) in failure["msg"], failure["msg"]
+        assert "Nothing was stopped" in failure["msg"], failure["msg"]
+        assert foreign.poll() is None and old.poll() is None and _tagged(h.name) == running
+        assert row["status"] == "failed" and row["restart"] == "no" and row["killed"] == 0, row
+        assert "==== gpufleet launch" not in ((h.log / ("%s.log" % h.name)).read_text()
+                                              if (h.log / ("%s.log" % h.name)).exists() else "")
+    finally:
+        foreign.kill()
+        foreign.wait()
+
+
+@pytest.mark.reliability(
+    section="fault", case="A relaunch that fails its readiness (health 200, the real request hangs)",
+    provoked="the new command gets --hang-after-health, gpufleet_server_health_request POST /generate (1 s per try), "
+             "start timeout 8 s; the old tagged server runs",
+    outcome="the host fails in phase ready; the failed new server is stopped (no process carries the launch tag) and "
+            "its GPU verified clean; the failure ends with what was left and the summary says 'killed, not serving "
+            "(failed new server stopped)'")
+def test_a_relaunch_failing_its_readiness_is_stopped_and_the_summary_says_what_was_left(host):
+    h = host("relhang")
+    port = _free_port()
+    old = h.start_old(port)
+    gv = h.vars(port, "--hang-after-health", gpufleet_server_start_timeout=8, gpufleet_server_health_request={
+        "url": "http://127.0.0.1:%d/generate" % port, "body": '{"text": "ping"}', "timeout": 1})
+    failure, row, _took = h.play(gv)
+    assert failure["failed"] is True, failure
+    assert "/health answered 200 but the real request did not succeed" in failure["msg"], failure["msg"]
+    # Its launcher, its worker and multiprocessing's resource tracker.
+    assert re.search(r"\. The failed new server was stopped \(3 process\(es\) ended\) and its GPUs are clean: nothing "
+                     r"of this service runs on the host, which is not serving$", failure["msg"]), failure["msg"]
+    assert old.wait(timeout=10) is not None
+    assert _tagged(h.name) == set() and h.holders(0) == []
+    assert row["status"] == "failed" and row["phase"] == "ready", row
+    assert row["restart"] == "killed, not serving (failed new server stopped)", row
+    assert row["new_server"] == {"kept": False, "stopped": True, "error": None}, row
+
+
+@pytest.mark.reliability(
+    section="fault", case="A tensor-parallel-1 server with gpufleet_server_gpus unset on a 2-GPU host",
+    provoked="the demo server with --tp 1 on GPU 0, gpufleet_server_gpus [] (every GPU), "
+             "gpufleet_server_expect_gpu_processes 1, gpufleet_server_start_timeout 150",
+    outcome="the host fails in phase busy about 30 s after the server was ready (not after 150 s), with a message "
+            "naming GPU 1 as idle, GPU 0 as the server's, and 'set gpus (gpufleet_server_gpus) to [0]'")
+def test_gpus_unset_for_a_server_on_one_of_two_gpus_fails_early_naming_the_gpus_to_set(host):
+    h = host("relidle")
+    port = _free_port()
+    failure, row, took = h.play(h.vars(port, gpufleet_server_gpus=[], gpufleet_server_start_timeout=150))
+    assert failure["failed"] is True, failure
+    assert took < 120, took
+    assert "GPU 1 stayed idle" in failure["msg"] and "while its processes hold GPU 0; if the server uses only GPU 0, " \
+        "set gpus (gpufleet_server_gpus) to [0] (unset means every GPU of the host)" in failure["msg"], failure["msg"]
+    assert row["status"] == "failed" and row["phase"] == "busy", row
