@@ -52,6 +52,13 @@ class DrainFleet(RolloutFleet):
         super().__init__(fleet, workdir)
         self.haproxy = _balancer.Balancer(fleet.state_dir, "haproxy")
         self.smg = _balancer.Balancer(fleet.state_dir, "smg", SMG_PORT)
+        self.check_took = None  # type: t.Optional[float]  # the check-mode rollout of the fleet, measured first
+
+    def rollout_timeout(self) -> float:
+        """The bound of a real rollout of the whole fleet: 5x its check-mode run, measured first on this machine at its
+        present load (the same tasks, plus per batch the drain, the restart and the balancers' wait, each bounded by
+        its own timeout in the role), at least 300 s. Measured: 261 s for 79 s of check mode at load 10 on 2 cores."""
+        return max(300.0, 5 * (self.check_took or 0))
 
     def balancers(self, haproxy_socket: t.Optional[str] = None) -> t.List[t.Dict[str, t.Any]]:
         return [
@@ -131,20 +138,20 @@ class DrainFleet(RolloutFleet):
         return mode.strip(), json.loads(body)["drains"]
 
     # -- load ------------------------------------------------------------------------------------
-    def load(self, via: str, name: str, clients: int = 4) -> "Load":
-        return Load(self, via, name, clients)
+    def load(self, via: str, name: str, clients: int = 4, duration: float = 400) -> "Load":
+        return Load(self, via, name, clients, duration)
 
 
 class Load:
     """tests/sandbox/loadgen.py in the hub namespace, through one balancer, until stopped."""
 
-    def __init__(self, df: DrainFleet, via: str, name: str, clients: int) -> None:
+    def __init__(self, df: DrainFleet, via: str, name: str, clients: int, duration: float) -> None:
         self.out = df.workdir / ("load-%s-%d.json" % (name, df.runs))
         self.stop_file = df.workdir / ("stop-%s-%d" % (name, df.runs))
         url = (df.haproxy.url if via == "haproxy" else df.smg.url) + "/generate"
         sample = ["--haproxy-socket", df.haproxy.sock] if via == "haproxy" else ["--smg-url", df.smg.url]
         self.p = subprocess.Popen(["ip", "netns", "exec", df.fleet.hub, sys.executable, str(LOADGEN), "--url", url,
-                                   "--clients", str(clients), "--duration", "400", "--max-requests", "20000",
+                                   "--clients", str(clients), "--duration", str(duration), "--max-requests", "20000",
                                    "--tp", "2", "--timeout", "60", "--stop-file", str(self.stop_file),
                                    "--json", str(self.out)] + sample,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -188,6 +195,7 @@ def _pids(df: DrainFleet) -> t.Dict[str, t.Set[t.Tuple[int, int]]]:
 def test_check_mode_touches_neither_balancer_nor_server(df):
     before = _pids(df)
     r = df.playbook("rollout", check=True, extra_vars={"gpufleet_server_force_restart": True})
+    df.check_took = r.took
     assert r.rc == 0, r.tail()
     assert _pids(df) == before
     assert set(df.haproxy_states().values()) == {"UP"} and len(df.smg_workers()) == HOSTS
@@ -197,8 +205,9 @@ def test_check_mode_touches_neither_balancer_nor_server(df):
 def test_rollout_under_load_drops_nothing(df):
     """serial [1, "25%"]: a canary, then one host per batch; continuous load through both balancers."""
     before = _pids(df)
-    loads = [df.load("haproxy", "haproxy"), df.load("smg", "smg")]
-    r = df.playbook("rollout", extra_vars={"gpufleet_rollout_serial": [1, "25%"]})
+    timeout = df.rollout_timeout()  # the load lasts as long as the rollout may (it stops when told)
+    loads = [df.load("haproxy", "haproxy", duration=timeout + 60), df.load("smg", "smg", duration=timeout + 60)]
+    r = df.playbook("rollout", extra_vars={"gpufleet_rollout_serial": [1, "25%"]}, timeout=timeout)
     results = [x.stop() for x in loads]
     assert r.rc == 0, r.tail()
     for res in results:
@@ -211,8 +220,8 @@ def test_rollout_under_load_drops_nothing(df):
     assert all(r.summary[h]["restarted"] and not r.summary[h]["out_of_rotation"] for h in df.hosts)
     df.all_in_rotation(timeout=5)
     # A second run: every host up to date, never drained.
-    loads = [df.load("haproxy", "haproxy-again")]
-    r2 = df.playbook("rollout", extra_vars={"gpufleet_rollout_serial": [1, "25%"]})
+    loads = [df.load("haproxy", "haproxy-again", duration=timeout + 60)]
+    r2 = df.playbook("rollout", extra_vars={"gpufleet_rollout_serial": [1, "25%"]}, timeout=timeout)
     res = loads[0].stop()
     assert r2.rc == 0, r2.tail()
     assert res["failed"] == 0 and res["min_in_service"] == HOSTS, res
@@ -501,42 +510,58 @@ def test_haproxy_reload_keeps_maint_only_with_its_server_state_file(df):
 
 
 def test_a_server_back_in_rotation_before_its_kill_fails_the_host(df):
-    """HAProxy is reloaded without its state file while host4 drains (a request of 70 s in flight there, a drain timeout
-    of 120 s): HAProxy forgot MAINT and routes to host4 again. The re-check between two slices of the in-flight wait
-    fails the host long before the drain timeout, and before that request ends; nothing is killed."""
+    """HAProxy is reloaded without its state file while host4 drains (a request in flight there that runs until the test
+    releases it, a drain timeout of 120 s): HAProxy forgot MAINT and routes to host4 again. The re-check between two
+    slices of the in-flight wait fails the host while that request is still in flight; nothing is killed."""
     before = _pids(df)
-    # 70 s: without the re-check the host would fail only once this request ended (the check before the kill), so a
-    # failure well before its end is the slices' doing, whatever the machine's load adds to the run.
-    request_ends = time.monotonic() + 70
-    slow = subprocess.Popen(["ip", "netns", "exec", df.fleet.hub, "curl", "-s", "-m", "80", "-XPOST",
+    # The request ends only when released (after the run): the in-flight wait alone would have failed the host at the
+    # drain timeout ("still in flight after 120s"), and the re-check before the kill never comes while it runs. So a
+    # "back in rotation" failure with the request still running is the slices' doing, whatever the machine's load
+    # (a request of a fixed 70 s ran out on a busy machine before the run reached its drain).
+    release = "/tmp/gpufleet-release-slow-request"
+    df.fleet.ssh("host4", "rm -f %s" % release, check=True)
+    slow = subprocess.Popen(["ip", "netns", "exec", df.fleet.hub, "curl", "-s", "-m", "400", "-XPOST",
                              "http://%s:30000/generate" % df.fleet.addr("host4"), "-d",
-                             json.dumps({"text": "slow", "delay": 70})],
+                             json.dumps({"text": "slow", "until": release, "delay": 390})],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import threading
+    run_over = threading.Event()
+    reloaded = []  # type: t.List[bool]
 
     def reload_once_drained() -> None:
-        deadline = time.monotonic() + 60
-        while df.haproxy_states().get("host4") != "MAINT" and time.monotonic() < deadline:
+        # Once gpufleet has put host4 in MAINT, however long the run takes to get there; not at all if it never does.
+        while df.haproxy_states().get("host4") != "MAINT":
+            if run_over.is_set():
+                return
             time.sleep(0.1)
         df.haproxy.reload(save_state=False)
+        reloaded.append(True)
 
-    import threading
     th = threading.Thread(target=reload_once_drained)
     try:
         time.sleep(0.5)
         th.start()
         r = df.playbook("rollout", "--limit", "host4", extra_vars={"gpufleet_server_force_restart": True},
                         vars_override=dict(df.server_vars(), gpufleet_server_drain_timeout=120))
+        in_flight_at_the_end = slow.poll() is None
+        run_over.set()
         th.join(timeout=60)
+        assert reloaded, "host4 never went to MAINT: %s" % r.tail()
         assert r.rc != 0
         h = r.summary["host4"]
         assert h["status"] == "failed" and "haproxy has the server back in rotation (UP) since gpufleet took it out" \
             in " ".join(h["failure"].split()) and "nothing was killed" in h["failure"], h
-        # Seen within a slice of the wait (10 s), not once the request ends (the re-check before the kill).
-        assert request_ends - time.monotonic() > 10, (r.took, request_ends - time.monotonic())
+        assert "still in flight after" not in h["failure"], h  # not the drain timeout
+        # Seen between two slices of the wait: the request was still in flight when the run ended.
+        assert in_flight_at_the_end, (r.took, h)
         assert h["out_of_rotation"] == ["sglang_router"], h  # HAProxy routes to it again: not out there
         assert _pids(df)["host4"] == before["host4"]
     finally:
-        slow.wait(timeout=90)  # ends in host4's server (70 s) before the next test drains it
+        run_over.set()
+        df.fleet.ssh("host4", "touch %s" % release)
+        slow.wait(timeout=90)  # ends in host4's server before the next test drains it
+    assert slow.returncode == 0
+    df.fleet.ssh("host4", "rm -f %s" % release)
     df.put_back("host4")
     _wait_in_rotation(df, "host4")
 
