@@ -5,7 +5,8 @@ ansible-core 2.20+ needs Python >= 3.12 on the controller, so .venv (Python 3.11
 everything else. scripts/setup makes the second venv only where Python 3.13 or 3.12 exists; without it these
 tests skip with that reason. With it: `ansible-test sanity` (tests/run_sanity.py run by that venv's Python,
 so that venv's ansible-test; the sanity tests whose result depends on the core, NEWEST_SANITY), the unit tests
-(tests/unit: module_utils and every module's main(), in-process, about 30 s) and a playbook run through the rollout_summary callback (controller code no unit test reaches).
+(tests/unit: module_utils and every module's main(), in-process, about 30 s) and a playbook run through the
+rollout_summary callback (controller code no unit test reaches).
 """
 from __future__ import annotations
 
