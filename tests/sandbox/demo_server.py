@@ -21,8 +21,9 @@
   answers in Prometheus text format with SGLang's gauges `sglang:num_running_reqs` (requests being generated) and
   `sglang:num_queue_reqs` (waiting for the TP group). A request's `"until": PATH` keeps it running until PATH
   exists (at most its `"delay"`, default 600 s): a test ends it when the behaviour it checks has happened, not after
-  a guess of how long that takes on a busy machine. GET /health's JSON counts the GET /metrics answered so far
-  (`metrics_reads`): a test can tell that a poller has read the metrics without reading them itself. SIGTERM to the launcher drains: it stops accepting (the
+  a guess of how long that takes on a busy machine. GET /stats counts the GET /metrics answered so far
+  (`{"metrics_reads": N}`): a test can tell that a poller has read the metrics without reading them itself.
+  SIGTERM to the launcher drains: it stops accepting (the
   listening socket closes; a request on a kept-alive connection gets 503 with `Connection: close`), lets the
   requests in flight finish (at most `--drain-timeout` seconds, default 60), then stops its workers and exits 0.
   A SIGTERM sent to the workers themselves during the drain ends them, and the requests in flight then fail (what a
@@ -150,7 +151,7 @@ class Server:
         self.draining = False
         self.running = 0  # in /generate past the queue (the "decode" delay and the TP round trip)
         self.queued = 0  # waiting for the TP group
-        self.metrics_reads = 0  # GET /metrics answered (in /health's JSON)
+        self.metrics_reads = 0  # GET /metrics answered (GET /stats)
         self.count_lock = threading.Lock()
         self.httpd: t.Optional[ThreadingHTTPServer] = None
 
@@ -298,8 +299,9 @@ def make_handler(server: Server) -> t.Type[BaseHTTPRequestHandler]:
                 if server.draining:
                     self.reply(503, {"status": "shutting down"})
                     return
-                self.reply(200 if server.ready else 503, {"status": "ok" if server.ready else "loading",
-                                                          "metrics_reads": server.metrics_reads})
+                self.reply(200 if server.ready else 503, {"status": "ok" if server.ready else "loading"})
+            elif path == "/stats":
+                self.reply(200, {"metrics_reads": server.metrics_reads})
             elif path == "/metrics":
                 with server.count_lock:
                     server.metrics_reads += 1
