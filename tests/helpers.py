@@ -117,8 +117,10 @@ def pid_alive(pid: int) -> bool:
 
 def run_playbook(playbook: t.Union[str, Path], *args: str, env: t.Optional[t.Dict[str, str]] = None,
                  extra_vars: t.Optional[t.Dict[str, t.Any]] = None, check: bool = False, diff: bool = False,
-                 inventory: t.Optional[str] = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ansible-playbook (the real CLI) from the repo root; localhost uses this venv's python."""
+                 inventory: t.Optional[str] = None, timeout: t.Optional[float] = 300,
+                 idle_timeout: t.Optional[float] = None) -> subprocess.CompletedProcess:
+    """Run ansible-playbook (the real CLI) from the repo root; localhost uses this venv's python. With `idle_timeout`,
+    a run that prints nothing for that long is hung (see run_while_progressing)."""
     e = dict(env or os.environ)
     e.setdefault("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
     e["ANSIBLE_NOCOLOR"] = "1"
@@ -135,5 +137,41 @@ def run_playbook(playbook: t.Union[str, Path], *args: str, env: t.Optional[t.Dic
     if diff:
         argv.append("--diff")
     argv += list(args)
+    if idle_timeout is not None:
+        e["PYTHONUNBUFFERED"] = "1"
+        return run_while_progressing(argv, idle_timeout, timeout, cwd=str(ROOT), env=e)
     return subprocess.run(argv, cwd=str(ROOT), env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout, check=False)
+
+
+def run_while_progressing(argv: t.Sequence[str], idle_timeout: float, timeout: t.Optional[float] = None,
+                          **kw: t.Any) -> subprocess.CompletedProcess:
+    """Run argv (stdout and stderr captured together) for as long as it makes progress: one that prints nothing for
+    `idle_timeout` s (or runs past `timeout`, when given) is killed and raises TimeoutExpired with its output so far.
+    For a run whose length is the machine's speed times its work (a whole rollout on a busy machine): a hang shows as
+    silence, whatever the load, while a fixed bound on the whole run only measures the machine."""
+    import threading
+
+    p = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    lines: t.List[str] = []
+    last = [time.monotonic()]
+
+    def pump() -> None:
+        assert p.stdout is not None
+        for line in p.stdout:
+            lines.append(line)
+            last[0] = time.monotonic()
+
+    th = threading.Thread(target=pump, daemon=True)
+    th.start()
+    t0 = time.monotonic()
+    while p.poll() is None:
+        now = time.monotonic()
+        if now - last[0] > idle_timeout or (timeout is not None and now - t0 > timeout):
+            p.kill()
+            p.wait()
+            th.join(5)
+            raise subprocess.TimeoutExpired(list(argv), now - t0, output="".join(lines))
+        time.sleep(0.2)
+    th.join()
+    return subprocess.CompletedProcess(list(argv), p.returncode, "".join(lines))

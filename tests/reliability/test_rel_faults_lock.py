@@ -19,6 +19,10 @@ pytestmark = pytest.mark.sandbox
 H = "host1"
 LOCK = "/run/gpufleet/demo.lock"
 LOG = "/var/log/gpufleet/demo.log"
+# The demo server's workers wait for this file before they "load weights" (--startup-gate): with it away, a restart
+# holds its lock between its launch and its readiness until the test opens the gate.
+GATE = "/tmp/gpufleet-startup-gate"
+TAKEOVER = "Take over the lock of a dead run from this controller"
 # A GPU holder outside the selector that notes each SIGTERM and ignores it: the restart's stray kill (kill_gpu_strays)
 # then waits out the grace, and the flag file tells the test exactly when the restart is between kill and launch.
 STRAY = r"""
@@ -59,6 +63,7 @@ def _launches(fleet):
 
 
 def _interrupt_between_kill_and_launch(fleet, tmp_path, invs, name, flag, send):
+    fleet.host_run(H, ["rm", "-f", GATE])  # the interrupted run's new server is held before its readiness
     start_bg(fleet, H, [fleet.python, "-c", STRAY, flag])
     wait_for(lambda: gpu_holders(fleet, H)[1], 60, "stray holding GPU 1")
     run = CliRun(tmp_path, name, "gpufleet.serving.rollout", invs)
@@ -68,6 +73,25 @@ def _interrupt_between_kill_and_launch(fleet, tmp_path, invs, name, flag, send):
     send(run.pid)
     rc = run.wait(60)
     return run, rc
+
+
+def _next_run_waits_for_the_dead_runs_restart(fleet, tmp_path, invs, name):
+    """Start the next rollout while the interrupted run's restart is held on the host (its new server waits for the
+    gate); open the gate only once that rollout has found the dead run's lock and its takeover is running on the host
+    (the server_state module's AnsiballZ payload directory,
+    /tmp/ansible_gpufleet.serving.server_state_payload_*, exists). The held restart still needs its server's
+    --startup-delay after that, far more than the module needs to read the lock: the rollout then waits for it,
+    however long the machine took to get it there (a 15 s grace once ran out before it arrived)."""
+    run = CliRun(tmp_path, name, "gpufleet.serving.rollout", invs)
+
+    def taking_over():
+        if run.proc.poll() is not None:
+            return True
+        return TAKEOVER in run.text() and fleet.host_run(
+            H, ["sh", "-c", "ls -d /tmp/ansible_*.server_state_payload_*"]).returncode == 0
+    wait_for(taking_over, 300, "the next rollout to take over the dead run's lock")
+    fleet.host_run(H, ["touch", GATE])
+    return run
 
 
 @pytest.mark.reliability(
@@ -82,8 +106,13 @@ def _interrupt_between_kill_and_launch(fleet, tmp_path, invs, name, flag, send):
             "to date and changes nothing; exactly one launch per interrupted restart; no manual step")
 def test_interrupted_rollout_completes_its_restart_and_the_next_run_waits_for_it(bare, tmp_path):
     fleet = bare
+    gv_cmd = sandbox.server_vars(fleet.python, mib=1000)["gpufleet_server_command"] + [
+        "--startup-gate", GATE, "--startup-delay", "5"]
     invs, gv = _inventory(fleet, tmp_path, gpufleet_server_kill_gpu_strays=True, gpufleet_server_kill_grace=15,
-                          gpufleet_server_kill_final_wait=2)
+                          gpufleet_server_kill_final_wait=2, gpufleet_server_command=gv_cmd,
+                          # The held restart waits at the gate until the next rollout has come (bounded by 300 s there).
+                          gpufleet_server_start_timeout=360)
+    fleet.host_run(H, ["touch", GATE])
     start_bg(fleet, H, gv["gpufleet_server_command"], env={"GPUFLEET_SERVICE": "demo"})
     wait_for(lambda: gpu_holders(fleet, H)[0], 90, "the old server holding GPU 0")
     old = {p["pid"] for p in ps(fleet, H).values() if p["tag"] == "demo"}
@@ -101,7 +130,7 @@ def test_interrupted_rollout_completes_its_restart_and_the_next_run_waits_for_it
     assert _launches(fleet) == 0
 
     # Started at once, while r1's restart still runs on the host: r2 waits for it, then finds the server up to date.
-    r2 = CliRun(tmp_path, "after-ctrl-c", "gpufleet.serving.rollout", invs)
+    r2 = _next_run_waits_for_the_dead_runs_restart(fleet, tmp_path, invs, "after-ctrl-c")
     assert r2.wait() == 0, r2.text()[-4000:]
     out2 = " ".join(r2.text().split())  # warnings may be wrapped
     assert "for the restart of dead run %s:%d:" % (me, r1.pid) in out2, out2[-3000:]
@@ -115,7 +144,7 @@ def test_interrupted_rollout_completes_its_restart_and_the_next_run_waits_for_it
     assert rc3 == -signal.SIGTERM, r3.text()[-2000:]
     worker3 = json.loads(read_host_file(fleet, H, LOCK) or "{}").get("worker", [None])[0]
     assert worker3 in ps(fleet, H), "no host process works under the dead run's lock"
-    r4 = CliRun(tmp_path, "after-sigterm", "gpufleet.serving.rollout", invs)
+    r4 = _next_run_waits_for_the_dead_runs_restart(fleet, tmp_path, invs, "after-sigterm")
     assert r4.wait() == 0, r4.text()[-4000:]
     out = " ".join(r4.text().split())
     assert "for the restart of dead run %s:%d:" % (me, r3.pid) in out, out[-3000:]

@@ -81,7 +81,7 @@ class DrainFleet(RolloutFleet):
     def playbook(self, name: str, *args: str, vars_override: t.Optional[t.Mapping[str, t.Any]] = None,
                  host_vars: t.Optional[t.Mapping[str, t.Mapping[str, t.Any]]] = None,
                  extra_vars: t.Optional[t.Mapping[str, t.Any]] = None, check: bool = False,
-                 timeout: float = 300) -> Run:
+                 timeout: t.Optional[float] = 300, idle_timeout: t.Optional[float] = None) -> Run:
         inv = self.inventory(vars_override, host_vars)
         summary = self.workdir / ("summary-%d" % self.runs)
         extra_vars = dict({"gpufleet_rollout_serial": ["100%"]}, **dict(extra_vars or {}))
@@ -89,7 +89,7 @@ class DrainFleet(RolloutFleet):
                    ANSIBLE_COLLECTIONS_PATH="%s:%s" % (private_collections(), ROOT / "collections"))
         t0 = time.monotonic()
         cp = run_playbook("gpufleet.serving." + name, *args, inventory=str(inv), env=env, extra_vars=extra_vars,
-                          check=check, timeout=timeout)
+                          check=check, timeout=timeout, idle_timeout=idle_timeout)
         run = Run(cp, summary, time.monotonic() - t0)
         print("ansible-playbook %s %s: rc=%s in %.1fs" % (name, " ".join(args), run.rc, run.took))
         self.last_summary = summary
@@ -131,20 +131,20 @@ class DrainFleet(RolloutFleet):
         return mode.strip(), json.loads(body)["drains"]
 
     # -- load ------------------------------------------------------------------------------------
-    def load(self, via: str, name: str, clients: int = 4) -> "Load":
-        return Load(self, via, name, clients)
+    def load(self, via: str, name: str, clients: int = 4, duration: float = 400) -> "Load":
+        return Load(self, via, name, clients, duration)
 
 
 class Load:
     """tests/sandbox/loadgen.py in the hub namespace, through one balancer, until stopped."""
 
-    def __init__(self, df: DrainFleet, via: str, name: str, clients: int) -> None:
+    def __init__(self, df: DrainFleet, via: str, name: str, clients: int, duration: float) -> None:
         self.out = df.workdir / ("load-%s-%d.json" % (name, df.runs))
         self.stop_file = df.workdir / ("stop-%s-%d" % (name, df.runs))
         url = (df.haproxy.url if via == "haproxy" else df.smg.url) + "/generate"
         sample = ["--haproxy-socket", df.haproxy.sock] if via == "haproxy" else ["--smg-url", df.smg.url]
         self.p = subprocess.Popen(["ip", "netns", "exec", df.fleet.hub, sys.executable, str(LOADGEN), "--url", url,
-                                   "--clients", str(clients), "--duration", "400", "--max-requests", "20000",
+                                   "--clients", str(clients), "--duration", str(duration), "--max-requests", "100000",
                                    "--tp", "2", "--timeout", "60", "--stop-file", str(self.stop_file),
                                    "--json", str(self.out)] + sample,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -197,10 +197,15 @@ def test_check_mode_touches_neither_balancer_nor_server(df):
 def test_rollout_under_load_drops_nothing(df):
     """serial [1, "25%"]: a canary, then one host per batch; continuous load through both balancers."""
     before = _pids(df)
-    loads = [df.load("haproxy", "haproxy"), df.load("smg", "smg")]
-    r = df.playbook("rollout", extra_vars={"gpufleet_rollout_serial": [1, "25%"]})
+    # Four batches one after another: 261 s at load 10 on 2 cores, more than 341 s at load 11 (a fixed 300 s ran out).
+    # The run is bounded by its progress instead: each task of it is bounded by the role's own timeouts (drain 30 s,
+    # start 30 s, balancer 30 s, kill grace 3 s, clean 10 s in server_vars), so 180 s without a line of output is a hang.
+    # The load runs until stopped, at most loadgen's 900 s: the rollout must end within them for "all along" to hold.
+    loads = [df.load("haproxy", "haproxy", duration=900), df.load("smg", "smg", duration=900)]
+    r = df.playbook("rollout", extra_vars={"gpufleet_rollout_serial": [1, "25%"]}, timeout=None, idle_timeout=180)
     results = [x.stop() for x in loads]
     assert r.rc == 0, r.tail()
+    assert r.took < 890, "the load stopped (900 s) before the rollout ended (%.0f s)" % r.took
     for res in results:
         assert res["failed"] == 0, res["failures"]
         assert res["requests"] > 40 and res["line"].endswith(", 0 failed"), res["line"]
@@ -211,8 +216,8 @@ def test_rollout_under_load_drops_nothing(df):
     assert all(r.summary[h]["restarted"] and not r.summary[h]["out_of_rotation"] for h in df.hosts)
     df.all_in_rotation(timeout=5)
     # A second run: every host up to date, never drained.
-    loads = [df.load("haproxy", "haproxy-again")]
-    r2 = df.playbook("rollout", extra_vars={"gpufleet_rollout_serial": [1, "25%"]})
+    loads = [df.load("haproxy", "haproxy-again", duration=900)]
+    r2 = df.playbook("rollout", extra_vars={"gpufleet_rollout_serial": [1, "25%"]}, timeout=None, idle_timeout=180)
     res = loads[0].stop()
     assert r2.rc == 0, r2.tail()
     assert res["failed"] == 0 and res["min_in_service"] == HOSTS, res
@@ -501,42 +506,58 @@ def test_haproxy_reload_keeps_maint_only_with_its_server_state_file(df):
 
 
 def test_a_server_back_in_rotation_before_its_kill_fails_the_host(df):
-    """HAProxy is reloaded without its state file while host4 drains (a request of 70 s in flight there, a drain timeout
-    of 120 s): HAProxy forgot MAINT and routes to host4 again. The re-check between two slices of the in-flight wait
-    fails the host long before the drain timeout, and before that request ends; nothing is killed."""
+    """HAProxy is reloaded without its state file while host4 drains (a request in flight there that runs until the test
+    releases it, a drain timeout of 120 s): HAProxy forgot MAINT and routes to host4 again. The re-check between two
+    slices of the in-flight wait fails the host while that request is still in flight; nothing is killed."""
     before = _pids(df)
-    # 70 s: without the re-check the host would fail only once this request ended (the check before the kill), so a
-    # failure well before its end is the slices' doing, whatever the machine's load adds to the run.
-    request_ends = time.monotonic() + 70
-    slow = subprocess.Popen(["ip", "netns", "exec", df.fleet.hub, "curl", "-s", "-m", "80", "-XPOST",
+    # The request ends only when released (after the run): the in-flight wait alone would have failed the host at the
+    # drain timeout ("still in flight after 120s"), and the re-check before the kill never comes while it runs. So a
+    # "back in rotation" failure with the request still running is the slices' doing, whatever the machine's load
+    # (a request of a fixed 70 s ran out on a busy machine before the run reached its drain).
+    release = "/tmp/gpufleet-release-slow-request"
+    df.fleet.ssh("host4", "rm -f %s" % release, check=True)
+    slow = subprocess.Popen(["ip", "netns", "exec", df.fleet.hub, "curl", "-s", "-m", "400", "-XPOST",
                              "http://%s:30000/generate" % df.fleet.addr("host4"), "-d",
-                             json.dumps({"text": "slow", "delay": 70})],
+                             json.dumps({"text": "slow", "until": release, "delay": 390})],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import threading
+    run_over = threading.Event()
+    reloaded = []  # type: t.List[bool]
 
     def reload_once_drained() -> None:
-        deadline = time.monotonic() + 60
-        while df.haproxy_states().get("host4") != "MAINT" and time.monotonic() < deadline:
+        # Once gpufleet has put host4 in MAINT, however long the run takes to get there; not at all if it never does.
+        while df.haproxy_states().get("host4") != "MAINT":
+            if run_over.is_set():
+                return
             time.sleep(0.1)
         df.haproxy.reload(save_state=False)
+        reloaded.append(True)
 
-    import threading
     th = threading.Thread(target=reload_once_drained)
     try:
         time.sleep(0.5)
         th.start()
         r = df.playbook("rollout", "--limit", "host4", extra_vars={"gpufleet_server_force_restart": True},
                         vars_override=dict(df.server_vars(), gpufleet_server_drain_timeout=120))
+        in_flight_at_the_end = slow.poll() is None
+        run_over.set()
         th.join(timeout=60)
+        assert reloaded, "host4 never went to MAINT: %s" % r.tail()
         assert r.rc != 0
         h = r.summary["host4"]
         assert h["status"] == "failed" and "haproxy has the server back in rotation (UP) since gpufleet took it out" \
             in " ".join(h["failure"].split()) and "nothing was killed" in h["failure"], h
-        # Seen within a slice of the wait (10 s), not once the request ends (the re-check before the kill).
-        assert request_ends - time.monotonic() > 10, (r.took, request_ends - time.monotonic())
+        assert "still in flight after" not in h["failure"], h  # not the drain timeout
+        # Seen between two slices of the wait: the request was still in flight when the run ended.
+        assert in_flight_at_the_end, (r.took, h)
         assert h["out_of_rotation"] == ["sglang_router"], h  # HAProxy routes to it again: not out there
         assert _pids(df)["host4"] == before["host4"]
     finally:
-        slow.wait(timeout=90)  # ends in host4's server (70 s) before the next test drains it
+        run_over.set()
+        df.fleet.ssh("host4", "touch %s" % release)
+        slow.wait(timeout=90)  # ends in host4's server before the next test drains it
+    assert slow.returncode == 0
+    df.fleet.ssh("host4", "rm -f %s" % release)
     df.put_back("host4")
     _wait_in_rotation(df, "host4")
 

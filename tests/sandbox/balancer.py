@@ -64,6 +64,10 @@ defaults
     timeout client 120s
     timeout server 120s
     timeout http-keep-alive 2s
+    # Without it a health check must answer within `inter` (200 ms): on a busy machine the demo server's /health took
+    # longer, HAProxy marked a serving host DOWN, and a rollout of one host at a time showed two out of service. A
+    # check that reaches the server waits this long for its answer; a stopped server still fails at once (refused).
+    timeout check 5s
     load-server-state-from-file global
     # Retry only what never reached a server (the default retry-on conn-failure): POST /generate is not idempotent.
     retries 2

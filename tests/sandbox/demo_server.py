@@ -4,7 +4,7 @@
 
     python3 demo_server.py --port 30000 --tp 2 --gpus 0,1 --mib 20000 [--host 0.0.0.0] [--state-dir DIR]
         [--startup-delay S] [--fail-at-startup] [--hang-after-health] [--ignore-term] [--model NAME] [--log FILE]
-        [--generate-delay S] [--drain-timeout S]
+        [--generate-delay S] [--drain-timeout S] [--startup-gate FILE]
 
 - The launcher starts one worker per TP rank with multiprocessing's 'spawn' context (like sglang's
   schedulers). Workers are non-daemonic and get no parent-death signal: when the launcher dies by
@@ -19,11 +19,17 @@
 - Like SGLang and vLLM behind a balancer: POST /generate takes `--generate-delay` seconds (or the request's own
   `"delay"`, in seconds) besides the worker round trip, so requests are in flight when a drain starts; GET /metrics
   answers in Prometheus text format with SGLang's gauges `sglang:num_running_reqs` (requests being generated) and
-  `sglang:num_queue_reqs` (waiting for the TP group). SIGTERM to the launcher drains: it stops accepting (the
+  `sglang:num_queue_reqs` (waiting for the TP group). A request's `"until": PATH` keeps it running until PATH
+  exists (at most its `"delay"`, default 600 s): a test ends it when the behaviour it checks has happened, not after
+  a guess of how long that takes on a busy machine. GET /stats counts the GET /metrics answered so far
+  (`{"metrics_reads": N}`): a test can tell that a poller has read the metrics without reading them itself.
+  SIGTERM to the launcher drains: it stops accepting (the
   listening socket closes; a request on a kept-alive connection gets 503 with `Connection: close`), lets the
   requests in flight finish (at most `--drain-timeout` seconds, default 60), then stops its workers and exits 0.
   A SIGTERM sent to the workers themselves during the drain ends them, and the requests in flight then fail (what a
   kill that signals the whole tree at once does to a real server).
+- `--startup-gate FILE`: the workers wait until FILE exists before their `--startup-delay` (a test holds a
+  restart between its launch and its readiness for as long as it needs, whatever the machine's speed).
 - `--hang-after-health`: /health says 200, but workers never answer, so /generate never returns
   (sglang#22779). `--fail-at-startup`: logs an error and exits 1. `--ignore-term`: the launcher and the
   workers ignore SIGTERM (only SIGKILL ends them). Without it, SIGTERM to the launcher stops the
@@ -92,7 +98,7 @@ def nccl_info_lines(rank: int, env: t.Mapping[str, str]) -> t.List[str]:
 
 
 def worker_main(rank: int, gpu: int, mib: int, state_dir: str, requests: t.Any, replies: t.Any, ready: t.Any,
-                startup_delay: float, ignore_term: bool, hang: bool) -> None:
+                startup_delay: float, ignore_term: bool, hang: bool, gate: t.Optional[str] = None) -> None:
     if ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     env = recorded_env()
@@ -112,6 +118,8 @@ def worker_main(rank: int, gpu: int, mib: int, state_dir: str, requests: t.Any, 
     with open(tmp, "w") as f:
         json.dump(record, f, indent=1)
     os.rename(tmp, os.path.join(state_dir, "worker-%d.json" % rank))
+    while gate and not os.path.exists(gate):
+        time.sleep(0.05)
     time.sleep(startup_delay)  # "loading weights"
     ready.put(record)
     while True:
@@ -143,6 +151,7 @@ class Server:
         self.draining = False
         self.running = 0  # in /generate past the queue (the "decode" delay and the TP round trip)
         self.queued = 0  # waiting for the TP group
+        self.metrics_reads = 0  # GET /metrics answered (GET /stats)
         self.count_lock = threading.Lock()
         self.httpd: t.Optional[ThreadingHTTPServer] = None
 
@@ -151,7 +160,8 @@ class Server:
             q = self.ctx.Queue()
             p = self.ctx.Process(target=worker_main, name="demo-tp%d" % rank, daemon=False,
                                  args=(rank, self.a.gpus[rank], self.a.mib, self.a.state_dir, q, self.replies,
-                                       self.ready_q, self.a.startup_delay, self.a.ignore_term, self.a.hang_after_health))
+                                       self.ready_q, self.a.startup_delay, self.a.ignore_term, self.a.hang_after_health,
+                                       self.a.startup_gate))
             p.start()
             self.requests.append(q)
             self.workers.append(p)
@@ -183,8 +193,10 @@ class Server:
             self.running += running
             self.queued += queued
 
-    def generate_timed(self, text: str, max_new_tokens: int, delay: float) -> t.Dict[str, t.Any]:
-        """A request as the metrics see it: queued for the TP group, then running for `delay` s plus the round trip."""
+    def generate_timed(self, text: str, max_new_tokens: int, delay: float,
+                       until: t.Optional[str] = None) -> t.Dict[str, t.Any]:
+        """A request as the metrics see it: queued for the TP group, then running for `delay` s (or until the file
+        `until` exists, at most `delay` s) plus the round trip."""
         self.count(queued=1)
         try:
             with self.lock:  # serialise only the queue hand-over; generation itself overlaps (continuous batching)
@@ -193,7 +205,11 @@ class Server:
             self.count(queued=-1)
         self.count(running=1)
         try:
-            if delay > 0:
+            if until:
+                deadline = time.monotonic() + delay
+                while not os.path.exists(until) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            elif delay > 0:
                 time.sleep(delay)
             return self.generate(text, max_new_tokens)
         finally:
@@ -284,7 +300,11 @@ def make_handler(server: Server) -> t.Type[BaseHTTPRequestHandler]:
                     self.reply(503, {"status": "shutting down"})
                     return
                 self.reply(200 if server.ready else 503, {"status": "ok" if server.ready else "loading"})
+            elif path == "/stats":
+                self.reply(200, {"metrics_reads": server.metrics_reads})
             elif path == "/metrics":
+                with server.count_lock:
+                    server.metrics_reads += 1
                 self.reply(200, server.metrics(), "text/plain; version=0.0.4")
             elif path == "/health_generate":
                 if not server.ready:
@@ -315,11 +335,12 @@ def make_handler(server: Server) -> t.Type[BaseHTTPRequestHandler]:
                 body = json.loads(raw or b"{}")
                 text = str(body.get("text", ""))
                 max_new = int(body.get("max_new_tokens", body.get("sampling_params", {}).get("max_new_tokens", 8)))
-                delay = float(body.get("delay", server.a.generate_delay))
+                until = body.get("until")
+                delay = float(body.get("delay", 600.0 if until else server.a.generate_delay))
             except (ValueError, AttributeError, TypeError) as e:
                 self.reply(400, {"error": "bad request body: %s" % e})
                 return
-            self.reply(200, server.generate_timed(text, max_new, delay))
+            self.reply(200, server.generate_timed(text, max_new, delay, str(until) if until else None))
 
     return Handler
 
@@ -335,6 +356,7 @@ def parse_args(argv: t.Optional[t.Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--state-dir", help="where launcher.json and worker-<rank>.json go "
                                         "(default $GPUFLEET_DEMO_STATE_DIR or /tmp/gpufleet-demo/<port>)")
     ap.add_argument("--startup-delay", type=float, default=0.0, help="seconds workers take to 'load weights'")
+    ap.add_argument("--startup-gate", help="the workers wait until this file exists before --startup-delay")
     ap.add_argument("--fail-at-startup", action="store_true")
     ap.add_argument("--hang-after-health", action="store_true")
     ap.add_argument("--ignore-term", action="store_true")
