@@ -122,7 +122,12 @@ options:
     type: float
     default: 1800
   lock_wait:
-    description: Seconds to wait for another run's lock before failing; must be >= 0.
+    description:
+      - Seconds to wait for another run's lock before failing; must be >= 0.
+      - Wait-die, when both run ids carry their start time (the gpufleet.serving.run lookup's ids do) - the lock of
+        an earlier run fails the call at once, whatever this value ("host is locked by an earlier gpufleet run");
+        only the lock of a later run is waited for, and the wait is reported in a warning and in RV(lock_waited). An
+        owner id without a start time is waited for as a later run's.
     type: float
     default: 0
   break_owner:
@@ -325,6 +330,18 @@ holder:
   description: On failure to lock, the owner id of the run that holds the lock.
   returned: when the lock is held by another run
   type: str
+lock_waited:
+  version_added: 0.2.0
+  description: With V(check), how long this call waited for the lock of a later run (wait-die), and for which run.
+  returned: when the call waited for another run's lock
+  type: dict
+  contains:
+    for:
+      description: The owner id of the run that held the lock.
+      type: str
+    s:
+      description: Seconds waited.
+      type: float
 unit:
   version_added: 0.2.0
   description: With V(check) and O(systemd), the unit as systemd has it.
