@@ -17,7 +17,7 @@ description:
     and START_TICKS are V(-). The host locks of M(gpufleet.serving.server_state) record it as their owner.
   - The id ends with C(:STARTED), when the ansible-playbook process started, in seconds since the epoch
     (its boot time plus its start ticks; the time of the lookup where C(/proc) is not available). It orders runs
-    across controllers for the host lock's wait-die rule (see M(gpufleet.serving.server_state) O(lock_wait)); it is
+    across controllers for the host lock's wait-die rule (see O(gpufleet.serving.server_state#module:lock_wait)); it is
     the same for every batch of one run. Ids without it, from an older gpufleet, are still read.
   - With V(alive) and O(owner), returns V(null) (unknown) unless the run that C(owner) names was started on this very
     controller - the same hostname AND the same boot id; two controllers that share a hostname (CI runners all

@@ -158,7 +158,7 @@ def _restore_layers(fleet, layers):
 
 @pytest.mark.reliability(
     section="fault", case="Two rollouts against the same host at once, with different NCCL tuning (wait-die)",
-    provoked="rollout A (NCCL profile pcie_only) restarts host1 (server start-up takes 12 s); while A holds the host "
+    provoked="rollout A (NCCL profile pcie_only) restarts host1 (server start-up takes 60 s); while A holds the host "
              "lock and its server starts, rollout B, started later, asks for another NCCL tuning (NCCL_BUFFSIZE) with "
              "the default gpufleet_server_lock_wait (900 s)",
     outcome="B stops at once on host1 with 'host is locked by an earlier gpufleet run <A's id> (started HH:MM:SS); "
@@ -169,8 +169,9 @@ def _restore_layers(fleet, layers):
 def test_concurrent_rollouts_never_interleave(bare, tmp_path):
     fleet = bare
     original = _layers(fleet)
-    # A's server takes 12 s to start: B reaches host1 well inside A's hold, even on a loaded machine.
-    gv_cmd = sandbox.server_vars(fleet.python, mib=1000)["gpufleet_server_command"] + ["--startup-delay", "12"]
+    # A's server takes 60 s to start: B (its own ansible-playbook start-up, its validation and fast check) reaches host1
+    # well inside A's hold, even on a loaded machine.
+    gv_cmd = sandbox.server_vars(fleet.python, mib=1000)["gpufleet_server_command"] + ["--startup-delay", "60"]
     invs_a, _ = _inventory(fleet, tmp_path, "a", gpufleet_server_command=gv_cmd, gpufleet_nccl_profile="pcie_only")
     invs_b, _ = _inventory(fleet, tmp_path, "b", gpufleet_server_command=gv_cmd, gpufleet_nccl_profile="pcie_only",
                            gpufleet_nccl_env={"NCCL_BUFFSIZE": "4194304"})
