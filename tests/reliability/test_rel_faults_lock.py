@@ -172,9 +172,9 @@ def test_concurrent_rollouts_never_interleave(bare, tmp_path):
     # A's server takes 60 s to start: B (its own ansible-playbook start-up, its validation and fast check) reaches host1
     # well inside A's hold, even on a loaded machine.
     gv_cmd = sandbox.server_vars(fleet.python, mib=1000)["gpufleet_server_command"] + ["--startup-delay", "60"]
-    invs_a, _ = _inventory(fleet, tmp_path, "a", gpufleet_server_command=gv_cmd, gpufleet_nccl_profile="pcie_only")
-    invs_b, _ = _inventory(fleet, tmp_path, "b", gpufleet_server_command=gv_cmd, gpufleet_nccl_profile="pcie_only",
-                           gpufleet_nccl_env={"NCCL_BUFFSIZE": "4194304"})
+    common = dict(gpufleet_server_command=gv_cmd, gpufleet_nccl_profile="pcie_only", gpufleet_server_start_timeout=180)
+    invs_a, _ = _inventory(fleet, tmp_path, "a", **common)
+    invs_b, _ = _inventory(fleet, tmp_path, "b", gpufleet_nccl_env={"NCCL_BUFFSIZE": "4194304"}, **common)
     me = socket.gethostname()
     try:
         a = CliRun(tmp_path, "a", "gpufleet.serving.rollout", invs_a)
