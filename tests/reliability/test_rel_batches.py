@@ -348,6 +348,7 @@ def test_two_rollouts_at_once_in_batches_the_earlier_finishes_the_fleet(fleet4, 
             assert "rollout halted" in out_l, out_l[-3000:]
     else:  # the later run was ahead on every host: the earlier waited for it where they met
         assert not refused, out_l[-3000:]
+    print("later run: rc %s, stopped on %s; earlier run waited: %s" % (rc_l, refused, "waited" in out_e))
     after = rf.snapshot()
     for h in HOSTS:
         assert _launches(rf, h) == launches[h] + 1, (h, _launches(rf, h), launches[h])
