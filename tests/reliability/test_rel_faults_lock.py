@@ -173,8 +173,8 @@ def test_concurrent_rollouts_never_interleave(bare, tmp_path):
     # well inside A's hold, even on a loaded machine.
     gv_cmd = sandbox.server_vars(fleet.python, mib=1000)["gpufleet_server_command"] + ["--startup-delay", "60"]
     common = dict(gpufleet_server_command=gv_cmd, gpufleet_nccl_profile="pcie_only", gpufleet_server_start_timeout=180)
-    invs_a, _ = _inventory(fleet, tmp_path, "a", **common)
-    invs_b, _ = _inventory(fleet, tmp_path, "b", gpufleet_nccl_env={"NCCL_BUFFSIZE": "4194304"}, **common)
+    invs_a = _inventory(fleet, tmp_path, "a", **common)[0]
+    invs_b = _inventory(fleet, tmp_path, "b", gpufleet_nccl_env={"NCCL_BUFFSIZE": "4194304"}, **common)[0]
     me = socket.gethostname()
     try:
         a = CliRun(tmp_path, "a", "gpufleet.serving.rollout", invs_a)
@@ -218,7 +218,7 @@ def test_concurrent_rollouts_never_interleave(bare, tmp_path):
             "first'; then it restarts host1 and exits 0; one launch")
 def test_an_earlier_run_waits_for_a_later_runs_lock_and_says_how_long(bare, tmp_path):
     fleet = bare
-    invs, _ = _inventory(fleet, tmp_path)
+    invs = _inventory(fleet, tmp_path)[0]
     run = CliRun(tmp_path, "earlier", "gpufleet.serving.rollout", invs)
     later = "other-controller:4242:%s.1.later:%.6f" % ("0" * 8, time.time() + 600)
     now = time.time()
