@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 
-from rel_helpers import CliRun  # noqa: E402
+from rel_helpers import CliRun, wait_for  # noqa: E402
 from rollout_helpers import LOCK_FILE, RolloutFleet, parse_recap, private_collections, run_playbook, workers  # noqa: E402
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
@@ -358,6 +358,43 @@ def test_two_rollouts_at_once_in_batches_the_earlier_finishes_the_fleet(fleet4, 
     # A third run agrees that nothing is left to do.
     again = rf.playbook("rollout", vars_override={"gpufleet_nccl_env": {"NCCL_NTHREADS": "256"}})
     assert again.rc == 0 and all(again.recap[h]["changed"] == 0 for h in HOSTS), again.tail()
+
+
+@pytest.mark.reliability(
+    section="fault", case="A later controller's rollout meets an earlier one on its canary (wait-die)",
+    provoked="4 hosts, serial [1, '50%'], a fleet-wide NCCL change, servers taking 30 s to start; rollout A starts; as "
+             "soon as A restarts host1 (its canary, under its lock), rollout B starts with the same inventory",
+    outcome="B stops on host1 at once: 'host is locked by an earlier gpufleet run <A's id> (started HH:MM:SS); this "
+            "later run stops here, the earlier one goes on; run again after it', changed=0 there, exit code 2, no "
+            "later batch and no other host touched by B; A finishes every host, exit code 0; each server launched once")
+def test_a_later_rollout_stops_on_the_earlier_ones_canary_and_its_batch_gate_halts_it(fleet4, tmp_path):
+    rf = fleet4
+    rf.playbook("rollout", extra_vars={"gpufleet_rollout_serial": ["100%"]})  # every host right
+    launches = {h: _launches(rf, h) for h in HOSTS}
+    # A's servers take 30 s to start: B (its own start-up, validation, fast check) meets A's lock on host1.
+    inv = rf.inventory({"gpufleet_nccl_env": {"NCCL_NTHREADS": "512"}, "gpufleet_server_start_timeout": 150,
+                        "gpufleet_server_command": rf.server_vars()["gpufleet_server_command"] + ["--startup-delay", "30"]})
+    ev = {"gpufleet_rollout_serial": [1, "50%"], "gpufleet_rollout_max_fail_percentage": 0}
+    a = CliRun(tmp_path, "a", "gpufleet.serving.rollout", [inv], ev)
+    wait_for(lambda: "Restart the server (kill" in a.text() or a.proc.poll() is not None, 240, "A to restart its canary")
+    b = CliRun(tmp_path, "b", "gpufleet.serving.rollout", [inv], ev)
+    rc_a, rc_b = a.wait(400), b.wait(400)
+
+    me = socket.gethostname()
+    out_b = " ".join(b.text().split())
+    assert rc_a == 0, a.text()[-4000:]
+    assert rc_b == 2, out_b[-4000:]
+    assert "host is locked by an earlier gpufleet run %s:%d:" % (me, a.pid) in out_b, out_b[-4000:]
+    assert "this later run stops here, the earlier one goes on; run again after it" in out_b
+    # Its canary batch failed entirely: ansible-core ends the play there (no later batch, no other host in its recap).
+    recap = parse_recap(b.text())
+    assert list(recap) == ["host1"] and recap["host1"]["changed"] == 0, recap
+    after = rf.snapshot()
+    for h in HOSTS:
+        assert _launches(rf, h) == launches[h] + 1, h
+        for w in workers(after, h):
+            assert w["env"].get("NCCL_NTHREADS") == "512", (h, w)
+    assert all(v is None for v in _locks(rf, after).values())
 
 
 def _ticks(pid: int) -> int:
