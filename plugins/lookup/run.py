@@ -15,6 +15,10 @@ description:
     (C(/proc/sys/kernel/random/boot_id)), the process's start time in clock ticks since boot (field 22 of
     C(/proc/PID/stat)) and a random UUID. Where C(/proc) is not available (a controller that is not Linux), BOOT_ID
     and START_TICKS are V(-). The host locks of M(gpufleet.serving.server_state) record it as their owner.
+  - The id ends with C(:STARTED), when the ansible-playbook process started, in seconds since the epoch
+    (its boot time plus its start ticks; the time of the lookup where C(/proc) is not available). It orders runs
+    across controllers for the host lock's wait-die rule (see O(gpufleet.serving.server_state#module:lock_wait)); it is
+    the same for every batch of one run. Ids without it, from an older gpufleet, are still read.
   - With V(alive) and O(owner), returns V(null) (unknown) unless the run that C(owner) names was started on this very
     controller - the same hostname AND the same boot id; two controllers that share a hostname (CI runners all
     called C(localhost), cloned images) never judge each other's runs. For a run of this controller it returns
@@ -55,10 +59,12 @@ import multiprocessing
 import os
 import re
 import socket
+import time
 import uuid
 
 from ansible.errors import AnsibleError
 from ansible.plugins.lookup import LookupBase
+from ansible_collections.gpufleet.serving.plugins.module_utils import _runid
 
 
 def playbook_pid() -> int:
@@ -92,14 +98,31 @@ def start_ticks(pid: int) -> int | None:
         return None
 
 
+def process_started(ticks: int | None) -> float:
+    """Wall-clock start of the process that started `ticks` clock ticks after boot: the same for every batch of a
+    run (each batch makes a new id), so the order of two runs does not change while they go. The lookup's own time
+    where /proc does not tell."""
+    if ticks is not None:
+        try:
+            with open("/proc/stat") as f:
+                btime = next(int(ln.split()[1]) for ln in f if ln.startswith("btime "))
+            return btime + ticks / os.sysconf("SC_CLK_TCK")
+        except (OSError, StopIteration, ValueError, IndexError):
+            pass
+    return time.time()
+
+
 def new_id(host: str, pid: int) -> str:
     boot, ticks = boot_id(), start_ticks(pid)
-    return "%s:%d:%s.%s.%s" % (host, pid, boot or "-", "-" if ticks is None else ticks, uuid.uuid4())
+    base = "%s:%d:%s.%s.%s" % (host, pid, boot or "-", "-" if ticks is None else ticks, uuid.uuid4())
+    return _runid.with_start(base, process_started(ticks))
 
 
 def owner_alive(owner: str, host: str):
     """True, False, or None (unknown: another controller, another boot, no /proc, or an id not of this format)."""
     parts = owner.split(":")
+    if len(parts) == 4 and _runid.started(owner) is not None:
+        parts = parts[:3]  # the start time is not needed here
     if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
         return None
     token = parts[2].split(".")

@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError, Request
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _listener, _proc
+from ansible_collections.gpufleet.serving.plugins.module_utils import _listener, _proc, _runid
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -736,16 +736,25 @@ def pidfile_identity(path: str) -> t.Optional[t.Tuple[int, int]]:
 def acquire_lock(path: str, owner: str, ttl: float, wait: float, poll: float = 0.2) -> t.Dict[str, t.Any]:
     """Host-side lock: one rollout at a time. A lock older than its TTL is stale and broken.
 
-    The lock is a file created with O_EXCL holding {owner, expires}; the owner re-acquiring
-    (same run) succeeds, another owner waits up to `wait` s, then fails naming the holder.
+    The lock is a file created exclusively (create_exclusive) holding {owner, expires}; the owner re-acquiring (same
+    run) succeeds.
+    Another owner's live lock follows wait-die (both run ids carry their start time, _runid): a run meets the lock
+    of an EARLIER run and fails at once (LockRefused); it waits up to `wait` s for a LATER run's lock. Waits then
+    only go from earlier to later runs, so two rollouts never wait for each other, and the earliest finishes its
+    fleet. Ids without a start time (an older gpufleet) are waited for up to `wait` s, as before.
     """
     deadline = time.monotonic() + wait
+    t0 = time.monotonic()
     ensure_dir(os.path.dirname(path))
     broke = None
+    waited_for = None
     while True:
         now = time.time()
         if create_exclusive(path, json.dumps({"owner": owner, "acquired": now, "expires": now + ttl})):
-            return {"acquired": True, "broke_stale": broke}
+            res = {"acquired": True, "broke_stale": broke}
+            if waited_for is not None:
+                res["waited"] = {"for": waited_for, "s": round(time.monotonic() - t0, 1)}
+            return res
         cur = read_state(path)
         if cur.get("owner") == owner:
             if float(cur.get("expires", 0)) < now:
@@ -761,14 +770,26 @@ def acquire_lock(path: str, owner: str, ttl: float, wait: float, poll: float = 0
             except FileNotFoundError:
                 pass
             continue
+        if _runid.is_earlier(str(cur.get("owner")), owner):
+            raise lock_refused_error(cur)
         if time.monotonic() >= deadline:
-            raise lock_busy_error(cur)
+            raise lock_busy_error(cur, time.monotonic() - t0 if wait > 0 else None)
+        waited_for = cur.get("owner")
         time.sleep(poll)
 
 
-def lock_busy_error(cur: t.Mapping[str, t.Any]) -> "ServerError":
-    return ServerError("host is locked by another gpufleet run (%s) until %s; not touching it"
-                       % (cur.get("owner"), time.strftime("%H:%M:%S", time.localtime(float(cur.get("expires", 0))))),
+def lock_refused_error(cur: t.Mapping[str, t.Any]) -> "ServerError":
+    """Wait-die: the lock of an earlier run; this later run stops at once (no wait: the earlier one may be waiting
+    for a host this run holds)."""
+    return ServerError("host is locked by an earlier gpufleet run %s (%s); this later run stops here, the earlier one "
+                       "goes on; run again after it" % (cur.get("owner"), _runid.started_text(cur.get("owner"))),
+                       holder=cur.get("owner"), holder_earlier=True)
+
+
+def lock_busy_error(cur: t.Mapping[str, t.Any], waited: t.Optional[float] = None) -> "ServerError":
+    return ServerError("host is locked by another gpufleet run (%s) until %s%s; not touching it"
+                       % (cur.get("owner"), time.strftime("%H:%M:%S", time.localtime(float(cur.get("expires", 0)))),
+                          "" if waited is None else ", still after waiting %.0f s (lock_wait)" % waited),
                        holder=cur.get("owner"))
 
 

@@ -128,7 +128,12 @@ options:
     type: float
     default: 1800
   lock_wait:
-    description: Seconds to wait for another run's lock before failing; must be >= 0.
+    description:
+      - Seconds to wait for another run's lock before failing; must be >= 0.
+      - Wait-die, when both run ids carry their start time (the gpufleet.serving.run lookup's ids do) - the lock of
+        an earlier run fails the call at once, whatever this value ("host is locked by an earlier gpufleet run");
+        only the lock of a later run is waited for, and the wait is reported in a warning and in RV(lock_waited). An
+        owner id without a start time is waited for as a later run's.
     type: float
     default: 0
   break_owner:
@@ -341,6 +346,18 @@ holder:
   description: On failure to lock, the owner id of the run that holds the lock.
   returned: when the lock is held by another run
   type: str
+lock_waited:
+  version_added: 0.2.0
+  description: With V(check), how long this call waited for the lock of a later run (wait-die), and for which run.
+  returned: when the call waited for another run's lock
+  type: dict
+  contains:
+    for:
+      description: The owner id of the run that held the lock.
+      type: str
+    s:
+      description: Seconds waited.
+      type: float
 unit:
   version_added: 0.2.0
   description: With V(check) and O(systemd), the unit as systemd has it.
@@ -400,7 +417,7 @@ import typing as t
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _gpumod, _layercheck, _nvml, _proc, _select, _server, _systemd)
+    _gpumod, _layercheck, _nvml, _proc, _runid, _select, _server, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
@@ -463,6 +480,11 @@ def take_lock(module: AnsibleModule) -> dict:
         module.fail_json(msg="cannot take the host lock: %s" % (e.strerror or e), path=p["lock_file"])
     if res.get("broke_stale"):
         module.warn("broke a stale lock: %s" % res["broke_stale"])
+    if res.get("waited"):
+        # Wait-die: only an earlier run waits, for a later one; say so, and for how long, in the run's output.
+        module.warn("waited %.1f s for the host lock of a later gpufleet run %s (%s); this earlier run goes first "
+                    "(lock_wait %.0f s)" % (res["waited"]["s"], res["waited"]["for"],
+                                            _runid.started_text(res["waited"]["for"]), p["lock_wait"]))
     return res
 
 
@@ -477,11 +499,16 @@ def check(module: AnsibleModule) -> dict:
     # This run's lock from an earlier call (action=lock, or a check that kept it) is neither taken nor dropped here.
     held = _server.read_state(p["lock_file"]) if p["lock_file"] and p["owner"] else {}
     held_before = held.get("owner") == p["owner"] and float(held.get("expires", 0)) >= time.time()
+    lock_res = {}
     if locking:
-        take_lock(module)
+        lock_res = take_lock(module)
     elif p["lock_file"] and p["owner"] and not p["break_owner"]:
-        # Check mode takes no lock, but predicts the real call: another run's live lock makes it fail (or wait).
+        # Check mode takes no lock, but predicts the real call: another run's live lock makes it fail (an earlier
+        # run's at once, wait-die) or wait.
         busy = _server.foreign_live_lock(p["lock_file"], p["owner"])
+        if busy is not None and _runid.is_earlier(str(busy.get("owner")), p["owner"]):
+            e = _server.lock_refused_error(busy)
+            module.fail_json(msg=str(e), **e.details)
         if busy is not None and p["lock_wait"] == 0:
             e = _server.lock_busy_error(busy)
             module.fail_json(msg=str(e), **e.details)
@@ -497,6 +524,8 @@ def check(module: AnsibleModule) -> dict:
         if locking and not held_before:
             _server.release_lock(p["lock_file"], p["owner"])
         raise
+    if lock_res.get("waited"):
+        res["lock_waited"] = lock_res["waited"]
     if p["lock_file"] and not p["owner"]:
         holder = _server.lock_holder(p["lock_file"])
         if holder is not None:

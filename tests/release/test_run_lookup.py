@@ -6,6 +6,7 @@ dead, even when the two controllers share a hostname)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 
@@ -66,8 +67,12 @@ def test_run_ids_name_this_playbook_process_and_liveness_is_known_only_for_this_
         live.wait()
     assert p.returncode == 0, out[-3000:]
     msg = json.loads((tmp_path / "out.json").read_text())
-    host, pid, token = msg["me"].split(":")
+    host, pid, token, started = msg["me"].split(":")
     assert int(pid) == p.pid, (msg, p.pid)  # the ansible-playbook process itself
+    # When the ansible-playbook process started (boot time + its start ticks): orders runs for the host lock.
+    btime = next(int(ln.split()[1]) for ln in open("/proc/stat") if ln.startswith("btime "))
+    assert abs(float(started) - (btime + int(token.split(".")[1]) / os.sysconf("SC_CLK_TCK"))) < 0.02, msg
+    assert msg["again"].split(":")[3] == started, msg  # the same for every id of the run (each batch makes one)
     me_boot, me_ticks, uid = token.split(".")
     assert me_boot == boot, msg  # this boot
     assert re.fullmatch(r"[0-9]+", me_ticks) and re.fullmatch(r"[0-9a-f-]{36}", uid) and msg["again"] != msg["me"]

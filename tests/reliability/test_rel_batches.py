@@ -11,6 +11,9 @@ lock), and no host left holding a lock of this run.
 from __future__ import annotations
 
 import json
+import os
+import re
+import socket
 import sys
 import time
 from pathlib import Path
@@ -19,7 +22,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 
-from rollout_helpers import LOCK_FILE, RolloutFleet  # noqa: E402
+from rel_helpers import CliRun, wait_for  # noqa: E402
+from rollout_helpers import LOCK_FILE, RolloutFleet, parse_recap, private_collections, run_playbook, workers  # noqa: E402
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
@@ -45,7 +49,9 @@ def fleet4(rf4: RolloutFleet) -> RolloutFleet:
 
 
 def _other_runs_lock(rf: RolloutFleet, host: str) -> str:
-    lock = {"owner": "other-controller:4242:0000", "acquired": time.time(), "expires": time.time() + 3600}
+    # An earlier run of another controller (its id ends with its start): refused at once (wait-die).
+    owner = "other-controller:4242:0000.1.x:%.6f" % (time.time() - 60)
+    lock = {"owner": owner, "acquired": time.time(), "expires": time.time() + 3600}
     rf.fleet.ssh(host, "mkdir -p /run/gpufleet && cat > %s" % LOCK_FILE, input=json.dumps(lock), check=True)
     return json.dumps(lock)
 
@@ -67,7 +73,7 @@ CASES = {
     "preflight": ({"gpufleet_server_start_timeout": -1}, lambda rf, h: "gpufleet_server_start_timeout must be > 0"),
     "nccl": ({"gpufleet_nccl_env": {"NCCL_PROTOCOL": "LL"}, "gpufleet_nccl_unknown_vars": "fail"},
              lambda rf, h: "NCCL_PROTOCOL"),
-    "lock": ({}, lambda rf, h: (_other_runs_lock(rf, h), "locked by another gpufleet run")[1]),
+    "lock": ({}, lambda rf, h: (_other_runs_lock(rf, h), "locked by an earlier gpufleet run")[1]),
     "clean": ({}, _holder),
     "ready": ({"__extra_args": ["--fail-at-startup"]}, lambda rf, h: "exited during start-up"),
     "verify_env": ({"gpufleet_server_expected_env": {"GPUFLEET_MUST_HAVE": "1"}}, lambda rf, h: "GPUFLEET_MUST_HAVE"),
@@ -99,8 +105,8 @@ PHASES = {
     "preflight": ("in the validation before anything changes: gpufleet_server_start_timeout -1",
                   "'gpufleet_server_start_timeout must be > 0'"),
     "nccl": ("in the NCCL layer: gpufleet_nccl_env NCCL_PROTOCOL with gpufleet_nccl_unknown_vars fail", "NCCL_PROTOCOL"),
-    "lock": ("at the lock: another run's fresh lock file on host2",
-             "'locked by another gpufleet run' (the other run's lock left as it was)"),
+    "lock": ("at the lock: the fresh lock file of an earlier run of another controller on host2",
+             "'locked by an earlier gpufleet run' (the other run's lock left as it was)"),
     "clean": ("at the clean gate: an untagged process holds GPU 0", "'GPUs not clean'"),
     "ready": ("at start-up: the server exits (--fail-at-startup)", "'exited during start-up'"),
     "verify_env": ("at the workers' environment check: gpufleet_server_expected_env GPUFLEET_MUST_HAVE=1",
@@ -297,3 +303,174 @@ def test_a_forced_restart_validates_each_host_once_before_any_host_is_touched(fl
     for task in ("gpufleet.serving.gpu_server : Validate the server definition",
                  "gpufleet.serving.nccl_tuning : Check the NCCL tuning input"):
         assert "TASK [%s]" % task in run.out, task
+
+
+def _launches(rf: RolloutFleet, host: str) -> int:
+    out = rf.fleet.ssh(host, "cat /var/log/gpufleet/demo.log 2>/dev/null").stdout
+    return out.count("==== gpufleet launch")
+
+
+@pytest.mark.reliability(
+    section="fault", case="Two controllers roll out the same definition at once, in batches (wait-die)",
+    provoked="4 hosts, serial [1, '50%'], a fleet-wide NCCL change; two real ansible-playbook runs of "
+             "gpufleet.serving.rollout with the same inventory started at the same moment (default "
+             "gpufleet_server_lock_wait, 900 s)",
+    outcome="the earlier run (by its start) finishes every host with exit code 0, waiting where the later run held a "
+            "host ('waited N s for the host lock of a later gpufleet run'); the later run either stops where it meets "
+            "the earlier run's lock ('host is locked by an earlier gpufleet run ... this later run stops here', exit "
+            "code 2, 'rollout halted') with changed=0 on that host, or finishes first; every host's server was launched "
+            "exactly once; every host runs the new tuning; no lock left")
+def test_two_rollouts_at_once_in_batches_the_earlier_finishes_the_fleet(fleet4, tmp_path):
+    rf = fleet4
+    rf.playbook("rollout", extra_vars={"gpufleet_rollout_serial": ["100%"]})  # every host right
+    launches = {h: _launches(rf, h) for h in HOSTS}
+    inv = rf.inventory({"gpufleet_nccl_env": {"NCCL_NTHREADS": "256"}})
+    ev = {"gpufleet_rollout_serial": [1, "50%"], "gpufleet_rollout_max_fail_percentage": 0}
+    runs = [CliRun(tmp_path, name, "gpufleet.serving.rollout", [inv], ev) for name in ("one", "two")]
+    # The order of the two runs: their processes' start (clock ticks), ties broken by the run id (host:pid:...).
+    me = socket.gethostname()
+    earlier, later = sorted(runs, key=lambda r: (_ticks(r.pid), "%s:%d:" % (me, r.pid)))
+    rc_e, rc_l = earlier.wait(400), later.wait(400)
+
+    out_e, out_l = " ".join(earlier.text().split()), " ".join(later.text().split())
+    assert rc_e == 0, out_e[-4000:]
+    assert "host is locked by an earlier" not in out_e, out_e[-3000:]
+    refused = re.findall(r"fatal: \[(host\d)\]", later.text())
+    if rc_l != 0:
+        assert rc_l == 2, out_l[-4000:]
+        assert "host is locked by an earlier gpufleet run %s:%d:" % (me, earlier.pid) in out_l, out_l[-4000:]
+        assert "this later run stops here, the earlier one goes on; run again after it" in out_l
+        assert refused, out_l[-3000:]
+        recap = parse_recap(later.text())
+        for h in refused:  # nothing written there by the run that did not hold the lock
+            assert recap[h]["changed"] == 0, (h, recap)
+        if refused[-1] != HOSTS[-1]:
+            assert "rollout halted" in out_l, out_l[-3000:]
+    else:  # the later run was ahead on every host: the earlier waited for it where they met
+        assert not refused, out_l[-3000:]
+    print("later run: rc %s, stopped on %s; earlier run waited: %s" % (rc_l, refused, "waited" in out_e))
+    after = rf.snapshot()
+    for h in HOSTS:
+        assert _launches(rf, h) == launches[h] + 1, (h, _launches(rf, h), launches[h])
+        for w in workers(after, h):
+            assert w["env"].get("NCCL_NTHREADS") == "256", (h, w)
+    assert all(v is None for v in _locks(rf, after).values())
+    # A third run agrees that nothing is left to do.
+    again = rf.playbook("rollout", vars_override={"gpufleet_nccl_env": {"NCCL_NTHREADS": "256"}})
+    assert again.rc == 0 and all(again.recap[h]["changed"] == 0 for h in HOSTS), again.tail()
+
+
+@pytest.mark.reliability(
+    section="fault", case="A later controller's rollout meets an earlier one on its canary (wait-die)",
+    provoked="4 hosts, serial [1, '50%'], a fleet-wide NCCL change, servers taking 30 s to start; rollout A starts; as "
+             "soon as A restarts host1 (its canary, under its lock), rollout B starts with the same inventory",
+    outcome="B stops on host1 at once: 'host is locked by an earlier gpufleet run <A's id> (started HH:MM:SS); this "
+            "later run stops here, the earlier one goes on; run again after it', changed=0 there, exit code 2, no "
+            "later batch and no other host touched by B; A finishes every host, exit code 0; each server launched once")
+def test_a_later_rollout_stops_on_the_earlier_ones_canary_and_its_batch_gate_halts_it(fleet4, tmp_path):
+    rf = fleet4
+    rf.playbook("rollout", extra_vars={"gpufleet_rollout_serial": ["100%"]})  # every host right
+    launches = {h: _launches(rf, h) for h in HOSTS}
+    # A's servers take 30 s to start: B (its own start-up, validation, fast check) meets A's lock on host1.
+    inv = rf.inventory({"gpufleet_nccl_env": {"NCCL_NTHREADS": "512"}, "gpufleet_server_start_timeout": 150,
+                        "gpufleet_server_command": rf.server_vars()["gpufleet_server_command"] + ["--startup-delay", "30"]})
+    ev = {"gpufleet_rollout_serial": [1, "50%"], "gpufleet_rollout_max_fail_percentage": 0}
+    a = CliRun(tmp_path, "a", "gpufleet.serving.rollout", [inv], ev)
+    wait_for(lambda: "Restart the server (kill" in a.text() or a.proc.poll() is not None, 240, "A to restart its canary")
+    b = CliRun(tmp_path, "b", "gpufleet.serving.rollout", [inv], ev)
+    rc_a, rc_b = a.wait(400), b.wait(400)
+
+    me = socket.gethostname()
+    out_b = " ".join(b.text().split())
+    assert rc_a == 0, a.text()[-4000:]
+    assert rc_b == 2, out_b[-4000:]
+    assert "host is locked by an earlier gpufleet run %s:%d:" % (me, a.pid) in out_b, out_b[-4000:]
+    assert "this later run stops here, the earlier one goes on; run again after it" in out_b
+    # Its canary batch failed entirely: ansible-core ends the play there (no later batch, no other host in its recap).
+    recap = parse_recap(b.text())
+    assert list(recap) == ["host1"] and recap["host1"]["changed"] == 0, recap
+    after = rf.snapshot()
+    for h in HOSTS:
+        assert _launches(rf, h) == launches[h] + 1, h
+        for w in workers(after, h):
+            assert w["env"].get("NCCL_NTHREADS") == "512", (h, w)
+    assert all(v is None for v in _locks(rf, after).values())
+
+
+def _ticks(pid: int) -> int:
+    stat = open("/proc/%d/stat" % pid).read()
+    return int(stat[stat.rfind(")") + 2:].split()[19])
+
+
+@pytest.mark.reliability(
+    section="fault", case="strategy free in the user's configuration (ANSIBLE_STRATEGY=free)",
+    provoked="ANSIBLE_STRATEGY=free; 4 hosts, serial [1, '50%'], max_fail_percentage 0, a fleet-wide NCCL change; "
+             "host2's GPU 0 held by an unrelated process (fails at the clean gate in batch 2)",
+    outcome="the shipped rollout runs its plays with strategy linear whatever the configuration: exit code 2, host2 "
+            "failed with 'GPUs not clean', 'rollout halted' in stdout and the summary's halted record, host4 (batch 3) "
+            "not run: same processes and sitecustomize; no lock left")
+def test_the_rollout_keeps_its_batches_under_a_configured_free_strategy(fleet4, monkeypatch):
+    rf = fleet4
+    rf.start_holder("host2", gpu=0, mib=1000)
+    before = rf.snapshot()
+    monkeypatch.setenv("ANSIBLE_STRATEGY", "free")
+
+    run = rf.playbook("rollout", vars_override={"gpufleet_nccl_env": {"NCCL_NTHREADS": "128"}},
+                      extra_vars={"gpufleet_rollout_serial": [1, "50%"], "gpufleet_rollout_max_fail_percentage": 0})
+
+    assert run.rc == 2, run.tail()
+    assert "GPUs not clean" in run.summary["host2"]["failure"], run.summary["host2"]
+    assert "rollout halted: 1 of 2 host(s) of the batch failed (host2)" in run.out, run.tail()
+    halted = json.loads((rf.workdir / ("summary-%d" % rf.runs) / "rollout-summary.json").read_text())["halted"]
+    assert halted and halted["not_started"] == ["host4"], halted
+    assert run.summary["host4"]["status"] == "not run" and "host4" not in run.recap
+    after = rf.snapshot()
+    assert after.identities("host4") == before.identities("host4")
+    assert after["host4"]["sitecustomize_sha"] == before["host4"]["sitecustomize_sha"]
+    assert all(v is None for v in _locks(rf, after).values())
+
+
+USER_PLAY = """
+- name: My own rollout
+  hosts: gpufleet_servers
+  serial: [1, "50%"]
+  gather_facts: false
+  tasks:
+    - name: Restart the server
+      ansible.builtin.include_role:
+        name: gpufleet.serving.gpu_server
+"""
+
+
+@pytest.mark.reliability(
+    section="input", case="A play of the user's including gpu_server under strategy free",
+    provoked="ANSIBLE_STRATEGY=free; the user's own play (serial [1, '50%'], no strategy keyword) includes the "
+             "gpu_server role; every host needs a restart (a changed server env)",
+    outcome="each host that the play reaches is refused at the role's first host call, before the lock: 'the "
+            "gpu_server role cannot keep its batch semantics under the play's strategy free ... Set 'strategy: linear' "
+            "on the play'; exit code 2; no process, file or lock changed on any host")
+def test_a_users_play_with_the_role_under_free_is_refused_before_anything_is_touched(fleet4, monkeypatch):
+    rf = fleet4
+    rf.playbook("rollout", extra_vars={"gpufleet_rollout_serial": ["100%"]})  # every host right
+    before = rf.snapshot()
+    inv = rf.inventory({"gpufleet_server_env": {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV", "DEMO_X": "1"}})
+    # The user's inventory without NCCL tuning: their play does not include the nccl_tuning role.
+    servers = json.loads((inv / "servers.yml").read_text())
+    servers["gpufleet_servers"]["vars"].pop("gpufleet_nccl_profile")
+    (inv / "servers.yml").write_text(json.dumps(servers))
+    pb = rf.workdir / "my-play.yml"
+    pb.write_text(USER_PLAY)
+    env = dict(os.environ, ANSIBLE_STRATEGY="free", ANSIBLE_COLLECTIONS_PATH=str(private_collections()))
+
+    cp = run_playbook(pb, inventory=str(inv), env=env, timeout=240)
+
+    out = " ".join(cp.stdout.split())
+    assert cp.returncode == 2, out[-4000:]
+    assert "the gpu_server role cannot keep its batch semantics under the play's strategy free" in out, out[-3000:]
+    assert "Set 'strategy: linear' on the play" in out
+    assert "Restart the server (kill" not in cp.stdout
+    after = rf.snapshot()
+    for h in HOSTS:
+        assert after.identities(h) == before.identities(h), h
+        assert after[h]["files"] == before[h]["files"], h
+        assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"], h

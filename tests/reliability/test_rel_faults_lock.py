@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
+import time
 
 import pytest
 
 from gpufleet_ci import sandbox
-from rel_helpers import CliRun, gpu_holders, ps, read_host_file, reset_host, start_bg, wait_for
+from rel_helpers import CliRun, gpu_holders, host_py, ps, read_host_file, reset_host, sh, start_bg, wait_for
 
 pytestmark = pytest.mark.sandbox
 
@@ -48,12 +50,12 @@ def bare(fleet):
     return fleet
 
 
-def _inventory(fleet, tmp_path, **over):
+def _inventory(fleet, tmp_path, name="servers", **over):
     gv = sandbox.server_vars(fleet.python, mib=1000)
     gv.pop("gpufleet_nccl_profile")
     gv.update(gpufleet_server_verify_env=False, gpufleet_server_expect_gpu_processes=0, gpufleet_server_clean_timeout=15)
     gv.update(over)
-    inv = tmp_path / "servers.yml"
+    inv = tmp_path / ("%s.yml" % name)
     inv.write_text(sandbox.servers_inventory([H], gv))
     return [fleet.inventory, inv], gv
 
@@ -157,36 +159,108 @@ def test_interrupted_rollout_completes_its_restart_and_the_next_run_waits_for_it
     assert not any("fake_gpu" in p["cmd"] or "stray" in p["cmd"] for p in procs.values())
 
 
+# The NCCL layers a run writes host-wide: the system sitecustomize (both places Debian links) and nccl.conf.
+LAYERS_CODE = r"""
+import json, os, sys, sysconfig
+out = {}
+for p in (os.path.join(sysconfig.get_paths()["stdlib"], "sitecustomize.py"),
+          "/etc/python3.%d/sitecustomize.py" % sys.version_info[1], "/etc/nccl.conf"):
+    try:
+        out[p] = open(p).read()
+    except OSError:
+        out[p] = None
+print(json.dumps(out))
+"""
+
+
+def _layers(fleet):
+    return host_py(fleet, H, LAYERS_CODE)
+
+
+def _restore_layers(fleet, layers):
+    for path, content in layers.items():
+        if content is None:
+            sh(fleet, H, "rm -f %s" % path)
+        else:
+            fleet.host_run(H, ["/bin/sh", "-c", "cat > %s" % path], input=content)
+
+
 @pytest.mark.reliability(
-    section="fault", case="Two rollouts against the same host at once",
-    provoked="rollout A restarts host1 (server start-up takes 12 s); while A holds the host lock, rollout B "
-             "(gpufleet_server_lock_wait 0) and rollout C (gpufleet_server_lock_wait 120) start against host1",
-    outcome="B fails at once with 'host is locked by another gpufleet run (<A's host:pid:boot.ticks.uuid>)' and touches "
-            "nothing; C waits for A's lock, then finds the server up to date and changes nothing; the server log "
-            "shows exactly one launch and the running server is A's")
+    section="fault", case="Two rollouts against the same host at once, with different NCCL tuning (wait-die)",
+    provoked="rollout A (NCCL profile pcie_only) restarts host1 (server start-up takes 60 s); while A holds the host "
+             "lock and its server starts, rollout B, started later, asks for another NCCL tuning (NCCL_BUFFSIZE) with "
+             "the default gpufleet_server_lock_wait (900 s)",
+    outcome="B stops at once on host1 with 'host is locked by an earlier gpufleet run <A's id> (started HH:MM:SS); "
+            "this later run stops here, the earlier one goes on; run again after it' (no wait) and writes nothing there: "
+            "the system sitecustomize and nccl.conf byte for byte as A left them, no kill, no launch, B's recap "
+            "changed=0; A finishes: exactly one launch in the server log, the running server is A's, the layers hold "
+            "A's values, no lock left")
 def test_concurrent_rollouts_never_interleave(bare, tmp_path):
     fleet = bare
-    invs, gv = _inventory(fleet, tmp_path)
-    # A's server takes 12 s to start: B and C reach their lock task well inside A's hold, even on a loaded machine.
-    gv_cmd = gv["gpufleet_server_command"] + ["--startup-delay", "12"]
-    invs, gv = _inventory(fleet, tmp_path, gpufleet_server_command=gv_cmd)
+    original = _layers(fleet)
+    # A's server takes 60 s to start: B (its own ansible-playbook start-up, its validation and fast check) reaches host1
+    # well inside A's hold, even on a loaded machine.
+    gv_cmd = sandbox.server_vars(fleet.python, mib=1000)["gpufleet_server_command"] + ["--startup-delay", "60"]
+    common = dict(gpufleet_server_command=gv_cmd, gpufleet_nccl_profile="pcie_only", gpufleet_server_start_timeout=180)
+    invs_a = _inventory(fleet, tmp_path, "a", **common)[0]
+    invs_b = _inventory(fleet, tmp_path, "b", gpufleet_nccl_env={"NCCL_BUFFSIZE": "4194304"}, **common)[0]
     me = socket.gethostname()
+    try:
+        a = CliRun(tmp_path, "a", "gpufleet.serving.rollout", invs_a)
+        # A holds the lock, its layers are written and its server is starting (the launch line is in the log).
+        wait_for(lambda: (read_host_file(fleet, H, LOCK) and _launches(fleet) == 1) or a.proc.poll() is not None, 240,
+                 "A to launch under its lock")
+        assert a.proc.poll() is None, a.text()[-3000:]
+        lock = read_host_file(fleet, H, LOCK)
+        assert '"%s:%d:' % (me, a.pid) in lock, lock
+        a_layers = _layers(fleet)
+        assert any(c and "NCCL_PROTO" in c for c in a_layers.values()), a_layers
 
-    a = CliRun(tmp_path, "a", "gpufleet.serving.rollout", invs)
-    lock = wait_for(lambda: read_host_file(fleet, H, LOCK) or a.proc.poll() is not None, 240, "A to take the lock")
-    assert a.proc.poll() is None, a.text()[-3000:]
-    assert '"%s:%d:' % (me, a.pid) in lock, lock
-    b = CliRun(tmp_path, "b", "gpufleet.serving.rollout", invs, {"gpufleet_server_lock_wait": 0})
-    c = CliRun(tmp_path, "c", "gpufleet.serving.rollout", invs, {"gpufleet_server_lock_wait": 120})
-    assert a.wait() == 0, a.text()[-4000:]
-    rc_b, rc_c = b.wait(), c.wait()
+        b = CliRun(tmp_path, "b", "gpufleet.serving.rollout", invs_b)
+        rc_b = b.wait()
+        assert a.proc.poll() is None, "A ended before B: B did not meet A's lock:\n" + a.text()[-3000:]
+        out_b = " ".join(b.text().split())
+        assert rc_b == 2, out_b[-3000:]
+        assert ("host is locked by an earlier gpufleet run %s:%d:" % (me, a.pid)) in out_b, out_b[-3000:]
+        assert "this later run stops here, the earlier one goes on; run again after it" in out_b, out_b[-3000:]
+        assert "waited" not in out_b, out_b[-3000:]  # a later run never waits for an earlier one
+        assert "Restart the server (kill" not in b.text()
+        assert re.search(r"host1\s*: ok=\d+\s+changed=0 ", b.text()), b.text()[-2000:]
+        assert _layers(fleet) == a_layers, "B wrote the NCCL layers under A's lock"
 
-    assert rc_b != 0
-    assert "host is locked by another gpufleet run (%s:%d:" % (me, a.pid) in b.text(), b.text()[-3000:]
-    assert "Restart the server (kill" not in b.text()
-    assert rc_c == 0, c.text()[-4000:]
-    assert "changed=0" in c.text(), "C restarted the server after waiting:\n" + c.text()[-3000:]
+        assert a.wait() == 0, a.text()[-4000:]
+        assert _launches(fleet) == 1
+        assert _layers(fleet) == a_layers and "4194304" not in json.dumps(a_layers)
+        pid = int(read_host_file(fleet, H, "/run/gpufleet/demo.pid").split()[0])
+        assert pid in ps(fleet, H)
+        assert read_host_file(fleet, H, LOCK) is None
+    finally:
+        _restore_layers(fleet, original)
+
+
+@pytest.mark.reliability(
+    section="fault", case="A rollout meets the host lock of a later run (wait-die)",
+    provoked="host1's lock file names a live run of another controller that started after this rollout; once the "
+             "rollout's check has started, the lock is removed (that run finished), 5 s later",
+    outcome="the earlier run waits (bounded by gpufleet_server_lock_wait, 900 s by default) and says so with how long: "
+            "'waited N s for the host lock of a later gpufleet run <id> (started HH:MM:SS); this earlier run goes "
+            "first'; then it restarts host1 and exits 0; one launch")
+def test_an_earlier_run_waits_for_a_later_runs_lock_and_says_how_long(bare, tmp_path):
+    fleet = bare
+    invs = _inventory(fleet, tmp_path)[0]
+    run = CliRun(tmp_path, "earlier", "gpufleet.serving.rollout", invs)
+    later = "other-controller:4242:%s.1.later:%.6f" % ("0" * 8, time.time() + 600)
+    now = time.time()
+    sh(fleet, H, "mkdir -p /run/gpufleet && printf '%%s' '%s' > %s" % (
+        json.dumps({"owner": later, "acquired": now, "expires": now + 3600}), LOCK))
+    wait_for(lambda: "Check the running server against the desired state" in run.text() or run.proc.poll() is not None,
+             240, "the rollout's check (which takes the lock)")
+    time.sleep(5)  # the task's banner comes before its module reaches the host
+    sh(fleet, H, "rm -f %s" % LOCK)
+    assert run.wait() == 0, run.text()[-4000:]
+    out = " ".join(run.text().split())
+    m = re.search(r"waited ([0-9.]+) s for the host lock of a later gpufleet run %s \(started [0-9:]{8}\); this "
+                  r"earlier run goes first" % re.escape(later), out)
+    assert m and float(m.group(1)) > 0, out[-3000:]
     assert _launches(fleet) == 1
-    pid = int(read_host_file(fleet, H, "/run/gpufleet/demo.pid").split()[0])
-    assert pid in ps(fleet, H) and "host1" in a.text()
     assert read_host_file(fleet, H, LOCK) is None

@@ -159,7 +159,9 @@ def test_clean_respects_another_runs_lock_and_refuses_a_bad_definition(rolled_ou
     import time as _time
 
     rf = rolled_out("clean", "drifted")
-    lock = {"owner": "other-controller:4242:0000", "acquired": _time.time(), "expires": _time.time() + 3600}
+    # An earlier run of another controller (its id ends with its start): refused at once (wait-die).
+    owner = "other-controller:4242:0000.1.x:%.6f" % (_time.time() - 60)
+    lock = {"owner": owner, "acquired": _time.time(), "expires": _time.time() + 3600}
     rf.fleet.ssh("host1", "mkdir -p /run/gpufleet && cat > /run/gpufleet/demo.lock", input=_json.dumps(lock), check=True)
     try:
         before = rf.snapshot()
@@ -170,12 +172,12 @@ def test_clean_respects_another_runs_lock_and_refuses_a_bad_definition(rolled_ou
                           extra_vars={"gpufleet_rollout_max_fail_percentage": 100})
 
         assert run.rc == 2, run.tail()
-        assert "locked by another gpufleet run" in run.summary["host1"]["failure"], run.summary["host1"]
+        assert "locked by an earlier gpufleet run" in run.summary["host1"]["failure"], run.summary["host1"]
         assert "gpufleet_server_name must be a string of 1 to 200 letters" in run.summary["host2"]["failure"], run.summary
         after = rf.snapshot()
         for h in ("host1", "host2", "host3"):
             assert after.identities(h) == before.identities(h), "%s: a server was stopped" % h
-        assert _json.loads(after["host1"]["files"]["lock"])["owner"] == "other-controller:4242:0000"
+        assert _json.loads(after["host1"]["files"]["lock"])["owner"] == owner
         assert "evil" not in rf.fleet.ssh("host2", "ls -A /tmp /run/gpufleet", check=True).stdout
     finally:
         rf.fleet.ssh("host1", "rm -f /run/gpufleet/demo.lock")

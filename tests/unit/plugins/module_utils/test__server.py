@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _runid, _server
 
 
 # ---------------------------------------------------------------- validate_env
@@ -152,6 +152,69 @@ def test_a_corrupt_lock_file_is_broken(tmp_path):
     lf.write_text("{half a json")
     r = _server.acquire_lock(str(lf), "ctl:2:new", ttl=60, wait=0)
     assert r["acquired"] is True and r["broke_stale"] == {"corrupt": True}
+
+
+# Wait-die (issue 24): run ids carry their start time; ties are broken by the id string.
+EARLY = "ctl-a:11:b.1.u1:1000.000000"
+LATE = "ctl-b:22:b.2.u2:1001.500000"
+
+
+def test_a_later_run_meeting_an_earlier_runs_lock_stops_at_once_naming_it(tmp_path):
+    lf = str(tmp_path / "demo.lock")
+    _server.acquire_lock(lf, EARLY, ttl=60, wait=0)
+    t0 = time.monotonic()
+    with pytest.raises(_server.ServerError) as e:
+        _server.acquire_lock(lf, LATE, ttl=60, wait=30, poll=0.05)  # a long wait it must not use
+    assert time.monotonic() - t0 < 1
+    started = time.strftime("%H:%M:%S", time.localtime(1000))
+    assert str(e.value) == ("host is locked by an earlier gpufleet run %s (started %s); this later run stops here, "
+                            "the earlier one goes on; run again after it" % (EARLY, started))
+    assert e.value.details["holder"] == EARLY
+    assert lock_content(lf)["owner"] == EARLY
+
+
+def test_an_earlier_run_waits_for_a_later_runs_lock_and_says_how_long(tmp_path):
+    lf = str(tmp_path / "demo.lock")
+    _server.acquire_lock(lf, LATE, ttl=60, wait=0)
+    th = threading.Timer(0.5, _server.release_lock, (lf, LATE))
+    th.start()
+    try:
+        r = _server.acquire_lock(lf, EARLY, ttl=60, wait=10, poll=0.05)
+    finally:
+        th.join()
+    assert r["acquired"] is True and lock_content(lf)["owner"] == EARLY
+    assert r["waited"]["for"] == LATE and 0.4 <= r["waited"]["s"] < 5
+
+
+def test_an_earlier_run_waits_only_up_to_its_bound(tmp_path):
+    lf = str(tmp_path / "demo.lock")
+    _server.acquire_lock(lf, LATE, ttl=60, wait=0)
+    with pytest.raises(_server.ServerError) as e:
+        _server.acquire_lock(lf, EARLY, ttl=60, wait=0.3, poll=0.05)
+    assert "locked by another gpufleet run (%s)" % LATE in str(e.value) and "still after waiting 0 s" in str(e.value)
+
+
+def test_two_runs_started_in_the_same_tick_are_ordered_by_their_ids(tmp_path):
+    a, b = "ctl:1:b.1.aaa:1000.000000", "ctl:1:b.1.bbb:1000.000000"
+    lf = str(tmp_path / "demo.lock")
+    _server.acquire_lock(lf, a, ttl=60, wait=0)
+    with pytest.raises(_server.ServerError, match="earlier gpufleet run"):
+        _server.acquire_lock(lf, b, ttl=60, wait=30)
+    _server.release_lock(lf, a)
+    _server.acquire_lock(lf, b, ttl=60, wait=0)
+    with pytest.raises(_server.ServerError, match="another gpufleet run"):  # a waits for b (bounded)
+        _server.acquire_lock(lf, a, ttl=60, wait=0.2, poll=0.05)
+
+
+@pytest.mark.parametrize("owner, started", [
+    ("ctl:1:b.1.u:1000.500000", 1000.5),
+    ("ctl:1:b.1.u", None),  # an id of an older gpufleet: no start time, no order
+    ("it-run-1", None),
+    ("ctl:1:b.1.u:soon", None),
+])
+def test_run_ids_are_read_with_and_without_a_start_time(owner, started):
+    assert _runid.started(owner) == started
+    assert _runid.is_earlier(owner, LATE) is (None if started is None else True)
 
 
 # ---------------------------------------------------------------- readiness gate
