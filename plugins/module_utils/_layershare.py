@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import typing as t
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _select
+from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _select, _server
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 
@@ -49,7 +49,9 @@ def other_services(own: t.Tuple[str, str]) -> t.Dict[str, int]:
     for pid, p in procs.items():
         if pid in protected or p.state in ("Z", "X"):
             continue
-        value = _select.other_service(pid, own)
+        # Own's tag name only: the layer check scans every process of the host, and a service with another tag name
+        # is not told apart from the others there (docs: give the services of a host one tag name).
+        value = _select.same_tag_other_service(pid, own)
         if value is None:
             continue
         if value not in found or (p.start_time, p.pid) < (found[value].start_time, found[value].pid):
@@ -57,16 +59,43 @@ def other_services(own: t.Tuple[str, str]) -> t.Dict[str, int]:
     return {value: p.pid for value, p in sorted(found.items())}
 
 
+def services_in_rollout(own: t.Tuple[str, str], lock_dir: t.Optional[str]) -> t.Dict[str, str]:
+    """service -> the run holding its host lock, for every other service whose lock in `lock_dir` (the role's run dir,
+    <name>.lock) is held and not past its expiry: that run may be between its kill and its launch, when no process of
+    the service runs and other_services cannot see it, and it launches onto whatever the layers then hold."""
+    if not lock_dir or not os.path.isdir(lock_dir):
+        return {}
+    out: t.Dict[str, str] = {}
+    for entry in sorted(os.listdir(lock_dir)):
+        name = entry[:-len(".lock")] if entry.endswith(".lock") else ""
+        if not name or name == own[1]:
+            continue
+        holder = _server.lock_holder(os.path.join(lock_dir, entry))
+        if holder:
+            out[name] = holder
+    return out
+
+
 def refuse_if_shared(own: t.Optional[t.Tuple[str, str]], path: str, before: t.Mapping[str, str],
-                     after: t.Mapping[str, str]) -> None:
+                     after: t.Mapping[str, str], lock_dir: t.Optional[str] = None) -> None:
     """StepError when writing `after` over `before` in the host-wide file `path` would change the values another
-    running gpufleet service was started with; nothing when no service is named, no value changes, or none runs."""
+    gpufleet service runs with, or launches with (its host lock in `lock_dir` held by a run); nothing when no service
+    is named, no value changes, or no other service runs or is being rolled out."""
     if own is None:
         return
     names = changed_names(before, after)
     if not names:
         return
     others = other_services(own)
+    rolling = {k: v for k, v in services_in_rollout(own, lock_dir).items() if k not in others}
+    if rolling:
+        who = ", ".join("%s (its host lock held by run %s)" % kv for kv in rolling.items())
+        raise StepError(
+            "NCCL layers are host-wide (%s): service %s is being restarted on this host by another run, which launches "
+            "it onto the layers' current values; changing %s for %s now would change what it starts with. Run again "
+            "once that run is done, with the same gpufleet_nccl_* for every service of the host; nothing was changed"
+            % (path, who, ", ".join(names), own[1]),
+            path=path, changed_vars=names, other_services=sorted(rolling))
     if not others:
         return
     who = ", ".join("%s (pid %d)" % kv for kv in others.items())

@@ -69,6 +69,7 @@ def argument_spec() -> t.Dict[str, t.Any]:
         nccl_names=dict(type="str", choices=["ignore", "warn", "fail"], default="warn"),
         allow_vars=dict(type="list", elements="str", default=[]),
         service_tag=dict(type="str"),
+        service_locks=dict(type="path"),
     )
 
 
@@ -112,7 +113,7 @@ def run(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
 
     # Before anything is written (and so in check mode too): another service runs on this host with these values.
     _layershare.refuse_if_shared(own, real, {k: v for k, (v, _line) in parse_conf("".join(old_block)).items()},
-                                 env if present else {})
+                                 env if present else {}, p.get("service_locks"))
     # Prove it before writing: read the candidate the way NCCL will.
     effective = parse_conf(desired or "")
     keys = sorted(env) if present else sorted(set(parse_conf("".join(old_block))) | set(env))

@@ -119,11 +119,11 @@ def check_pidfile(path: str, procs: t.Mapping[int, _proc.Proc], cmdline_regex: s
         return done("stale", "pidfile %s is stale: pid %d now belongs to another process (%s)" % (path, pid, who))
     if start is None and _proc.start_epoch(p) > mtime + _PIDFILE_SLACK_S:
         return done("stale", "pidfile %s is stale: pid %d started after the pidfile was written (%s)" % (path, pid, who))
-    other = other_service(pid, tag) if tag is not None else None
+    other = other_service_tag(pid, tag) if tag is not None else None
     if other is not None:
         # Two services on one host: an adopt regex matches both servers, and a pidfile is anyone's to write.
         return done("unconfirmed", "pidfile %s is unconfirmed: pid %d is a process of gpufleet service %s (%s=%s), "
-                    "not of %s; left alone" % (path, pid, other, tag[0], other, tag[1]))
+                    "not of %s; left alone" % (path, pid, other[1], other[0], other[1], tag[1]))
     if cmdline_regex and not re.search(cmdline_regex, p.command):
         return done("unconfirmed", "pidfile %s is unconfirmed: pid %d does not match %r (%s); left alone"
                     % (path, pid, cmdline_regex, who))
@@ -193,7 +193,7 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
 
     protected = _proc.protected_pids(procs, me)
     excluded: t.Dict[int, str] = {}
-    other_cache: t.Dict[int, t.Optional[str]] = {}
+    other_cache: t.Dict[int, t.Optional[t.Tuple[str, str]]] = {}
 
     def drop_excluded() -> None:
         for pid in list(reasons):
@@ -228,9 +228,37 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
     return out
 
 
-def other_service(pid: int, own: t.Tuple[str, str]) -> str | None:
-    """The other gpufleet service whose launch tag the process carries (own's NAME with another value), or None
-    (own's value, no tag, or an environ this process may not read)."""
+# Every launch by gpufleet (process launcher; the systemd unit where the tag name is not the default) also carries
+# its tag under this fixed name: a service whose tag name is its own (gpufleet_server_tag_name) is then still known
+# to a service that looks for another tag name (issue 24: SGB_SERVICE=sgb was killed by GPUFLEET_SERVICE=sglang's
+# adopt regex, and the other way round).
+LAUNCH_TAG_VAR = "GPUFLEET_LAUNCH_TAG"
+DEFAULT_TAG_NAME = "GPUFLEET_SERVICE"
+
+
+def other_service_tag(pid: int, own: t.Tuple[str, str]) -> t.Optional[t.Tuple[str, str]]:
+    """(NAME, VALUE) of the other gpufleet service whose launch tag the process carries, or None (own's tag, no tag,
+    or an environ this process may not read). Another service's is: own's NAME with another value; the fixed
+    LAUNCH_TAG_VAR naming another tag; or, for a service with a tag name of its own, the default tag (a service
+    launched with it, also by an older gpufleet or a systemd unit, carries no LAUNCH_TAG_VAR)."""
+    try:
+        env = _proc.read_environ(pid, [own[0], LAUNCH_TAG_VAR, DEFAULT_TAG_NAME])
+    except _proc.ProcError:
+        return None
+    # The service is its name (the tag's value): a process of the same name under another tag name is this service's
+    # own, launched before gpufleet_server_tag_name changed, and the kill must still end it.
+    if own[0] in env:
+        return (own[0], env[own[0]]) if env[own[0]] != own[1] else None
+    name, sep, value = env.get(LAUNCH_TAG_VAR, "").partition("=")
+    if sep and value:
+        return (name, value) if value != own[1] else None
+    if own[0] != DEFAULT_TAG_NAME and env.get(DEFAULT_TAG_NAME, own[1]) != own[1]:
+        return DEFAULT_TAG_NAME, env[DEFAULT_TAG_NAME]
+    return None
+
+
+def same_tag_other_service(pid: int, own: t.Tuple[str, str]) -> str | None:
+    """The other service whose tag the process carries under own's tag NAME only (another value), or None."""
     try:
         value = _proc.read_environ(pid, [own[0]]).get(own[0])
     except _proc.ProcError:
@@ -238,14 +266,21 @@ def other_service(pid: int, own: t.Tuple[str, str]) -> str | None:
     return value if value is not None and value != own[1] else None
 
 
-def _other_service_reason(pid: int, own: t.Tuple[str, str], cache: t.Dict[int, t.Optional[str]]) -> str | None:
+def other_service(pid: int, own: t.Tuple[str, str]) -> str | None:
+    """The name (tag value) of the other gpufleet service the process belongs to, or None (other_service_tag)."""
+    other = other_service_tag(pid, own)
+    return other[1] if other else None
+
+
+def _other_service_reason(pid: int, own: t.Tuple[str, str],
+                          cache: t.Dict[int, t.Optional[t.Tuple[str, str]]]) -> str | None:
     if pid not in cache:
-        cache[pid] = other_service(pid, own)
+        cache[pid] = other_service_tag(pid, own)
     other = cache[pid]
     if other is None:
         return None
     return "a process of gpufleet service %s (%s=%s), not of %s: another service's launch tag" % (
-        other, own[0], other, own[1])
+        other[1], other[0], other[1], own[1])
 
 
 def _exclusion(p: _proc.Proc, protected: t.Set[int], excl: t.Sequence[t.Pattern[str]]) -> str | None:

@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError, Request
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _listener, _proc, _runid
+from ansible_collections.gpufleet.serving.plugins.module_utils import _listener, _proc, _runid, _select
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -703,6 +703,8 @@ def start(name: str, command: t.Sequence[str], env: t.Mapping[str, str], passthr
     full = base_env(user, passthrough)
     full.update(env)
     full[tag_name] = name
+    # The tag under a fixed name too, so a service with another tag name still knows this one (_select).
+    full[_select.LAUNCH_TAG_VAR] = "%s=%s" % (tag_name, name)
     try:
         return launch(command, full, user, workdir, log_path, pidfile, parse_umask(umask))
     except KeyError as e:

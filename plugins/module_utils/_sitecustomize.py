@@ -318,6 +318,7 @@ def argument_spec() -> t.Dict[str, t.Any]:
         nccl_names=dict(type="str", choices=["ignore", "warn", "fail"], default="ignore"),
         allow_vars=dict(type="list", elements="str", default=[]),
         service_tag=dict(type="str"),
+        service_locks=dict(type="path"),
     )
 
 
@@ -402,7 +403,8 @@ def run(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
             old_block = _envblock.block_lines(_envblock.split_lines(current or ""), name, real)
             desired = new_text(current, name, env if present else None, p["mode"], real)
             # In the plan, before any file is written (and so in check mode too): another service runs on this host.
-            _layershare.refuse_if_shared(own, real, parse_body(old_block), env if present else {})
+            _layershare.refuse_if_shared(own, real, parse_body(old_block), env if present else {},
+                                         p.get("service_locks"))
             if desired is not None and desired != current:
                 compile(_envblock.encode(desired), real, "exec", dont_inherit=True)
                 if present:

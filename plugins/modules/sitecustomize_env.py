@@ -153,6 +153,14 @@ options:
       - Unset or empty, nothing is checked (the module does not know which service it tunes).
       - The role C(gpufleet.serving.nccl_tuning) sets it from C(gpufleet_server_name) when that is set.
     type: str
+  service_locks:
+    version_added: 0.2.0
+    description:
+      - With O(service_tag), the directory of the services' host locks (C(<name>.lock), the gpu_server role's
+        C(gpufleet_server_run_dir)). A change of the block's values is refused too while another service's lock there
+        is held by a run and not past its expiry, naming the service and the run, since that run may be between its kill and
+        its launch (no process of the service to see), and it launches onto the values it was checked against.
+    type: path
 notes:
   - C(/proc/PID/environ) shows the environment at exec. A launcher that ran this block itself does not show the
     variables there, but its C(spawn)-started workers do; use M(gpufleet.serving.process_env) to check workers.

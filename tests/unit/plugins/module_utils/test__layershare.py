@@ -110,3 +110,35 @@ def test_other_services_names_each_service_once_by_its_oldest_process(other_serv
     got = _layershare.other_services((TAG, "sglang"))
     assert got == {"sgb": first.pid, "vllm": third.pid}, got
     assert _proc.read_proc(first.pid) is not None
+
+
+@pytest.mark.parametrize("layer", [_sitecustomize, _ncclconf], ids=["sitecustomize_env", "nccl_conf"])
+def test_a_change_while_another_services_run_holds_its_lock_is_refused(tmp_path, run_module, layer):
+    """Found by the new-user pass (issue 24): sgb's run had killed sgb and held sgb's host lock (no sgb process to
+    see) when sglang's run rewrote the layers; sgb then launched with values it never asked for. The lock of another
+    service held by a live run refuses the change; an expired one, or this service's own, does not."""
+    import json
+    import time
+
+    main, args, path = layer(tmp_path)
+    locks = tmp_path / "run"
+    locks.mkdir()
+    args = dict(args, service_locks=str(locks))
+    assert run_module(main, dict(args, env={"NCCL_PROTO": "LL"}))["changed"] is True
+    before = path.read_bytes()
+    owner = "ctl:4242:boot.1.uuid:%d" % int(time.time())
+    (locks / "sgb.lock").write_text(json.dumps({"owner": owner, "acquired": time.time(), "expires": time.time() + 600}))
+    (locks / "sglang.lock").write_text(json.dumps({"owner": "me", "acquired": time.time(), "expires": time.time() + 600}))
+    for check_mode in (True, False):
+        r = run_module(main, dict(args, env={"NCCL_PROTO": "Simple"}), check_mode=check_mode)
+        assert r.get("failed") is True, r
+        assert "service sgb (its host lock held by run %s) is being restarted on this host by another run" % owner \
+            in r["msg"], r["msg"]
+        assert "changing NCCL_PROTO for sglang" in r["msg"] and "Simple" not in r["msg"], r["msg"]
+        assert r["other_services"] == ["sgb"]
+        assert path.read_bytes() == before
+    # The same values are no change; an expired lock (a run long gone) holds nothing back.
+    assert run_module(main, dict(args, env={"NCCL_PROTO": "LL"}))["changed"] is False
+    (locks / "sgb.lock").write_text(json.dumps({"owner": owner, "acquired": 0, "expires": time.time() - 1}))
+    r = run_module(main, dict(args, env={"NCCL_PROTO": "Simple"}))
+    assert "failed" not in r and r["changed"] is True, r

@@ -400,3 +400,44 @@ def test_a_pidfile_naming_another_services_launcher_is_unconfirmed(two_services,
     assert r["pidfile"]["reason"] == ("pidfile %s is unconfirmed: pid %d is a process of gpufleet service sgb (%s=sgb), "
                                       "not of sglang; left alone" % (pf, pid, TAG)), r["pidfile"]
     assert pid not in r["selected"], r
+
+
+@pytest.mark.parametrize("theirs_env,own_tag", [
+    # sgb has a tag name of its own (gpufleet_server_tag_name) and was launched by this gpufleet: the fixed
+    # GPUFLEET_LAUNCH_TAG names it to a service that looks for the default tag name.
+    ({"SGB_SERVICE": "sgb", "GPUFLEET_LAUNCH_TAG": "SGB_SERVICE=sgb"}, "GPUFLEET_SERVICE=sglang"),
+    # sgb carries the default tag (any gpufleet, either launcher); the service restarting has a tag name of its own.
+    ({"GPUFLEET_SERVICE": "sgb"}, "SGB_SERVICE=sglang"),
+], ids=["other_tag_name_with_launch_tag", "default_tag_seen_by_a_custom_tag_name"])
+def test_another_tag_name_is_still_another_services(tmp_path, theirs_env, own_tag):
+    """Issue 24, found by the new-user pass: a service with its own gpufleet_server_tag_name was killed by another's
+    adopt regex (the rule looked only for the restarting service's tag name), and it killed the other's."""
+    marker = "server_sim.py-%s" % tmp_path.name
+    po = subprocess.Popen(["sh", "-c", "sleep 600 & wait", marker], env=dict(os.environ, **theirs_env),
+                          start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not _proc.descendants([po.pid], _proc.snapshot()):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        r = _select.select(_select.Selector(tag=own_tag, cmdline_regex=re.escape(marker)))
+        assert not _tree(po.pid) & set(r["selected"]), r
+        assert "a process of gpufleet service sgb" in r["excluded"][po.pid], r
+    finally:
+        os.killpg(po.pid, 9)
+        po.wait()
+
+
+def test_a_process_launch_carries_its_tag_under_the_fixed_name_too(tmp_path):
+    """What makes the rule above hold for a tag name of one's own: the process launcher sets GPUFLEET_LAUNCH_TAG."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _server
+
+    p = _server.start("sgb", ["sleep", "600"], {}, [], _proc.user_name(os.getuid()), str(tmp_path),
+                      str(tmp_path / "log"), str(tmp_path / "pid"), "SGB_SERVICE")
+    try:
+        env = _proc.read_environ(p.pid, ["SGB_SERVICE", _select.LAUNCH_TAG_VAR])
+        assert env == {"SGB_SERVICE": "sgb", _select.LAUNCH_TAG_VAR: "SGB_SERVICE=sgb"}, env
+        assert _select.other_service(p.pid, ("GPUFLEET_SERVICE", "sglang")) == "sgb"
+        assert _select.other_service(p.pid, ("SGB_SERVICE", "sgb")) is None
+    finally:
+        os.kill(p.pid, 9)

@@ -55,8 +55,10 @@ def test_launch_in_a_new_session_tagged_with_a_clean_env_pidfile_and_log(tmp_pat
     assert env["GPUFLEET_SERVICE"] == "demo"
     assert env["NCCL_PROTO"] == "LL" and env["NCCL_MAX_NCHANNELS"] == "16"
     assert env["CUDA_HOME"] == "/usr/local/cuda"
+    # The tag also under its fixed name (another service with another tag name still knows this one's processes).
+    assert env["GPUFLEET_LAUNCH_TAG"] == "GPUFLEET_SERVICE=demo"
     assert set(env) == {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "CUDA_HOME", "GPUFLEET_SERVICE",
-                        "NCCL_PROTO", "NCCL_MAX_NCHANNELS"}
+                        "GPUFLEET_LAUNCH_TAG", "NCCL_PROTO", "NCCL_MAX_NCHANNELS"}
     assert env["PATH"] == _server.SAFE_PATH
     assert os.readlink("/proc/%d/cwd" % r["pid"]) == str(tmp_path)
     log = tmp_path / "log" / "demo.log"
