@@ -19,7 +19,7 @@ def test_gpu_wait_returns_after_holder_dies(fake_gpus, tmp_path, spawned):
     holder = subprocess.Popen([PY, str(HERE / "holder_then_die.py"), "--gpu", "1", "--mib", "60000",
                                "--ready", str(ready), "--after", "4"], env=fake_gpus.env)
     spawned.popens.append(holder)
-    wait_for(ready.exists, 10, "holder ready")
+    wait_for(ready.exists, 60, "holder ready")
     [w] = play(tmp_path, [{"module": "gpu_wait", "args": {"gpus": [1], "timeout": 60}}], fake_gpus.env)
     assert not w.get("failed"), w
     assert holder.wait(timeout=5) == -signal.SIGKILL

@@ -75,7 +75,7 @@ def test_installed_tarball_runs_a_playbook_by_fqcn(tarball, tmp_path):
     holder = subprocess.Popen([PY, str(FAKE_NVML_DIR / "fake_gpu.py"), "hold", "--gpu", "0", "--mib", "20000",
                                "--ready-file", str(ready)], env=dict(fg.env, GPUFLEET_SERVICE=name))
     try:
-        wait_for(ready.exists, 10, "tagged holder ready")
+        wait_for(ready.exists, 60, "tagged holder ready")
         # A user's directory: no ansible.cfg, only the fresh collections path.
         work = tmp_path / "work"
         work.mkdir()

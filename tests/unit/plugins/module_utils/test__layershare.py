@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -24,6 +25,12 @@ def other_service():
     def start(value="sgb"):
         po = subprocess.Popen(["sleep", "600"], env=dict(os.environ, **{TAG: value}), start_new_session=True)
         started.append(po)
+        # Until its exec, the child's /proc/PID/environ is still this process's (without the tag): wait for the tag,
+        # as a server's would be there long before anyone restarts another service (raced on a loaded CI machine).
+        deadline = time.monotonic() + 60
+        while _proc.read_environ(po.pid, [TAG]).get(TAG) != value:
+            assert time.monotonic() < deadline, "the tag of %s never showed in its environ" % value
+            time.sleep(0.01)
         return po
 
     yield start
