@@ -91,8 +91,8 @@ def test_a_change_of_the_values_under_another_running_service_is_refused_and_not
 
 
 @pytest.mark.parametrize("layer", [_sitecustomize, _ncclconf], ids=["sitecustomize_env", "nccl_conf"])
-def test_a_process_of_the_same_service_or_none_at_all_lets_the_change_through(tmp_path, run_module, other_service,
-                                                                                layer):
+def test_a_process_of_the_same_service_or_none_at_all_lets_the_change_through(
+        tmp_path, run_module, other_service, layer):
     main, args, path = layer(tmp_path)
     run_module(main, dict(args, env={"NCCL_PROTO": "LL"}))
     other_service("sglang")  # this service's own server: its restart follows the change
