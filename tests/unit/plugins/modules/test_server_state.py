@@ -353,6 +353,11 @@ def test_pid_only_pidfile_is_the_server_only_with_the_launch_tag(servers, paths,
     # gpufleet's own 'PID START_TIME' pidfile: the start time matches, yet the launch tag is what confirms
     assert r["running"] is True and r["pidfile"]["confirmed_by"] == "tag", r["pidfile"]
     unrelated = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    # Its exec done (an empty /proc/PID/cmdline in between read as '[sleep]' on a loaded machine).
+    deadline = time.monotonic() + 60
+    while Path("/proc/%d/cmdline" % unrelated.pid).read_bytes() != b"sleep\x00600\x00":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     try:
         s.kill()
         Path(paths["pidfile"]).write_text("%d\n" % unrelated.pid)
