@@ -283,9 +283,11 @@ def test_an_adopt_regex_matching_another_services_server_leaves_it_alone(server,
     r = run_module(server_restart.main, a)
     assert "failed" not in r, r.get("msg")
     assert other.pid not in [p["pid"] for p in r["kill"]["processes"]], r["kill"]
-    assert [(x["pid"], x["reason"]) for x in r["kill"]["excluded"]] == [
-        (other.pid, "a process of gpufleet service sgb (%s=sgb), not of demo: another service's launch tag"
-         % a["tag_name"])], r["kill"]["excluded"]
+    # Contained, not equal: the adopt regex also matches other tests' tagged processes running beside this one, and
+    # those are (rightly) excluded as other services too.
+    assert (other.pid, "a process of gpufleet service sgb (%s=sgb), not of demo: another service's launch tag"
+            % a["tag_name"]) in [(x["pid"], x["reason"]) for x in r["kill"]["excluded"]], r["kill"]["excluded"]
+    assert all("another service's launch tag" in x["reason"] for x in r["kill"]["excluded"]), r["kill"]["excluded"]
     assert other.poll() is None and _proc.is_alive(ident)
     assert r["pid"] in _tagged(a) and first["pid"] not in _tagged(a)
 
