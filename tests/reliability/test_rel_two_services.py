@@ -109,16 +109,16 @@ def test_restarting_one_service_leaves_the_other_services_server_alone(two):
     # sgb's first rollout (its regex matches sglang's launcher) left sglang's server exactly as it was.
     assert two["sglang_after_sgb"] == sglang
     kill = two["runs"]["sgb-1"].res(H, RESTART_TASK)["kill"]
-    assert not {p["pid"] for p in kill["processes"]} & {pid for pid, _ in sglang}, kill["processes"]
+    assert not {p["pid"] for p in kill["processes"]} & {pid for pid, _cmd in sglang}, kill["processes"]
     reasons = {x["pid"]: x["reason"] for x in kill["excluded"]}
     assert any(r == "a process of gpufleet service sglang (GPUFLEET_SERVICE=sglang), not of sgb: another service's "
-               "launch tag" for pid, r in reasons.items() if pid in {p for p, _ in sglang}), reasons
+               "launch tag" for pid, r in reasons.items() if pid in {p for p, _cmd in sglang}), reasons
     # sglang's forced restart replaced its own server and left sgb's exactly as it was.
     assert summary(two["runs"]["sglang-2"])[H]["restarted"] is True
     assert not set(two["sglang_after_restart"]) & set(sglang)
     assert two["sgb_after_sglang"] == sgb
     kill = two["runs"]["sglang-2"].res(H, RESTART_TASK)["kill"]
-    assert {x["pid"] for x in kill["excluded"]} & {pid for pid, _ in sgb}, kill["excluded"]
+    assert {x["pid"] for x in kill["excluded"]} & {pid for pid, _cmd in sgb}, kill["excluded"]
 
 
 @pytest.mark.reliability(
