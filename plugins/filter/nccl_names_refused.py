@@ -33,6 +33,12 @@ options:
       allows nothing.
     type: raw
     required: true
+  unknown_vars:
+    description:
+      - C(gpufleet_nccl_unknown_vars). With C(fail), C(NCCL_*) names that are not known NCCL variables (and not in
+        O(allow_vars)) are refused too, each with its close matches, as the modules' O(gpufleet.serving.nccl_conf#module:nccl_names=fail) does.
+    type: raw
+    default: warn
 """
 
 EXAMPLES = r"""
@@ -43,7 +49,8 @@ EXAMPLES = r"""
   vars:
     _refused: >-
       {{ gpufleet_nccl_env | gpufleet.serving.nccl_names_refused(profile=gpufleet_nccl_profile,
-                                                                 allow_vars=gpufleet_nccl_allow_vars) }}
+                                                                 allow_vars=gpufleet_nccl_allow_vars,
+                                                                 unknown_vars=gpufleet_nccl_unknown_vars) }}
 """
 
 RETURN = r"""

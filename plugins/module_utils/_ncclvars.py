@@ -236,13 +236,15 @@ def apply_name_policy(warn: t.Callable[[str], None], names: t.Iterable[str], pol
     return report
 
 
-def role_names_refused(env: t.Any, profile: t.Any, allow_vars: t.Any) -> str:
+def role_names_refused(env: t.Any, profile: t.Any, allow_vars: t.Any, unknown_vars: t.Any = "warn") -> str:
     """The nccl_tuning role's refusal of gpufleet_nccl_env / gpufleet_nccl_allow_vars, before the host is touched:
     one sentence per rule broken, "" when the names are fine (the gpufleet.serving.nccl_names_refused filter).
 
     The same rules as check_allowed (which the layer modules apply), worded for the role's variables. Only names the
     modules would judge: none with profile none (the blocks are removed), none that are not valid names (the modules
-    name those); input of the wrong type is the role's other check's to report."""
+    name those); input of the wrong type is the role's other check's to report. With unknown_vars "fail", unknown
+    NCCL_* names too (the modules' nccl_names=fail): refused here, in the rollout's pre-tasks, a typo fails its host
+    before any host of its batch is locked or changed, so max_fail_percentage stops the batch at once."""
     if profile == "none":
         return ""
     judged = sorted((str(k) for k in env if _envblock.ENV_NAME_RE.fullmatch(str(k))), key=str.lower) \
@@ -269,4 +271,9 @@ def role_names_refused(env: t.Any, profile: t.Any, allow_vars: t.Any) -> str:
                      "it host-wide, or give it to the server alone (gpufleet_server_env)"
                      % (", ".join(not_allowed), "is not an NCCL variable" if len(not_allowed) == 1
                         else "are not NCCL variables"))
+    if unknown_vars == "fail":
+        unknown = check_names(judged, allowed).unknown
+        if unknown:
+            parts.append("unknown NCCL variable name(s) with gpufleet_nccl_unknown_vars=fail: %s" % "; ".join(
+                unknown_message(n, c) for n, c in sorted(unknown.items())))
     return "; ".join(parts)

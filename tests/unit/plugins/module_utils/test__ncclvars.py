@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _ncclvars
+from ansible_collections.gpufleet.serving.plugins.module_utils import _errors, _ncclvars
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -189,3 +189,23 @@ def test_the_role_checks_names_through_the_filter():
     assert "gpufleet.serving.nccl_names_refused(" in text and "LD_" not in text
     from ansible_collections.gpufleet.serving.plugins.filter.nccl_names_refused import FilterModule
     assert FilterModule().filters()["nccl_names_refused"] is _ncclvars.role_names_refused
+
+
+@pytest.mark.parametrize("env, allow, policy", [
+    ({"NCCL_PROTOCOL": "LL"}, [], "fail"), ({"NCCL_PROTOCOL": "LL"}, [], "warn"),
+    ({"NCCL_PROTO": "LL"}, [], "fail"), ({"NCCL_NEWER_KNOB": "1"}, ["NCCL_NEWER_KNOB"], "fail"),
+    ({"NCCL_A": "1", "NCCL_PROTO": "LL"}, [], "fail"),
+])
+def test_role_refuses_unknown_names_as_the_modules_do_with_fail(env, allow, policy):
+    # With gpufleet_nccl_unknown_vars=fail the rollout's pre-tasks refuse a typo before any host of the batch is locked
+    # or changed (max_fail_percentage then stops the batch at that task); exactly the names the modules would refuse.
+    try:
+        _ncclvars.apply_name_policy(lambda _msg: None, env, policy, allow)
+        refused_by_modules = False
+    except _errors.StepError:
+        refused_by_modules = True
+    refused = _ncclvars.role_names_refused(env, "custom", allow, unknown_vars=policy)
+    assert bool(refused) is refused_by_modules
+    if refused:
+        assert "NCCL_PROTOCOL is not a known NCCL environment variable (did you mean NCCL_PROTO?)" in refused \
+            or "NCCL_A is not a known" in refused, refused
