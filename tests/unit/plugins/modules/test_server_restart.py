@@ -37,6 +37,12 @@ http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
 """
 
 
+# The service's name is this process's own too: the same file runs at once in other processes (the newest core's unit
+# run, ansible-test units), and a launch tag names the service whatever the tag name (GPUFLEET_LAUNCH_TAG=NAME=demo),
+# so another process's adopt regex would rightly take a "demo" of this one for its own.
+SERVICE = "demo-%d" % os.getpid()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -50,7 +56,7 @@ def server(tmp_path, nvml):
     script.write_text(SERVER)
     port = _free_port()
     a = {
-        "name": "demo", "tag_name": "GPUFLEET_TEST_SERVICE_%d" % os.getpid(),
+        "name": SERVICE, "tag_name": "GPUFLEET_TEST_SERVICE_%d" % os.getpid(),
         "command": [sys.executable, str(script), str(port), str(tmp_path / "worker-ready")],
         "env": {"FAKE_NVML_CONFIG": str(nvml.config), "PYTHONPATH": str(FAKE_NVML_DIR), "FAKE_DIR": str(FAKE_NVML_DIR),
                 "NCCL_P2P_LEVEL": "SYS"},
@@ -65,7 +71,7 @@ def server(tmp_path, nvml):
         "release_lock": {"lock_file": str(tmp_path / "run" / "demo.lock"), "owner": "ctl:1:run"},
     }
     yield a
-    for pid in [pid for pid in _proc.snapshot() if _proc.environ_has(pid, a["tag_name"], "demo")]:
+    for pid in [pid for pid in _proc.snapshot() if _proc.environ_has(pid, a["tag_name"], SERVICE)]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -78,7 +84,7 @@ def server(tmp_path, nvml):
 
 
 def _tagged(a):
-    return sorted(pid for pid in _proc.snapshot() if _proc.environ_has(pid, a["tag_name"], "demo"))
+    return sorted(pid for pid in _proc.snapshot() if _proc.environ_has(pid, a["tag_name"], SERVICE))
 
 
 def _lock(a):
@@ -165,7 +171,7 @@ def test_the_clean_gate_says_what_would_end_each_holder_and_suggests_the_stray_k
     other = nvml.hold(gpu=0, mib=1024, extra_env={a["tag_name"]: "other"})  # another gpufleet service's process
     agent = nvml.hold(gpu=0, mib=512)  # excluded below, as GPU agents are by default
     # This service's tag on an excluded process: no kill ends it, so it is named as excluded, not as a service's.
-    own = nvml.hold(gpu=0, mib=512, extra_env={a["tag_name"]: "demo"})
+    own = nvml.hold(gpu=0, mib=512, extra_env={a["tag_name"]: SERVICE})
     a["kill"] = dict(a["kill"], exclude_regex=["--mib 512 "])
     a["wait_clean"] = {"timeout": 0.3}
     r = run_module(server_restart.main, a)
@@ -179,7 +185,7 @@ def test_the_clean_gate_says_what_would_end_each_holder_and_suggests_the_stray_k
             % (other.pid, a["tag_name"])) in msg, msg
     assert "pid %s: never killed (excluded by '--mib 512 '), stop it by hand" % ", ".join(
         str(x) for x in sorted((agent.pid, own.pid))) in msg, msg
-    assert "=demo" not in msg, msg
+    assert "=" + SERVICE not in msg, msg
     assert all(h.poll() is None for h in (stray, other, agent, own))
     own.kill()
     own.wait()
@@ -285,8 +291,8 @@ def test_an_adopt_regex_matching_another_services_server_leaves_it_alone(server,
     assert other.pid not in [p["pid"] for p in r["kill"]["processes"]], r["kill"]
     # Contained, not equal: the adopt regex also matches other tests' tagged processes running beside this one, and
     # those are (rightly) excluded as other services too.
-    assert (other.pid, "a process of gpufleet service sgb (%s=sgb), not of demo: another service's launch tag"
-            % a["tag_name"]) in [(x["pid"], x["reason"]) for x in r["kill"]["excluded"]], r["kill"]["excluded"]
+    assert (other.pid, "a process of gpufleet service sgb (%s=sgb), not of %s: another service's launch tag"
+            % (a["tag_name"], SERVICE)) in [(x["pid"], x["reason"]) for x in r["kill"]["excluded"]], r["kill"]["excluded"]
     assert all("another service's launch tag" in x["reason"] for x in r["kill"]["excluded"]), r["kill"]["excluded"]
     assert other.poll() is None and _proc.is_alive(ident)
     assert r["pid"] in _tagged(a) and first["pid"] not in _tagged(a)
