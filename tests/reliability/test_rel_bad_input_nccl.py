@@ -77,7 +77,7 @@ REFUSED: t.Dict[str, t.Tuple[t.Dict[str, t.Any], str, str]] = {
     "name-leading-digit": ({"gpufleet_nccl_env": {"9NCCL": "1"}}, CONF_CHECK, "env: variable name '9NCCL' is not a valid name"),
     "value-newline-both-layers": ({"gpufleet_nccl_env": {"NCCL_SOCKET_IFNAME": "eth0\nNCCL_P2P_DISABLE=1"}}, CONF_CHECK,
                                   "env: value of NCCL_SOCKET_IFNAME contains a line break, which nccl.conf cannot hold"),
-    "unknown-nccl-name-fail": ({"gpufleet_nccl_env": {"NCCL_PROTOCOL": "LL"}, "gpufleet_nccl_unknown_vars": "fail"}, SITE_TASK,
+    "unknown-nccl-name-fail": ({"gpufleet_nccl_env": {"NCCL_PROTOCOL": "LL"}, "gpufleet_nccl_unknown_vars": "fail"}, NAMES,
                                "NCCL_PROTOCOL is not a known NCCL environment variable (did you mean NCCL_PROTO?)"),
     "profile-unknown": ({"gpufleet_nccl_profile": "turbo"}, ARGSPEC, "gpufleet_nccl_profile"),
     "env-list-for-dict": ({"gpufleet_nccl_env": ["NCCL_PROTO=LL"]}, ARGSPEC, "gpufleet_nccl_env"),
@@ -183,7 +183,8 @@ def test_line_break_value_changes_neither_layer(refused, tree):
 @pytest.mark.reliability(
     section="input", case="Unknown NCCL variable name (NCCL_PROTOCOL) with gpufleet_nccl_unknown_vars=fail",
     provoked="gpufleet_nccl_env {NCCL_PROTOCOL: LL}, gpufleet_nccl_unknown_vars fail",
-    outcome="refused naming the variable and the closest known name (did you mean NCCL_PROTO?); nothing changed")
+    outcome="refused by the role's input check, before any host call, naming the variable and the closest known name "
+            "(did you mean NCCL_PROTO?); nothing changed")
 def test_unknown_nccl_name_is_refused_with_fail(refused, tree):
     _check(refused, tree, ["unknown-nccl-name-fail"])
 

@@ -37,8 +37,8 @@ http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
 """
 
 
-# The service's name is this process's own too: the same file runs at once in other processes (the newest core's unit
-# run, ansible-test units), and a launch tag names the service whatever the tag name (GPUFLEET_LAUNCH_TAG=NAME=demo),
+# The service's name is this process's own too: the same file runs at once in other processes (ansible-test units'
+# workers beside the suite's own), and a launch tag names the service whatever the tag name (GPUFLEET_LAUNCH_TAG=NAME=demo),
 # so another process's adopt regex would rightly take a "demo" of this one for its own.
 SERVICE = "demo-%d" % os.getpid()
 
@@ -276,7 +276,7 @@ def test_gpu_strays_kills_the_untagged_holder_then_launches(server, run_module, 
     assert r["pid"] in _tagged(a)
 
 
-def test_an_adopt_regex_matching_another_services_server_leaves_it_alone(server, run_module, nvml):
+def test_an_adopt_regex_matching_another_services_server_leaves_it_alone(server, run_module, nvml, tmp_path):
     """Issue 24 item 1: two services on one host, one adopt regex (group_vars) matching both servers' command lines.
     The restart of one kills its own server only; the other service's process (its launch tag, another value), matched
     by the regex and leading its own session, is listed as excluded, naming its service, and keeps running."""
@@ -285,7 +285,10 @@ def test_an_adopt_regex_matching_another_services_server_leaves_it_alone(server,
     assert "failed" not in first, first.get("msg")
     other = nvml.hold(gpu=1, mib=1024, extra_env={a["tag_name"]: "sgb"}, start_new_session=True)
     ident = _proc.read_proc(other.pid).identity
-    a["kill"] = dict(a["kill"], cmdline_regex=r"fake_gpu\.py hold", gpu_strays=True)
+    # Only this test's processes (their ready files lie under its tmp_path): a regex matching any fake holder on the
+    # machine would adopt, and kill, the untagged holders other tests start beside this one (the sandbox hosts share
+    # this machine's processes).
+    a["kill"] = dict(a["kill"], cmdline_regex=r"fake_gpu\.py hold .*" + re.escape(str(tmp_path)), gpu_strays=True)
     r = run_module(server_restart.main, a)
     assert "failed" not in r, r.get("msg")
     assert other.pid not in [p["pid"] for p in r["kill"]["processes"]], r["kill"]
