@@ -176,7 +176,9 @@ def refuse_unended(module: t.Any, p: t.Mapping[str, t.Any]) -> None:
     exiting, NVML polled at the gate's interval); a holder still there fails the cycle at once, nothing stopped.
 
     A holder the selection has not seen yet (the first reading, a worker the old server spawned since) is judged by
-    selecting again; the others are only polled (a memory read costs ~7 us, a selection reads every process)."""
+    selecting again; the others are only polled (a memory read costs ~7 us, a selection reads every process).
+    A holder this pid namespace does not show (NVML's pid of a process in another namespace, one that exited) is left
+    to the gate: whether the kill ends it cannot be told here."""
     gate = p["wait_clean"]
     t0 = time.monotonic()
     deadline = t0 + gate["timeout"]
@@ -190,7 +192,7 @@ def refuse_unended(module: t.Any, p: t.Mapping[str, t.Any]) -> None:
                 held = {pr["pid"] for g in gpus for pr in g["processes"]}
                 now = time.monotonic()
                 fresh = held - ending - judged
-                if fresh or not held - ending or now >= deadline:
+                if fresh or not _unended(held, ending) or now >= deadline:
                     break
                 time.sleep(min(gate["poll_interval"], max(0.0, deadline - now)))
         if fresh and now < deadline + gate["timeout"]:  # (bounded: a host spawning GPU holders without end)
@@ -199,7 +201,8 @@ def refuse_unended(module: t.Any, p: t.Mapping[str, t.Any]) -> None:
             continue
         break
     waited = round(time.monotonic() - t0, 4)
-    stay = [h for h in _gpuwait.enrich_holders(gpus) if h["pid"] not in ending]
+    unended = _unended(held, ending)
+    stay = [h for h in _gpuwait.enrich_holders(gpus) if h["pid"] in unended]
     if not stay:
         return
     hint = holders_hint(p, sorted({h["pid"] for h in stay}))
@@ -208,6 +211,11 @@ def refuse_unended(module: t.Any, p: t.Mapping[str, t.Any]) -> None:
                     "would not end: %s; nothing was stopped%s" % (
                         "would fail" if module.check_mode else "fails", waited, _gpumod.holders_text(stay),
                         ". %s" % hint if hint else ""), phase="clean", before_kill=True, waited_s=waited, holders=stay)
+
+
+def _unended(held: t.Set[int], ending: t.Set[int]) -> t.Set[int]:
+    """The GPU holders no kill step would end, among those this pid namespace shows."""
+    return {pid for pid in held - ending if os.path.exists("/proc/%d" % pid)}
 
 
 def holders_hint(p: t.Mapping[str, t.Any], pids: t.Sequence[int]) -> str:
