@@ -44,7 +44,8 @@ description:
     kill and leave the host without its server. Such a holder gets O(wait_clean.timeout) seconds to exit by itself
     (NVML polled every O(wait_clean.poll_interval)); if it is still there the module fails in phase C(clean) with
     RV(killed)=V(0), listing the holders and what would end them, and nothing is stopped. Check mode runs the same
-    check (the kill steps' selections, nothing signalled)."
+    check (the kill steps' selections, nothing signalled). A holder NVML lists that this pid namespace does not show
+    is left to the clean gate after the kill."
   - "C(clean): after the kill, wait until O(gpus) are clean, as M(gpufleet.serving.gpu_wait) does; nothing is
     launched onto a dirty GPU. The failure lists every holder."
   - "C(launch): start O(command) tagged, in its own session, as M(gpufleet.serving.server_launch) does."
