@@ -590,8 +590,8 @@ def test_a_server_carrying_this_fingerprint_is_kept_unless_its_launch_is_marked_
     assert again["needs_restart"] is False and again["up_to_date"] is True and "unrecorded" not in again, again
 
 
-def test_a_record_that_still_cannot_be_written_is_said_in_the_result_and_a_warning(servers, paths, run_module,
-                                                                                     monkeypatch):
+def test_a_record_that_still_cannot_be_written_is_said_in_the_result_and_a_warning(
+        servers, paths, run_module, monkeypatch):
     """Bug F: the rerun while the state filesystem stays full keeps the server and says the record is still missing,
     in a result key the role passes to the rollout summary (a warning alone scrolls by)."""
     s = servers(env={"GPUFLEET_SERVICE_FINGERPRINT": "f" * 64})
