@@ -726,9 +726,12 @@ def rerecord(module: AnsibleModule, res: t.Dict[str, t.Any]) -> None:
         _server.record_state(p["state_file"], p["name"], p["fingerprint"], p["pidfile"], timings or {})
     except OSError as e:
         # Said in the result too (the role passes it to the rollout summary): a warning alone scrolls by.
+        why = str(e.strerror or e)
+        if p["state_file"] not in why:  # the atomic writers name the file already ("cannot write PATH: ...")
+            why = "%s: %s" % (p["state_file"], why)
         res["record_missing"] = ("the running server (pid %s) is up to date and kept, but its record still cannot be "
-                                 "written (%s: %s): the record is still missing; the next run writes it once there is "
-                                 "room" % ((res.get("pidfile") or {}).get("pid"), p["state_file"], e.strerror or e))
+                                 "written (%s): the record is still missing; the next run writes it once there is "
+                                 "room" % ((res.get("pidfile") or {}).get("pid"), why))
         module.warn(res["record_missing"])
         return
     res["recorded"] = True

@@ -66,7 +66,8 @@ def test_a_full_state_or_run_filesystem_fails_before_the_kill_and_leaves_nothing
         assert run.rc == 0, run.tail()
         assert run.summary[H]["restart"] == "no", run.summary[H]
         assert "its record still cannot be written" in run.out, run.tail()
-        assert "(%s/demo.json: No space left on device)" % STATE_DIR in run.summary[H]["record_missing"], run.summary[H]
+        assert "(cannot write %s/demo.json: No space left on device)" % STATE_DIR in run.summary[H]["record_missing"], \
+            run.summary[H]
         assert "record still missing, server kept: %s (" % H in run.out, run.tail()
         assert _server(rf.snapshot()) == before
 
