@@ -33,6 +33,9 @@ description:
     after the table as C(rollout refused before any host was touched), with the setting's name; no host is listed as
     failed for them (the check runs once, on a host of the batch, so ansible's recap counts it there).
   - When O(summary_dir) is set it also writes C(rollout-summary.json) and C(rollout-summary.md) there.
+  - A host whose verified server was kept although its record still cannot be written (a full state filesystem after a
+    record that failed; RV(gpufleet.serving.server_state#module:record_missing)) is named after the table (C(record
+    still missing, server kept)), with the file and the error, and its row has C(record_missing).
   - Hosts the role left out of their load balancers (C(gpufleet_server_balancers), a host that failed after its
     drain began) are named after the table (C(left out of rotation)) and in the JSON's C(out_of_rotation); each row
     has C(out_of_rotation) (balancer names) and C(would_drain) (check mode).
@@ -200,7 +203,14 @@ def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.
     notes.append(out_of_rotation(rows))
     notes.append(left_as_found(rows))
     notes.append(returned(rows))
+    notes.append(record_missing(rows))
     return [n for n in notes if n]
+
+
+def record_missing(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    """The line naming hosts whose kept server still has no record (server_state's record_missing; '' when none)."""
+    out = ["%s (%s)" % (r["host"], r["record_missing"]) for r in rows if r.get("record_missing")]
+    return ("record still missing, server kept: %s" % "; ".join(out)) if out else ""
 
 
 def render_markdown(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.Mapping[str, t.Any]] = None) -> str:
@@ -373,6 +383,7 @@ class CallbackModule(CallbackBase):
                 "would_drain": bool((h.get("rotation") or {}).get("would_drain")),
                 "left_as_found": dict((h.get("rotation") or {}).get("left_as_found") or {}),
                 "returned_to_service": list((h.get("rotation") or {}).get("returned") or []),
+                "record_missing": h.get("record_missing") or None,
                 "would_return": bool((h.get("rotation") or {}).get("would_return")),
             })
         return out

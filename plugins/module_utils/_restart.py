@@ -8,7 +8,8 @@
 
 """The whole restart cycle of a server in one module call (server_restart), whatever its launcher.
 
-kill -> strays -> clean gate -> launch -> ready -> busy -> verify env -> record -> release the host lock.
+preflight -> unended GPU holders (refuse_unended) -> kill -> strays -> clean gate -> launch -> ready -> busy -> verify
+env -> record -> release the host lock.
 The launcher only changes how the old server is stopped and the new one started: the process launcher signals the
 tagged processes itself and starts the command in its own session; the systemd launcher asks systemd (`systemctl
 stop`: TERM to the main process, the unit's TimeoutStopSec, which the role sets to the kill grace, then KILL of the
@@ -147,27 +148,74 @@ def _all_gpus(p: t.Mapping[str, t.Any]) -> t.List[int]:
         return _nvml.resolve_indices(backend, p["gpus"])
 
 
-def _kill_step(module: t.Any, p: t.Mapping[str, t.Any], **selector: t.Any) -> t.Dict[str, t.Any]:
+def _kill_step(module: t.Any, p: t.Mapping[str, t.Any], select_only: bool = False,
+               **selector: t.Any) -> t.Dict[str, t.Any]:
+    """A kill step of this cycle; with `select_only` (and in check mode) it only selects: nothing is signalled."""
     k = p["kill"]
     params = _selector(p, **selector)
     params.update(signals=k["signals"], grace=k["grace"], final_wait=k["final_wait"],
                   poll_interval=k["poll_interval"], order=k["order"], fail_on_survivor=True)
-    return _killmod.run_kill(params, module.check_mode)
+    return _killmod.run_kill(params, module.check_mode or select_only)
 
 
-def predict_clean(p: t.Mapping[str, t.Any], result: t.Mapping[str, t.Any]) -> None:
-    """Check mode: a process holding the GPUs now that neither the kill nor the stray kill would end fails the clean
-    gate of the real run (the gate passes only when no process is listed), so --check fails the host the same way."""
-    ending = {x["pid"] for key in ("kill", "strays") for x in (result.get(key) or {}).get("processes", [])}
-    with _gpumod.backend_or_fail(p["backend"]) as backend:
-        gpus = _gpuwait.read_states(backend, _nvml.resolve_indices(backend, p["gpus"]))
-    stay = [h for h in _gpuwait.enrich_holders(gpus) if h["pid"] not in ending]
+def _old_server(p: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
+    """The kill step's selectors: the launch tag, the pidfile, the adopt regex."""
+    return dict(tag="%s=%s" % (p["tag_name"], p["name"]), pidfile=p["pidfile"], cmdline_regex=p["kill"]["cmdline_regex"])
+
+
+def _ending(module: t.Any, p: t.Mapping[str, t.Any]) -> t.Set[int]:
+    """The pids the kill and the stray kill would end, selected now as check mode selects them (nothing signalled)."""
+    steps = [_old_server(p)] + ([dict(gpu_holders=_all_gpus(p))] if p["kill"]["gpu_strays"] else [])
+    return {x["pid"] for sel in steps for x in _kill_step(module, p, select_only=True, **sel)["processes"]}
+
+
+def refuse_unended(module: t.Any, p: t.Mapping[str, t.Any]) -> None:
+    """Before anything is stopped (and in check mode alike): a process holding the GPUs that neither the kill nor the
+    stray kill would end fails the clean gate after the kill (it passes only when no process is listed), which would
+    leave the host without its server. Such holders get the clean gate's timeout to go away by themselves (a process
+    exiting, NVML polled at the gate's interval); a holder still there fails the cycle at once, nothing stopped.
+
+    A holder the selection has not seen yet (the first reading, a worker the old server spawned since) is judged by
+    selecting again; the others are only polled (a memory read costs ~7 us, a selection reads every process).
+    A holder this pid namespace does not show (NVML's pid of a process in another namespace, one that exited) is left
+    to the gate: whether the kill ends it cannot be told here."""
+    gate = p["wait_clean"]
+    t0 = time.monotonic()
+    deadline = t0 + gate["timeout"]
+    ending: t.Set[int] = set()
+    judged: t.Set[int] = set()
+    while True:
+        with _gpumod.backend_or_fail(p["backend"]) as backend:
+            indices = _nvml.resolve_indices(backend, p["gpus"])
+            while True:
+                gpus = _gpuwait.read_states(backend, indices)
+                held = {pr["pid"] for g in gpus for pr in g["processes"]}
+                now = time.monotonic()
+                fresh = held - ending - judged
+                if fresh or not _unended(held, ending) or now >= deadline:
+                    break
+                time.sleep(min(gate["poll_interval"], max(0.0, deadline - now)))
+        if fresh and now < deadline + gate["timeout"]:  # (bounded: a host spawning GPU holders without end)
+            judged |= held
+            ending = _ending(module, p)
+            continue
+        break
+    waited = round(time.monotonic() - t0, 4)
+    unended = _unended(held, ending)
+    stay = [h for h in _gpuwait.enrich_holders(gpus) if h["pid"] in unended]
     if not stay:
         return
     hint = holders_hint(p, sorted({h["pid"] for h in stay}))
-    # The real run would stop the server first (it fails at the gate, after the kill): changed stays as the kill says.
-    raise StepError("would fail at the clean gate, after the kill: it would not end these holders: %s%s" % (
-        _gpumod.holders_text(stay), ". %s" % hint if hint else ""), phase="clean", holders=stay)
+    # The same words in check mode but the verb: check mode predicts the real run, which stops nothing either.
+    raise StepError("%s at the clean gate, before the kill: GPUs not clean after %.1f s, held by processes the kill "
+                    "would not end: %s; nothing was stopped%s" % (
+                        "would fail" if module.check_mode else "fails", waited, _gpumod.holders_text(stay),
+                        ". %s" % hint if hint else ""), phase="clean", before_kill=True, waited_s=waited, holders=stay)
+
+
+def _unended(held: t.Set[int], ending: t.Set[int]) -> t.Set[int]:
+    """The GPU holders no kill step would end, among those this pid namespace shows."""
+    return {pid for pid in held - ending if os.path.exists("/proc/%d" % pid)}
 
 
 def holders_hint(p: t.Mapping[str, t.Any], pids: t.Sequence[int]) -> str:
@@ -346,11 +394,14 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         me = _proc.read_proc(os.getpid())
         if me is not None:
             _server.mark_lock(p["release_lock"]["lock_file"], p["release_lock"]["owner"], (me.pid, me.start_time))
-
-    result["phase"] = "kill"
     # The old server's processes that the kill ended; a failed restart's summary shows from it that the old server is
     # gone. Counted as ended, not as signalled: with the launcher first, its workers usually exit with it, unsignalled.
     result["killed"] = 0
+    # A server is never stopped onto GPUs the gate after the kill is sure to refuse (check mode the same).
+    result["phase"] = "clean"
+    refuse_unended(module, p)
+
+    result["phase"] = "kill"
     # The tag finds every worker, orphans reparented to PID 1 included; the pidfile and an adopted command line
     # find a server started before gpufleet managed it.
     if p["launcher"] == "systemd":
@@ -358,8 +409,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
     elif p["retire_unit"]:
         _retire_unit(module, p, result)
     # With systemd, what its stop left: processes outside the unit's cgroup (none, normally).
-    res = _kill_step(module, p, tag="%s=%s" % (p["tag_name"], p["name"]), pidfile=p["pidfile"],
-                     cmdline_regex=p["kill"]["cmdline_regex"])
+    res = _kill_step(module, p, **_old_server(p))
     result["kill"] = res
     result["changed"] = result["changed"] or res["changed"]
     if not module.check_mode:  # nothing was signalled: no time to report (a 0.00 would read as a kill)
@@ -374,9 +424,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         if not module.check_mode:
             result["killed"] += ended(res)
 
-    if module.check_mode:
-        result["phase"] = "clean"
-        predict_clean(p, result)
+    if module.check_mode:  # the GPUs were judged before the kill (refuse_unended)
         if p["stop_only"]:
             would = result["changed"] or (result.get("unit") or {}).get("ActiveState") in ("active", "activating")
             result.update(changed=would, would_stop=would)

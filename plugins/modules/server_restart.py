@@ -39,8 +39,15 @@ description:
   - "Two services on one host: a process carrying another service's launch tag (O(tag_name) with another value in its
     environment) is never killed by this module, whatever selects it (O(kill.cmdline_regex), O(kill.gpu_strays), a
     session or process tree, a pidfile); it is listed in the C(excluded) of RV(kill) with the service it belongs to."
-  - "C(clean): wait until O(gpus) are clean, as M(gpufleet.serving.gpu_wait) does; nothing is launched onto a
-    dirty GPU. The failure lists every holder."
+  - "C(clean), before the kill: a process holding O(gpus) that neither the kill nor the stray kill would end (a
+    process started by hand, another service's, one of O(kill.exclude_regex)) would fail the clean gate after the
+    kill and leave the host without its server. Such a holder gets O(wait_clean.timeout) seconds to exit by itself
+    (NVML polled every O(wait_clean.poll_interval)); if it is still there the module fails in phase C(clean) with
+    RV(killed)=V(0), listing the holders and what would end them, and nothing is stopped. Check mode runs the same
+    check (the kill steps' selections, nothing signalled). A holder NVML lists that this pid namespace does not show
+    is left to the clean gate after the kill."
+  - "C(clean): after the kill, wait until O(gpus) are clean, as M(gpufleet.serving.gpu_wait) does; nothing is
+    launched onto a dirty GPU. The failure lists every holder."
   - "C(launch): start O(command) tagged, in its own session, as M(gpufleet.serving.server_launch) does."
   - "C(ready): wait for the health URL and a real request, failing at once with the launcher's exit status and the
     log tail if the server dies (C(startup)), as M(gpufleet.serving.server_ready) does. An answer counts only when the
@@ -81,7 +88,8 @@ attributes:
   check_mode:
     support: full
     details: Lists the processes the kill steps would signal and reports that it would launch; changes nothing. It
-      fails, as the real run would at the clean gate, when a process holds the GPUs that neither kill step would end.
+      fails as the real run does, before anything is stopped and with the same message (C(would fail) for C(fails)),
+      when a process that neither kill step would end still holds the GPUs after O(wait_clean.timeout).
   diff_mode:
     support: none
   idempotent:
@@ -431,8 +439,10 @@ strays:
   returned: when kill.gpu_strays is true
   type: dict
 clean:
-  description: The clean gate's reading, as M(gpufleet.serving.gpu_wait) returns it; with the holders when it failed.
-  returned: when the gate ran
+  description:
+    - The clean gate's reading, as M(gpufleet.serving.gpu_wait) returns it; with the holders when it failed.
+    - When the check before the kill failed, C(before_kill=true), C(waited_s) and the C(holders) no kill step would end.
+  returned: when the gate ran, or when the check before the kill failed
   type: dict
 pid:
   description: Pid of the launched server.
@@ -580,9 +590,10 @@ log_tail:
   returned: failure in the ready step
   type: str
 phase:
-  description: The step that failed - V(preflight) (nothing stopped), V(kill), V(strays), V(clean) (nothing launched), V(launch), V(startup) (the
-    server died; stopped unless O(keep_failed)), V(ready) (timeout; stopped unless O(keep_failed)), V(busy) (a GPU
-    stayed idle, or the launcher died after it was ready), V(verify_env) or V(record).
+  description: The step that failed - V(preflight) (nothing stopped), V(kill), V(strays), V(clean) (nothing launched;
+    nothing stopped either when RV(clean) has C(before_kill)), V(launch), V(startup) (the server died; stopped unless
+    O(keep_failed)), V(ready) (timeout; stopped unless O(keep_failed)), V(busy) (a GPU stayed idle, or the launcher
+    died after it was ready), V(verify_env) or V(record).
   returned: failure
   type: str
 """

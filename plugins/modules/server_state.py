@@ -242,6 +242,12 @@ recorded:
   returned: when action is check and it was
   type: bool
   version_added: 0.2.0
+record_missing:
+  description: With V(check), why the record of an RV(unrecorded) server still could not be written (the file and the
+    error, a full filesystem say); the server is kept, and the sentence is also a warning.
+  returned: when action is check and it is so
+  type: str
+  version_added: 0.2.0
 needs_restart:
   description: With V(check), whether the server must be (re)started.
   returned: when action is check
@@ -719,7 +725,14 @@ def rerecord(module: AnsibleModule, res: t.Dict[str, t.Any]) -> None:
     try:
         _server.record_state(p["state_file"], p["name"], p["fingerprint"], p["pidfile"], timings or {})
     except OSError as e:
-        module.warn("the running server is up to date, but its record still cannot be written: %s" % (e.strerror or e))
+        # Said in the result too (the role passes it to the rollout summary): a warning alone scrolls by.
+        why = str(e.strerror or e)
+        if p["state_file"] not in why:  # the atomic writers name the file already ("cannot write PATH: ...")
+            why = "%s: %s" % (p["state_file"], why)
+        res["record_missing"] = ("the running server (pid %s) is up to date and kept, but its record still cannot be "
+                                 "written (%s): the record is still missing; the next run writes it once there is "
+                                 "room" % ((res.get("pidfile") or {}).get("pid"), why))
+        module.warn(res["record_missing"])
         return
     res["recorded"] = True
 

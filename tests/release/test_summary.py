@@ -312,6 +312,22 @@ def test_a_host_that_is_or_would_be_put_back_is_not_called_left_out():
     assert "left out of rotation: h3 (haproxy);" in md and "h1 (haproxy); the next" not in md, md
 
 
+def test_a_kept_server_whose_record_is_still_missing_is_named_after_the_table():
+    """Bug F: the rerun while the state filesystem stays full keeps the server (rc 0); the summary says its record is
+    still missing, not only a warning scrolled by."""
+    from gpufleet_ci.__main__ import summary_renderer
+    r = summary_renderer()
+    why = ("the running server (pid 7) is up to date and kept, but its record still cannot be written "
+           "(/var/lib/gpufleet/demo.json: No space left on device): the record is still missing; the next run writes it "
+           "once there is room")
+    rows = [{"host": "h1", "status": "ok", "restarted": False, "record_missing": why},
+            {"host": "h2", "status": "ok", "restarted": False, "record_missing": None}]
+    md = r.render_markdown(rows, None)
+    assert "**record still missing, server kept: h1 (%s)**" % why in md, md
+    assert "h2 (" not in md, md
+    assert "record still missing" not in r.render_markdown(rows[1:], None)
+
+
 def test_a_host_unreachable_during_its_restart_is_not_called_not_restarted(tmp_path):
     """Issue 24: the canary went away in the middle of its server_restart task (rc 4); the restart ran to its end on
     the host, but the summary said `restarted no`. No result came back, so the summary says it does not know. A host

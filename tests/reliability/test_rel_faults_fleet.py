@@ -63,8 +63,9 @@ def _launches(fleet, host):
     section="fault", case="GPU held by a process no kill step may touch",
     provoked="on host2, a process named nvidia_gpu_exporter holds fake GPU memory on GPU 0 (the default exclude list "
              "protects it even with gpufleet_server_kill_gpu_strays=true); batches [2, 1], max_fail_percentage 50",
-    outcome="host2 fails at the clean gate with a message listing the holder's pid and command line; no server is "
-            "launched on host2 and the holder is alive; 1 of 2 failed is not above 50 %, so host3 is rolled out")
+    outcome="host2 fails at the clean gate before the kill (nothing stopped) with a message listing the holder's pid "
+            "and command line and saying it is never killed; no server is launched on host2 and the holder is alive; "
+            "1 of 2 failed is not above 50 %, so host3 is rolled out")
 def test_unkillable_gpu_holder_fails_the_clean_gate_and_nothing_is_launched(bare, tmp_path):
     fleet = bare
     sh(fleet, "host2", "ln -sf %s /usr/local/bin/nvidia_gpu_exporter" % FAKE_GPU)
@@ -79,14 +80,16 @@ def test_unkillable_gpu_holder_fails_the_clean_gate_and_nothing_is_launched(bare
     clean = run.task("host2", CLEAN_TASK)
     assert clean["event"] == "runner_on_failed", clean
     failed = clean["res"]
-    assert "GPUs not clean" in failed["msg"] and "pid %d" % holder in failed["msg"], failed["msg"]
+    assert failed["msg"].startswith("fails at the clean gate, before the kill: GPUs not clean"), failed["msg"]
+    assert "pid %d" % holder in failed["msg"], failed["msg"]
     assert "nvidia_gpu_exporter hold --gpu 0" in failed["msg"], failed["msg"]
     assert "adopt" not in failed["msg"], failed["msg"]  # strays were on: the holder was excluded, not overlooked
-    stray = failed["strays"]
-    assert [e["pid"] for e in stray["excluded"]] == [holder] and "exclude" in stray["excluded"][0]["reason"], stray
-    assert stray["signalled"] == 0
+    assert "pid %d: never killed (excluded by " % holder in failed["msg"], failed["msg"]
+    assert failed["msg"].endswith(", stop it by hand"), failed["msg"]
+    # Refused before either kill step: nothing was signalled.
+    assert "strays" not in failed and "kill" not in failed and failed["killed"] == 0, failed
     assert failed["phase"] == "clean" and failed.get("pid") is None and failed["changed"] is False, failed
-    assert [h["pid"] for h in failed["clean"]["holders"]] == [holder], failed["clean"]
+    assert [h["pid"] for h in failed["clean"]["holders"]] == [holder] and failed["clean"]["before_kill"], failed["clean"]
     assert _launches(fleet, "host2") == 0
     assert gpu_holders(fleet, "host2")[0] == [holder] and holder in ps(fleet, "host2")
     assert not [p for p in ps(fleet, "host2").values() if p["tag"]]

@@ -52,7 +52,8 @@ def _server(snap) -> set:
              "gpufleet.serving.rollout, then gpufleet.serving.restart (forced); then the same tmpfs over /run/gpufleet "
              "(lock, pidfile) and a forced restart",
     outcome="the rollout keeps the server (it carries this definition's fingerprint; the record that cannot be written "
-            "is a warning), rc 0; the forced restart fails in preflight naming 'directory /var/lib/gpufleet "
+            "is a warning and a line after the summary's table, 'record still missing, server kept', naming the file), "
+            "rc 0; the forced restart fails in preflight naming 'directory /var/lib/gpufleet "
             "(record.state_file) has 0 bytes free', the server untouched (same processes); the full /run/gpufleet "
             "fails the lock with 'cannot write /run/gpufleet/demo.lock: No space left on device', nothing stopped; no "
             "temp file and no 0-byte lock left in either directory")
@@ -65,6 +66,9 @@ def test_a_full_state_or_run_filesystem_fails_before_the_kill_and_leaves_nothing
         assert run.rc == 0, run.tail()
         assert run.summary[H]["restart"] == "no", run.summary[H]
         assert "its record still cannot be written" in run.out, run.tail()
+        assert "(cannot write %s/demo.json: No space left on device)" % STATE_DIR in run.summary[H]["record_missing"], \
+            run.summary[H]
+        assert "record still missing, server kept: %s (" % H in run.out, run.tail()
         assert _server(rf.snapshot()) == before
 
         run = rf.playbook("restart")
@@ -105,8 +109,9 @@ true
              "still full, and again after the filler files are deleted",
     outcome="the restart fails in phase record naming /var/lib/gpufleet/demo.json and 'No space left on device', the "
             "summary keeps workers_verified 2 and restarted yes; no temp file left; the next rollout does not kill the "
-            "new server (same processes, rc 0, warning that the record still cannot be written); once there is room "
-            "the next rollout records it (fingerprint and pid of the running server) without a restart")
+            "new server (same processes, rc 0, warning that the record still cannot be written, and 'record still "
+            "missing, server kept' after the summary's table); once there is room the next rollout records it "
+            "(fingerprint and pid of the running server) without a restart, and says nothing is missing")
 def test_a_record_that_fails_after_a_good_restart_does_not_get_the_server_killed_again(rf):
     _mount_small(rf, STATE_DIR, fill=False)
     try:
@@ -127,12 +132,15 @@ def test_a_record_that_fails_after_a_good_restart_does_not_get_the_server_killed
         run = rf.playbook("rollout")
         assert run.rc == 0, run.tail()
         assert run.summary[H]["restart"] == "no" and "its record still cannot be written" in run.out, run.tail()
+        assert "record still missing, server kept: %s (" % H in run.out, run.tail()
+        assert "/demo.json: No space left on device" in run.summary[H]["record_missing"], run.summary[H]
         assert _server(rf.snapshot()) == server
         assert _ls(rf, STATE_DIR) == ["filler", "filler2"]
 
         rf.fleet.ssh(H, "rm %s/filler %s/filler2" % (STATE_DIR, STATE_DIR), check=True)
         run = rf.playbook("rollout")
         assert run.rc == 0 and run.summary[H]["restart"] == "no", run.tail()
+        assert not run.summary[H]["record_missing"] and "record still missing" not in run.out, run.tail()
         snap = rf.snapshot()
         assert _server(snap) == server
         state = snap.state(H)

@@ -5,6 +5,7 @@ Real tagged processes hold the fake NVML's GPUs; the fake NVML is the only doubl
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ import pytest
 
 from helpers import FAKE_NVML_DIR, wait_for
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _proc
+from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _server
 from ansible_collections.gpufleet.serving.plugins.modules import server_state
 
 
@@ -587,6 +588,28 @@ def test_a_server_carrying_this_fingerprint_is_kept_unless_its_launch_is_marked_
     assert (st["fingerprint"], st["pid"], st["start_time"]) == ("f" * 64, s.pid, s.start)
     again = run_module(server_state.main, args)
     assert again["needs_restart"] is False and again["up_to_date"] is True and "unrecorded" not in again, again
+
+
+def test_a_record_that_still_cannot_be_written_is_said_in_the_result_and_a_warning(
+        servers, paths, run_module, monkeypatch):
+    """Bug F: the rerun while the state filesystem stays full keeps the server and says the record is still missing,
+    in a result key the role passes to the rollout summary (a warning alone scrolls by)."""
+    s = servers(env={"GPUFLEET_SERVICE_FINGERPRINT": "f" * 64})
+    os.makedirs(os.path.dirname(paths["pidfile"]))
+    s.write_pidfile(Path(paths["pidfile"]))
+    os.makedirs(os.path.dirname(paths["state_file"]))
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(_server, "record_state", full)
+    r = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:1:run"))
+    assert r["needs_restart"] is False and r["unrecorded"] is True and "recorded" not in r, r
+    assert r["record_missing"] == (
+        "the running server (pid %d) is up to date and kept, but its record still cannot be written (%s: No space left "
+        "on device): the record is still missing; the next run writes it once there is room" % (s.pid, paths["state_file"]))
+    assert r["record_missing"] in str(r.get("warnings")), r.get("warnings")
+    assert not os.path.exists(paths["state_file"])
 
 
 def test_a_server_without_this_fingerprint_is_restarted_when_the_record_is_missing(servers, paths, run_module):
