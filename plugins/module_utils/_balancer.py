@@ -286,7 +286,8 @@ class Balancers:
 
     def __init__(self, entries: t.Sequence[Entry], server: str = "", worker_url: str = "",
                  records: t.Optional[Records] = None, http: t.Optional[Http] = None, interval: float = 1.0,
-                 sleep: t.Callable[[float], None] = time.sleep, names: t.Optional[t.Collection[str]] = None) -> None:
+                 sleep: t.Callable[[float], None] = time.sleep, names: t.Optional[t.Collection[str]] = None,
+                 out_timeout: float = 30) -> None:
         self.entries = [b for b in entries if b.get("type", "none") != "none"]
         self.server = server
         self.worker_url = worker_url
@@ -296,7 +297,8 @@ class Balancers:
         self.http = http or Http()
         self.interval = interval
         self.sleep = sleep
-        self._stat: t.Dict[str, t.List[t.Dict[str, str]]] = {}
+        # Seconds a balancer gets to show the server out (MAINT; the router no longer listing it).
+        self.out_timeout = out_timeout
 
     # helpers
     def ident(self, b: Entry) -> str:
@@ -379,12 +381,12 @@ class Balancers:
             todo = [k for k, s in st.items() if word(s) != "MAINT"]
             # MAINT, not DRAIN: no new request goes there, those in flight go on.
             hp.set_state(todo, srv, "maint")
-            hp.wait(srv, sorted(st), "MAINT", 10, self.sleep)
+            hp.wait(srv, sorted(st), "MAINT", self.out_timeout, self.sleep)
             return bool(todo)
         if b["type"] == "sglang_router":
             r = self.router(b)
             removed = r.remove(self.ident(b))
-            r.wait(self.ident(b), False, 30, self.sleep)
+            r.wait(self.ident(b), False, self.out_timeout, self.sleep)
             return removed
         self.call_http(b, "remove")
         return True

@@ -66,7 +66,6 @@ options:
         of O(balancer) and O(found).
     type: list
     elements: dict
-    default: []
   balancers:
     description: With V(clear), the balancer entries the host is back in.
     type: list
@@ -117,7 +116,7 @@ def main() -> None:
             run=dict(type="str"),
             keep=dict(type="bool", default=True),
             balancers=dict(type="list", elements="str", default=[]),
-            drains=dict(type="list", elements="dict", default=[]),
+            drains=dict(type="list", elements="dict"),
         ),
         required_if=[("action", "add", ("balancer", "drains"), True)],
         required_together=[("balancer", "found")],
@@ -129,7 +128,7 @@ def main() -> None:
         if p["action"] == "read":
             module.exit_json(changed=False, records=before)
         if p["action"] == "add":
-            drains = list(p["drains"]) + ([dict(balancer=p["balancer"], found=p["found"], server=p["server"],
+            drains = list(p["drains"] or []) + ([dict(balancer=p["balancer"], found=p["found"], server=p["server"],
                                                 keep=p["keep"])] if p["balancer"] else [])
             changed, records = False, before
             for d in drains:
