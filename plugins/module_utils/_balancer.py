@@ -253,7 +253,7 @@ class Router:
     def remove(self, worker_url: str) -> bool:
         ws = self.mine(worker_url)
         for w in ws:
-            code, _ = self.http.call("DELETE", "%s/workers/%s" % (self.url, w.get("id")), self.headers)
+            code = self.http.call("DELETE", "%s/workers/%s" % (self.url, w.get("id")), self.headers)[0]
             if code not in (200, 202, 204):
                 raise BalancerError("the router %s answered HTTP %s to DELETE /workers/%s" % (self.url, code, w.get("id")))
         return bool(ws)
@@ -261,7 +261,7 @@ class Router:
     def add(self, worker_url: str) -> bool:
         if self.mine(worker_url):
             return False
-        code, _ = self.http.call("POST", self.url + "/workers", self.headers, {"url": worker_url})
+        code = self.http.call("POST", self.url + "/workers", self.headers, {"url": worker_url})[0]
         if code not in (200, 201, 202):
             raise BalancerError("the router %s answered HTTP %s to POST /workers (%s)" % (self.url, code, worker_url))
         return True
@@ -393,7 +393,7 @@ class Balancers:
 
     def call_http(self, b: Entry, which: str) -> None:
         req = b[which]
-        code, _ = self.http.call(req.get("method") or "POST", req["url"], req.get("headers"), req.get("body"))
+        code = self.http.call(req.get("method") or "POST", req["url"], req.get("headers"), req.get("body"))[0]
         if code not in (req.get("status_code") or HTTP_OK):
             raise BalancerError("the %s request %s %s answered HTTP %s" % (
                 which, req.get("method") or "POST", public_url(req["url"]), code))

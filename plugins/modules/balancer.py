@@ -20,7 +20,7 @@ description:
     - HAProxy C(set server B/S state maint) in every backend that has it (or O(balancers[].backend)), waited for until
     MAINT; the router C(DELETE /workers/ID), waited for until it no longer lists the worker; http the remove request.
     A server found in MAINT with no drain record of gpufleet's (O(records)) is an operator's, left as found
-    (RV(rotation.left_as_found)). RV(drains) are the entries the role records on the host before the change; run it in
+    (C(left_as_found) in RV(rotation)). RV(drains) are the entries the role records on the host before the change; run it in
     check mode first to get them (and to learn that every entry can be drained).
   - O(state=in) puts the server back to the state it was found in (O(found)), per backend for HAProxy - C(set server
     B/S state ready), which also clears an admin DRAIN, or back to C(drain) where an operator had set DRAIN - and
@@ -164,7 +164,7 @@ options:
   names:
     description:
       - Every balancer name of the host, those other machines reach included. A drain record under another name that
-        names the same server belongs to an entry renamed since (RV(rotation.renamed)).
+        names the same server belongs to an entry renamed since (C(renamed) in RV(rotation)).
     type: list
     elements: str
     default: []

@@ -30,7 +30,7 @@ class FakeHAProxy:
     def _serve(self) -> None:
         while True:
             try:
-                c, _ = self.sock.accept()
+                c = self.sock.accept()[0]
             except OSError:
                 return
             with c:
@@ -44,7 +44,7 @@ class FakeHAProxy:
         if line == "show stat":
             out = ["# pxname,svname,qcur,status,weight,"]
             for b in sorted({k[0] for k in self.servers}):
-                out.append("%s,FRONTEND,,OPEN,,"  % b)
+                out.append("%s,FRONTEND,,OPEN,," % b)
                 for (bk, s), v in sorted(self.servers.items()):
                     if bk == b:
                         out.append("%s,%s,0,%s,%s," % (bk, s, v["status"], v["weight"]))
