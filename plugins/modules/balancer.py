@@ -9,7 +9,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: balancer
 short_description: Take a server out of its load balancers, put it back as found, or read what they say of it
-version_added: 0.3.0
+version_added: 0.2.0
 description:
   - The load balancers of zero-drop rollouts, one call for every entry of a host that one machine reaches (the gpu_server
     role runs it where each entry's C(delegate_to) says, one call per such machine). Three kinds
