@@ -33,7 +33,6 @@ from gpufleet_ci import sandbox  # noqa: E402
 FLEET = os.path.join(ROOT, "tests", "sandbox", "fleet.py")
 BALANCER = os.path.join(ROOT, "tests", "sandbox", "balancer.py")
 LOADGEN = os.path.join(ROOT, "tests", "sandbox", "loadgen.py")
-COMMUNITY_GENERAL = os.path.join(ROOT, "collections", "ansible_collections", "community", "general")
 PY = sys.executable
 # The load through HAProxy during the rollout: 4 clients, each request 0.25 s on the server (so requests are in flight
 # whenever a host is drained), bounded in time and count (the load generator's own limits).
@@ -59,13 +58,12 @@ def load_balancer():
 
 
 def missing_for_drain() -> str:
-    """Why the demo's drain cannot run here ('' when it can): real HAProxy and community.general's haproxy module."""
+    """Why the demo's drain cannot run here ('' when it can): real HAProxy (gpufleet.serving.balancer speaks its admin
+    socket itself)."""
     try:
         load_balancer()._haproxy_bin()
     except Exception as e:  # BalancerError: not installed
         return str(e)
-    if not os.path.isdir(COMMUNITY_GENERAL):
-        return "community.general is not installed in collections/ (./scripts/setup: scripts/get-community-general)"
     return ""
 
 

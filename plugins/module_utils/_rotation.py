@@ -46,11 +46,13 @@ def read(path: str) -> t.Dict[str, t.Dict[str, t.Any]]:
 
 
 def add(path: str, balancer: str, entry: t.Mapping[str, t.Any], keep: bool = True,
-        check_mode: bool = False) -> t.Tuple[bool, t.Dict[str, t.Dict[str, t.Any]]]:
+        check_mode: bool = False, records: t.Optional[t.Dict[str, t.Dict[str, t.Any]]] = None,
+        ) -> t.Tuple[bool, t.Dict[str, t.Dict[str, t.Any]]]:
     """Record that gpufleet takes the host out of `balancer`. With `keep`, an entry already there stays as it is: it
     says what an earlier run found before it drained the host (what the host goes back to), which this run cannot see
-    any more. Without (the server was found in rotation: the host was put back by hand since), it is replaced."""
-    records = read(path)
+    any more. Without (the server was found in rotation: the host was put back by hand since), it is replaced.
+    `records`: the record as this call already read (and added to) it; read from `path` when None."""
+    records = dict(read(path) if records is None else records)
     if balancer in records and keep:
         if not check_mode:
             _server.restrict_mode(path, RECORD_MODE)

@@ -59,6 +59,13 @@ options:
         is replaced.
     type: bool
     default: true
+  drains:
+    description:
+      - With V(add), several entries in one call, each C({balancer, found, server, keep}) (the
+        gpufleet.serving.balancer module's RV(gpufleet.serving.balancer#module:drains)); O(run) is theirs too. Instead
+        of O(balancer) and O(found).
+    type: list
+    elements: dict
   balancers:
     description: With V(clear), the balancer entries the host is back in.
     type: list
@@ -109,8 +116,10 @@ def main() -> None:
             run=dict(type="str"),
             keep=dict(type="bool", default=True),
             balancers=dict(type="list", elements="str", default=[]),
+            drains=dict(type="list", elements="dict"),
         ),
-        required_if=[("action", "add", ("balancer", "found"))],
+        required_if=[("action", "add", ("balancer", "drains"), True)],
+        required_together=[("balancer", "found")],
         supports_check_mode=True,
     )
     p = module.params
@@ -119,9 +128,14 @@ def main() -> None:
         if p["action"] == "read":
             module.exit_json(changed=False, records=before)
         if p["action"] == "add":
-            changed, records = _rotation.add(p["path"], p["balancer"],
-                                             {"found": p["found"], "server": p["server"], "run": p["run"]},
-                                             p["keep"], module.check_mode)
+            drains = list(p["drains"] or []) + ([dict(balancer=p["balancer"], found=p["found"], server=p["server"],
+                                                keep=p["keep"])] if p["balancer"] else [])
+            changed, records = False, before
+            for d in drains:
+                one, records = _rotation.add(p["path"], str(d["balancer"]),
+                                             {"found": d.get("found"), "server": d.get("server"), "run": p["run"]},
+                                             bool(d.get("keep", True)), module.check_mode, records)
+                changed = changed or one
         else:
             changed, records = _rotation.clear(p["path"], p["balancers"], module.check_mode)
     except (_rotation.RecordError, OSError) as e:

@@ -157,7 +157,7 @@ def test_rollout_in_the_ee_matches_the_rollout_outside_it(ee_image, sandbox_flee
                         env=dict(os.environ, CONTAINERS_CONF=str(conf)), stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT, text=True, timeout=120, check=False)
     assert "gpufleet.serving" in ls.stdout and "No module named 'pynvml'" in ls.stdout, ls.stdout
-    # community.general (the haproxy drain's module) is in the EE when ./scripts/setup put it in collections/.
+    # community.general (optional) is in the EE when ./scripts/setup put it in collections/.
     if (ROOT / "collections" / "ansible_collections" / "community" / "general" / "MANIFEST.json").exists():
         assert "/build/collections/community.general" in ee_image["collections"], ee_image
         cg = subprocess.run(["podman", "run", "--rm", IMAGE, "ansible-doc", "-t", "module", "community.general.haproxy"],

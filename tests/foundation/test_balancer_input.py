@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Bad load balancer input (issue 17) fails with every broken rule named, before anything is touched: the role's
-preflight (balancers_validate.yml) and the rollout's capacity guard (capacity.yml), run on localhost."""
+preflight (its argument spec's nested options) and the rollout's capacity guard (capacity.yml), run on localhost."""
 from __future__ import annotations
 
 import os
@@ -24,24 +24,34 @@ def _run(tmp_path, entry, extra):
     return run_playbook(str(pb), env=env, extra_vars=extra, timeout=120)
 
 
+GOOD = {"gpufleet_server_name": "demo", "gpufleet_server_command": ["python3", "-m", "x"],
+        "gpufleet_server_health_url": "http://127.0.0.1:30000/health"}
+
+
 def test_every_broken_balancer_rule_is_named(tmp_path):
-    r = _run(tmp_path, "balancers_validate", {"gpufleet_server_drain_on_timeout": "wait", "gpufleet_server_balancers": [
-        {"type": "haproxy"}, {"type": "sglang_router", "url": "router:30000"}, {"type": "http", "remove": {"url": "http://x/a"}},
-        {"type": "nginx"}, "text", {"type": "none"}, {"type": "haproxy", "delegate_to": "lb1", "name": "a"},
-        {"type": "http", "name": "a", "remove": {"url": "http://x"}, "add": {"url": "http://x"}}]})
+    # The role's argument spec (nested options) checks each entry's keys, types and what its type requires; the
+    # balancer module checks the rest (http(s) URLs, unique names: tests/unit/plugins/modules/test_balancer.py).
+    r = _run(tmp_path, "preflight", dict(GOOD, gpufleet_server_drain_on_timeout="wait", gpufleet_server_balancers=[
+        {"type": "haproxy"}, {"type": "sglang_router", "url": "http://router:30000"}, {"type": "http", "remove": {"url": "http://x/a"}},
+        {"type": "nginx"}, "text", {"type": "none"}, {"type": "haproxy", "delegate_to": "lb1", "name": "a", "sokcet": "/x"},
+        {"type": "http", "name": "b", "remove": {"url": "http://x"}, "add": {"url": "http://x"}}]))
     assert r.returncode != 0
     out = " ".join(r.stdout.split())
-    for msg in ("entry 1 (haproxy) needs delegate_to", "entry 2 (sglang_router) needs url",
-                "entry 3 (http) needs remove.url and add.url", "entry 4 type must be one of haproxy, sglang_router, "
-                "http, none, got nginx", "entry 5 must be a dict, got str", "two balancers have the same name",
-                "gpufleet_server_drain_on_timeout must be fail or proceed"):
+    for msg in ("type is haproxy but all of the following are missing: delegate_to found in gpufleet_server_balancers",
+                "type is http but all of the following are missing: add found in gpufleet_server_balancers",
+                "value of type must be one of: haproxy, sglang_router, http, none, got: nginx found in "
+                "gpufleet_server_balancers",
+                "Elements value for option 'gpufleet_server_balancers' is of type str and we were unable to convert to dict",
+                "sokcet", "value of gpufleet_server_drain_on_timeout must be one of: fail, proceed, got: wait"):
         assert msg in out, (msg, r.stdout[-3000:])
-    assert "entry 6" not in out and "entry 7" not in out and "entry 8" not in out
+    assert "sglang_router but" not in out
 
 
 def test_good_balancers_pass(tmp_path):
-    r = _run(tmp_path, "balancers_validate", {"gpufleet_server_drain_on_timeout": "fail", "gpufleet_server_balancers": [
-        {"type": "haproxy", "delegate_to": "lb1"}, {"type": "sglang_router", "url": "http://router:30000"}]})
+    r = _run(tmp_path, "preflight", dict(GOOD, gpufleet_server_drain_on_timeout="fail", gpufleet_server_balancers=[
+        {"type": "haproxy", "delegate_to": "lb1"}, {"type": "sglang_router", "url": "http://router:30000"},
+        {"type": "http", "remove": {"url": "http://x/a", "headers": {"A": "b"}, "status_code": [200]},
+         "add": {"url": "http://x/b", "body": {"port": 1}}}, {"type": "none"}]))
     assert r.returncode == 0, r.stdout[-3000:]
 
 

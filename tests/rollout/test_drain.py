@@ -40,13 +40,11 @@ def _skip() -> t.Optional[str]:
         return "haproxy is not installed (./scripts/setup installs it)"
     if not (Path(sys.executable).parent / "smg").exists():
         return "smg is not installed (./scripts/setup: pip sglang-router)"
-    if not (ROOT / "collections" / "ansible_collections" / "community" / "general").is_dir():
-        return "community.general is not installed (scripts/get-community-general)"
     return None
 
 
 class DrainFleet(RolloutFleet):
-    """The rollout helpers, with the checkout's collections/ (community.general) after the private copy."""
+    """The rollout helpers, with the checkout's collections/ after the private copy."""
 
     def __init__(self, fleet: t.Any, workdir: Path) -> None:
         super().__init__(fleet, workdir)

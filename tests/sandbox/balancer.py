@@ -11,7 +11,7 @@
 Both run in the fleet's hub network namespace (the bridge every host is on, address 10.200.0.1), so they reach every
 host's server and every host reaches them; nothing listens in this machine's own namespace. Files go to
 DIR/balancers/<kind>/: the config, the pidfile, the log and, for HAProxy, the admin socket (`haproxy.sock`, level admin:
-what community.general.haproxy talks to; a unix socket is a file, so the controller reaches it from any namespace).
+what gpufleet.serving.balancer talks to; a unix socket is a file, so the controller reaches it from any namespace).
 
 HAProxy: backend `gpufleet` (and `gpufleet_b`, the same servers, used by no frontend: an entry without `backend` acts on
 both), one server per host named like the host (`host1`, ...), `option httpchk GET /health`,
@@ -111,7 +111,7 @@ def _smg_bin() -> str:
 
 
 def haproxy_cmd(sock: str, cmd: str, timeout: float = 5) -> str:
-    """One command on HAProxy's admin socket (test-side reads only; the role uses community.general.haproxy)."""
+    """One command on HAProxy's admin socket (test-side reads only; the role uses gpufleet.serving.balancer)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:

@@ -71,7 +71,20 @@ def test_a_file_that_is_not_a_record_fails_and_is_left_alone(tmp_path, run_modul
 
 def test_add_needs_balancer_and_found(tmp_path, run_module):
     r = run_module(rotation_record.main, {"path": str(tmp_path / "x.json"), "action": "add"})
-    assert r["failed"] is True and "balancer" in r["msg"] and "found" in r["msg"]
+    assert r["failed"] is True and "balancer" in r["msg"] and "drains" in r["msg"], r
+    r = run_module(rotation_record.main, {"path": str(tmp_path / "x.json"), "action": "add", "balancer": "haproxy"})
+    assert r["failed"] is True and "balancer" in r["msg"] and "found" in r["msg"], r
+
+
+def test_add_several_drains_in_one_call(tmp_path, run_module):
+    path = str(tmp_path / "x.json")
+    run_module(rotation_record.main, {"path": path, "action": "add", "balancer": "haproxy", "found": "DRAIN", "run": "r1"})
+    r = run_module(rotation_record.main, {"path": path, "action": "add", "run": "r2", "drains": [
+        {"balancer": "haproxy", "found": "MAINT", "server": "host1", "keep": True},
+        {"balancer": "smg", "found": "listed", "server": "http://h:1", "keep": False}]})
+    assert r["changed"] is True and r["records"]["haproxy"]["found"] == "DRAIN" and r["records"]["haproxy"]["run"] == "r1"
+    assert r["records"]["smg"]["found"] == "listed" and r["records"]["smg"]["run"] == "r2"
+    assert json.loads(open(path).read())["drains"] == r["records"]
 
 
 def test_a_directory_is_named(tmp_path, run_module):

@@ -1,0 +1,547 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection.
+# Breaking changes can happen without notice.
+
+"""The load balancers of zero-drop rollouts (the balancer module): HAProxy (its admin socket), the SGLang Model Gateway
+(`smg`, its worker API) and `http` (a remove/add request pair, no read API). Reading a balancer's state, taking a
+server out, putting it back to the state found, waiting until UP and the capacity count are each written once here.
+
+HAProxy is spoken to on its admin socket with three text commands (`show stat`, `set server B/S state maint|ready|drain`)
+rather than through community.general.haproxy: that module has no state that clears an admin DRAIN (its `enabled`
+sends `enable server`, which leaves DRAIN set), reads one backend per call, and would make community.general a
+dependency for a few lines of text protocol. One implementation reads and writes, so the drain, the return to service,
+the capacity guard and the audit agree on what a state means.
+
+Logic raises BalancerError; only the module's main() turns it into fail_json.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import typing as t
+
+from ansible.module_utils.six.moves.urllib.error import HTTPError
+from ansible.module_utils.urls import open_url
+
+TYPES = ("haproxy", "sglang_router", "http", "none")
+HAPROXY_SOCKET = "/var/run/haproxy.sock"
+HTTP_OK = [200, 201, 202, 204]
+# HAProxy states that mean "out of rotation" (an admin's): MAINT (no request at all), DRAIN (only persistent ones).
+OUT = ("MAINT", "DRAIN")
+
+Entry = t.Dict[str, t.Any]
+Records = t.Mapping[str, t.Mapping[str, t.Any]]
+
+
+class BalancerError(Exception):
+    """A balancer could not be read or changed as asked; `result` is what was done before (the module returns it)."""
+
+    def __init__(self, msg: str, **result: t.Any) -> None:
+        super().__init__(msg)
+        self.result = result
+
+
+# -- input ------------------------------------------------------------------------------------------------------------
+def input_errors(entries: t.Sequence[t.Mapping[str, t.Any]]) -> t.List[str]:
+    """The rules an argument spec cannot express (URL forms, unique names), each broken one named."""
+    errs = []
+    for i, b in enumerate(entries, 1):
+        n = "entry %d " % i
+        typ = b.get("type")
+        if typ == "haproxy" and not str(b.get("delegate_to") or ""):
+            errs.append(n + "(haproxy) needs delegate_to: the host whose admin socket it is")
+        elif typ == "sglang_router" and not re.match(r"^https?://[^/]+", str(b.get("url") or "")):
+            errs.append(n + "(sglang_router) needs url, the router as http(s)://host:port")
+        elif typ == "http" and not all(re.match(r"^https?://", str((b.get(k) or {}).get("url") or ""))
+                                       for k in ("remove", "add")):
+            errs.append(n + "(http) needs remove.url and add.url, both http(s) URLs")
+    names = [b["name"] for b in entries if b.get("name")]
+    if len(names) != len(set(names)):
+        errs.append("two balancers have the same name")
+    return errs
+
+
+def public_url(url: str) -> str:
+    """A URL without its credentials (user:password@) and query (?token=): what a record or a message may show."""
+    return re.sub(r"[?#].*$", "", re.sub(r"^([^:/?#]+://)[^/?#]*@", r"\1", url))
+
+
+def url_secrets(url: str) -> t.List[str]:
+    """The parts of a URL that are secret: its user:password and its query."""
+    out = []
+    m = re.match(r"^[^:/?#]+://([^/?#]*)@", url)
+    if m:
+        out.append(m.group(1))
+    if "?" in url:
+        out.append(url.split("?", 1)[1].split("#", 1)[0])
+    return [s for s in out if s]
+
+
+def identity(b: Entry, server: str, worker_url: str) -> str:
+    """The server as the balancer names it: HAProxy's server name, the router's worker URL, the remove URL."""
+    if b["type"] == "haproxy":
+        return b.get("server") or server
+    if b["type"] == "sglang_router":
+        return b.get("worker_url") or worker_url
+    return public_url(b["remove"]["url"])
+
+
+def record_for(b: Entry, records: Records, names: t.Collection[str], ident: str) -> t.Tuple[t.Optional[str], t.Any]:
+    """(key, record) of gpufleet's own drain of this entry: by its name or, for an entry renamed since the drain, the
+    record of another name no entry has any more that names the same server. (None, None) when there is none."""
+    if b["name"] in records:
+        return b["name"], records[b["name"]]
+    for key in sorted(records):
+        if key not in names and records[key].get("server") == ident:
+            return key, records[key]
+    return None, None
+
+
+# -- HAProxy ----------------------------------------------------------------------------------------------------------
+def haproxy_cmd(sock: str, line: str, timeout: float = 10) -> str:
+    """One command on HAProxy's admin socket; an unreachable socket is one line naming it, not a traceback."""
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.settimeout(timeout)
+            s.connect(sock)
+            s.sendall(line.encode() + b"\n")
+            out = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                out += chunk
+        finally:
+            s.close()
+    except OSError as e:
+        raise BalancerError("cannot reach the HAProxy admin socket %s: %s" % (sock, e))
+    return out.decode("utf-8", "replace")
+
+
+def parse_stat(text: str) -> t.List[t.Dict[str, str]]:
+    """`show stat` CSV to rows (dicts by column), servers only (no FRONTEND/BACKEND lines)."""
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("#"):
+        raise BalancerError("not an answer to show stat: %r" % text[:120])
+    head = lines[0].lstrip("# ").split(",")
+    rows = [dict(zip(head, x.split(","))) for x in lines[1:] if x.strip()]
+    return [r for r in rows if r.get("svname") not in (None, "FRONTEND", "BACKEND")]
+
+
+def server_states(rows: t.Sequence[t.Mapping[str, str]], server: str, backend: str = "") -> t.Dict[str, str]:
+    """{backend: status} of `server` in `backend` (every backend that has it when empty)."""
+    return {r["pxname"]: r.get("status", "") for r in rows
+            if r.get("svname") == server and (not backend or r.get("pxname") == backend)}
+
+
+def word(status: str) -> str:
+    return (status.split() or [""])[0]
+
+
+def found_of(states: t.Mapping[str, str]) -> str:
+    """One word for the server over its backends: MAINT only when MAINT in all, DRAIN when DRAIN in any, else its
+    status; where an operator set MAINT or DRAIN in some backends only, each ("b1=UP b2=MAINT"), so that each backend
+    goes back to its own state. 'absent' when no backend has it."""
+    sts = sorted({word(s) for s in states.values()})
+    if len(sts) > 1 and any(s in OUT for s in sts):
+        return " ".join("%s=%s" % (b, word(states[b])) for b in sorted(states))
+    if not sts:
+        return "absent"
+    if sts == ["MAINT"]:
+        return "MAINT"
+    if "DRAIN" in sts:
+        return "DRAIN"
+    return [s for s in sts if s != "MAINT"][0]
+
+
+def back_by_backend(back: str, backend: str) -> t.Dict[str, str]:
+    """{backend: state to go back to}: per backend when found per backend, else {backend or '' (every one): back}."""
+    if "=" in back:
+        return dict(p.split("=", 1) for p in back.split())
+    return {backend: back}
+
+
+class HAProxy:
+    """One admin socket; `show stat` read once per call of read() and kept for capacity's many servers."""
+
+    def __init__(self, sock: str, interval: float = 1.0) -> None:
+        self.sock = sock
+        self.interval = interval
+
+    def rows(self) -> t.List[t.Dict[str, str]]:
+        return parse_stat(haproxy_cmd(self.sock, "show stat"))
+
+    def states(self, server: str, backend: str = "") -> t.Dict[str, str]:
+        return server_states(self.rows(), server, backend)
+
+    def set_state(self, backends: t.Iterable[str], server: str, state: str) -> None:
+        for b in sorted(backends):
+            out = haproxy_cmd(self.sock, "set server %s/%s state %s" % (b, server, state)).strip()
+            if out:
+                raise BalancerError("set server %s/%s state %s: %s" % (b, server, state, out))
+
+    def wait(self, server: str, backends: t.Sequence[str], want: str, timeout: float,
+             sleep: t.Callable[[float], None] = time.sleep) -> t.Dict[str, str]:
+        """Until `server` is `want` (first word) in each of `backends` ('' is every backend that has it)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            st: t.Dict[str, str] = {}
+            for b in backends:
+                st.update(self.states(server, b))
+            if st and all(word(s) == want for s in st.values()):
+                return st
+            if time.monotonic() >= deadline:
+                raise BalancerError("HAProxy %s: server %s is %s, not %s, after %gs" % (
+                    self.sock, server, ", ".join("%s in %s" % (s, b) for b, s in sorted(st.items())) or "absent",
+                    want, timeout), states=st)
+            sleep(self.interval)
+
+
+# -- SGLang Model Gateway (smg) ---------------------------------------------------------------------------------------
+class Http:
+    """HTTP through ansible.module_utils.urls (certs, proxies and timeouts the Ansible way)."""
+
+    def __init__(self, timeout: float = 10, validate_certs: bool = True) -> None:
+        self.timeout = timeout
+        self.validate_certs = validate_certs
+
+    def call(self, method: str, url: str, headers: t.Optional[t.Mapping[str, str]] = None,
+             body: t.Any = None) -> t.Tuple[int, str]:
+        """(status, body); an HTTP error answer is a status too; no connection raises BalancerError (no secret)."""
+        data = body if body is None or isinstance(body, (str, bytes)) else json.dumps(body)
+        hdrs = dict(headers or {})
+        if data is not None and not isinstance(body, (str, bytes)):
+            hdrs.setdefault("Content-Type", "application/json")
+        try:
+            r = open_url(url, data=data, headers=hdrs, method=method, timeout=self.timeout,
+                         validate_certs=self.validate_certs, use_proxy=False)
+            return r.getcode(), r.read().decode("utf-8", "replace")
+        except HTTPError as e:
+            return e.code, ""
+        except Exception as e:  # URLError, socket errors, TLS: one line naming the URL, never its credentials
+            raise BalancerError("%s %s: %s" % (method, public_url(url), getattr(e, "reason", e)))
+
+
+class Router:
+    def __init__(self, url: str, headers: t.Optional[t.Mapping[str, str]], http: Http, interval: float = 1.0) -> None:
+        self.url = url.rstrip("/")
+        self.headers = headers or {}
+        self.http = http
+        self.interval = interval
+
+    def workers(self) -> t.List[t.Dict[str, t.Any]]:
+        code, body = self.http.call("GET", self.url + "/workers", self.headers)
+        if code != 200:
+            raise BalancerError("the router %s answered HTTP %s to GET /workers" % (self.url, code), status=code)
+        try:
+            ws = json.loads(body).get("workers", [])
+        except (ValueError, AttributeError):
+            raise BalancerError("the router %s: GET /workers is not JSON with a workers list" % self.url)
+        return [w for w in ws if isinstance(w, dict)]
+
+    def mine(self, worker_url: str) -> t.List[t.Dict[str, t.Any]]:
+        return [w for w in self.workers() if w.get("url") == worker_url]
+
+    def remove(self, worker_url: str) -> bool:
+        ws = self.mine(worker_url)
+        for w in ws:
+            code = self.http.call("DELETE", "%s/workers/%s" % (self.url, w.get("id")), self.headers)[0]
+            if code not in (200, 202, 204):
+                raise BalancerError("the router %s answered HTTP %s to DELETE /workers/%s" % (self.url, code, w.get("id")))
+        return bool(ws)
+
+    def add(self, worker_url: str) -> bool:
+        if self.mine(worker_url):
+            return False
+        code = self.http.call("POST", self.url + "/workers", self.headers, {"url": worker_url})[0]
+        if code not in (200, 201, 202):
+            raise BalancerError("the router %s answered HTTP %s to POST /workers (%s)" % (self.url, code, worker_url))
+        return True
+
+    def wait(self, worker_url: str, listed: bool, timeout: float,
+             sleep: t.Callable[[float], None] = time.sleep) -> None:
+        """Until the router lists the worker healthy (listed) or no longer lists it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ws = self.mine(worker_url)
+            if (any(w.get("is_healthy") for w in ws) if listed else not ws):
+                return
+            if time.monotonic() >= deadline:
+                raise BalancerError("the router %s %s the worker %s after %gs" % (
+                    self.url, "does not list healthy" if listed else "still lists", worker_url, timeout))
+            sleep(self.interval)
+
+
+# -- the operations ---------------------------------------------------------------------------------------------------
+class Balancers:
+    """The entries of one host (or, for capacity, of many) as one delegate reaches them."""
+
+    def __init__(self, entries: t.Sequence[Entry], server: str = "", worker_url: str = "",
+                 records: t.Optional[Records] = None, http: t.Optional[Http] = None, interval: float = 1.0,
+                 sleep: t.Callable[[float], None] = time.sleep, names: t.Optional[t.Collection[str]] = None,
+                 out_timeout: float = 30) -> None:
+        self.entries = [b for b in entries if b.get("type", "none") != "none"]
+        self.server = server
+        self.worker_url = worker_url
+        self.records = dict(records or {})
+        # Every entry name of the host (not only this delegate's): a record of one of them is not a renamed entry's.
+        self.names = set(names or ()) | {b["name"] for b in self.entries}
+        self.http = http or Http()
+        self.interval = interval
+        self.sleep = sleep
+        # Seconds a balancer gets to show the server out (MAINT; the router no longer listing it).
+        self.out_timeout = out_timeout
+
+    # helpers
+    def ident(self, b: Entry) -> str:
+        return identity(b, b.get("server") or self.server, b.get("worker_url") or self.worker_url)
+
+    def haproxy(self, b: Entry) -> HAProxy:
+        return HAProxy(b.get("socket") or HAPROXY_SOCKET, self.interval)
+
+    def router(self, b: Entry) -> Router:
+        return Router(b["url"], b.get("headers"), self.http, self.interval)
+
+    def read_one(self, b: Entry) -> t.Dict[str, t.Any]:
+        """What the balancer says of the server: {found, states (HAProxy), workers (the router's URLs)}."""
+        if b["type"] == "haproxy":
+            st = self.haproxy(b).states(self.ident(b), b.get("backend") or "")
+            return {"found": found_of(st), "states": st}
+        if b["type"] == "sglang_router":
+            ws = self.router(b).workers()
+            mine = [w for w in ws if w.get("url") == self.ident(b)]
+            return {"found": "listed" if mine else "absent", "workers": [str(w.get("url")) for w in ws],
+                    "healthy": any(w.get("is_healthy") for w in mine)}
+        return {"found": "unknown"}
+
+    # out -------------------------------------------------------------------------------------------------------------
+    def plan_out(self) -> t.List[t.Dict[str, t.Any]]:
+        """Read every entry before any is touched; refuse a wrong server or worker URL with nothing touched."""
+        plan = []
+        for b in self.entries:
+            now = self.read_one(b)
+            found = now["found"]
+            key, rec = record_for(b, self.records, self.names, self.ident(b))
+            if b["type"] == "sglang_router" and found == "absent" and rec is None:
+                raise BalancerError(
+                    "sglang_router %s (%s) does not list the worker %s and gpufleet has no record of taking it out: a "
+                    "wrong worker_url, or a worker removed by hand (the router lists %s); nothing was touched"
+                    % (b["name"], b["url"], self.ident(b), ", ".join(now["workers"]) or "none"))
+            if b["type"] == "haproxy" and found == "absent":
+                raise BalancerError(
+                    "haproxy %s (%s on %s) has no server %s %s: a wrong server or backend name; nothing was touched"
+                    % (b["name"], b.get("socket") or HAPROXY_SOCKET, b.get("delegate_to") or "localhost", self.ident(b),
+                       ("in backend " + b["backend"]) if b.get("backend") else "in any backend"))
+            step: t.Dict[str, t.Any] = {"name": b["name"], "type": b["type"], "found": found, "record": key}
+            if found == "MAINT" and rec is None:
+                step["left_as_found"] = "MAINT"  # an operator's: not gpufleet's to take out or put back
+            elif found == "absent":
+                step["back"] = rec.get("found", "UP")  # gpufleet's own earlier drain (its record): already out
+            else:
+                # Found in MAINT (an earlier run's drain) or unknown (http): the record keeps what was found first.
+                back = rec.get("found", found) if rec is not None and found in ("MAINT", "unknown") else found
+                step["back"] = back
+                step["drain"] = {"balancer": b["name"], "found": back, "server": self.ident(b),
+                                 "keep": found in ("MAINT", "unknown")}
+            plan.append(step)
+        return plan
+
+    def take_out(self, plan: t.Sequence[t.Mapping[str, t.Any]], timeout: float = 30) -> t.Dict[str, t.Any]:
+        """Each entry out of rotation as planned; returns {changed, rotation (out_of, found, left_as_found, renamed)}."""
+        rot: t.Dict[str, t.Any] = {"out_of": [], "found": {}, "left_as_found": {}, "renamed": {}}
+        changed = False
+        by_name = {b["name"]: b for b in self.entries}
+        for step in plan:
+            b, name = by_name[step["name"]], step["name"]
+            if "left_as_found" in step:
+                rot["left_as_found"][name] = step["left_as_found"]
+                continue
+            try:
+                changed = self._out(b, step) or changed
+            except BalancerError as e:
+                raise BalancerError("%s: %s" % (name, e), changed=changed, rotation=rot)
+            rot["out_of"].append(name)
+            rot["found"][name] = step["back"]
+            if step.get("record") and step["record"] != name:
+                rot["renamed"][step["record"]] = name
+        return {"changed": changed, "rotation": rot}
+
+    def _out(self, b: Entry, step: t.Mapping[str, t.Any]) -> bool:
+        if b["type"] == "haproxy":
+            hp, srv = self.haproxy(b), self.ident(b)
+            st = hp.states(srv, b.get("backend") or "")
+            todo = [k for k, s in st.items() if word(s) != "MAINT"]
+            # MAINT, not DRAIN: no new request goes there, those in flight go on.
+            hp.set_state(todo, srv, "maint")
+            hp.wait(srv, sorted(st), "MAINT", self.out_timeout, self.sleep)
+            return bool(todo)
+        if b["type"] == "sglang_router":
+            r = self.router(b)
+            removed = r.remove(self.ident(b))
+            r.wait(self.ident(b), False, self.out_timeout, self.sleep)
+            return removed
+        self.call_http(b, "remove")
+        return True
+
+    def call_http(self, b: Entry, which: str) -> None:
+        req = b[which]
+        code = self.http.call(req.get("method") or "POST", req["url"], req.get("headers"), req.get("body"))[0]
+        if code not in (req.get("status_code") or HTTP_OK):
+            raise BalancerError("the %s request %s %s answered HTTP %s" % (
+                which, req.get("method") or "POST", public_url(req["url"]), code))
+
+    # in --------------------------------------------------------------------------------------------------------------
+    def put_back(self, found: t.Mapping[str, str], left_as_found: t.Mapping[str, str], up_timeout: float,
+                 check_mode: bool = False) -> t.Dict[str, t.Any]:
+        """Each entry back to the state it was found in, waited for until UP (HAProxy) or listed healthy (router).
+        An operator's MAINT stays MAINT; an operator's DRAIN goes back to DRAIN (left as found, not waited for)."""
+        rot: t.Dict[str, t.Any] = {"back_in": [], "left_as_found": {}}
+        changed = False
+        for b in self.entries:
+            name = b["name"]
+            back = "MAINT" if left_as_found.get(name) == "MAINT" else found.get(name, "UP")
+            try:
+                changed = self._in(b, back, up_timeout, check_mode, rot) or changed
+            except BalancerError as e:
+                raise BalancerError("%s: %s" % (name, e), changed=changed, rotation=rot)
+            rot["back_in"].append(name)
+        return {"changed": changed, "rotation": rot}
+
+    def _in(self, b: Entry, back: str, up_timeout: float, check_mode: bool, rot: t.Dict[str, t.Any]) -> bool:
+        name = b["name"]
+        if b["type"] == "haproxy":
+            if back == "MAINT":
+                return False
+            hp, srv = self.haproxy(b), self.ident(b)
+            by = back_by_backend(back, b.get("backend") or "")
+            kept = sorted((k, v) for k, v in by.items() if v in OUT)
+            if back == "DRAIN":
+                rot["left_as_found"][name] = "DRAIN"
+            elif "=" in back and kept:
+                rot["left_as_found"][name] = ", ".join("%s in backend %s" % (v, k) for k, v in kept)
+            changed = False
+            for bk, st in sorted(by.items()):
+                if st == "MAINT":
+                    continue
+                want = "DRAIN" if st == "DRAIN" else "UP"
+                now = hp.states(srv, bk)
+                if not now:
+                    raise BalancerError("HAProxy %s has no server %s %s" % (
+                        hp.sock, srv, ("in backend " + bk) if bk else "in any backend"))
+                todo = [k for k, s in now.items() if word(s) != want]
+                if todo and not check_mode:
+                    # `state ready` clears MAINT and an admin DRAIN alike (`enable server` would leave DRAIN set).
+                    hp.set_state(todo, srv, "drain" if want == "DRAIN" else "ready")
+                changed = changed or bool(todo)
+            if not check_mode:
+                for bk in sorted(k for k, v in by.items() if v not in OUT):
+                    hp.wait(srv, [bk], "UP", up_timeout, self.sleep)
+            return changed
+        if b["type"] == "sglang_router":
+            r = self.router(b)
+            if check_mode:
+                return not r.mine(self.ident(b))
+            added = r.add(self.ident(b))
+            r.wait(self.ident(b), True, up_timeout, self.sleep)
+            return added
+        if not check_mode:
+            self.call_http(b, "add")
+        return True
+
+    # read ------------------------------------------------------------------------------------------------------------
+    def back_in_rotation(self, skip: t.Collection[str] = ()) -> t.List[t.Tuple[str, str]]:
+        """(name, found) of each readable entry that has the server in rotation again (recheck before the kill)."""
+        out = []
+        for b in self.entries:
+            if b["type"] == "http" or b["name"] in skip:
+                continue
+            found = self.read_one(b)["found"]
+            if found not in ("MAINT", "absent"):
+                out.append((b["name"], found))
+        return out
+
+    def who(self, b: Entry, records_error: str = "") -> str:
+        key, rec = record_for(b, self.records, self.names, self.ident(b))
+        if rec is not None:
+            return (" by gpufleet (run %s at %s did not put it back: a failed or interrupted run, or the clean playbook; "
+                    "the next rollout puts it back)" % (rec.get("run") or "?", rec.get("at") or "?"))
+        if records_error:
+            return " (drain record unreadable: %s)" % records_error[:120]
+        return ", not by gpufleet (no drain record of it)"
+
+    def drift(self, records_error: str = "") -> t.List[str]:
+        """The audit's lines: a host out of rotation (by whom) or in rotation but not UP; http is not audited."""
+        out = []
+        for b in self.entries:
+            if b["type"] == "http":
+                continue
+            name = b["name"]
+            try:
+                now = self.read_one(b)
+            except BalancerError as e:
+                out.append("balancer %s could not be read: %s" % (name, str(e)[:120]))
+                continue
+            if b["type"] == "haproxy":
+                if not now["states"]:
+                    out.append("out of rotation on %s (no server %s there)%s" % (name, self.ident(b), self.who(b, records_error)))
+                for bk, s in sorted(now["states"].items()):
+                    if word(s) == "UP":
+                        continue
+                    out.append(("out of rotation on %s (%s in backend %s)%s" % (name, s, bk, self.who(b, records_error)))
+                               if s in OUT else "in rotation on %s but %s (backend %s)" % (name, s, bk))
+            elif now["found"] == "absent":
+                out.append("out of rotation on %s (the router does not list %s)%s"
+                           % (name, self.ident(b), self.who(b, records_error)))
+            elif not now["healthy"]:
+                out.append("in rotation on %s but unhealthy" % name)
+        return out
+
+    def capacity(self) -> t.Dict[str, t.Any]:
+        """The capacity guard's count over many hosts' entries (each with `host`, and `server` or `worker_url`): the
+        hosts any balancer has out of rotation (not UP or "no check" in HAProxy, weight 0 there, a worker the router
+        does not list healthy), and the balancers that could not be read (their hosts are not counted out)."""
+        out_hosts: t.List[str] = []
+        unread: t.List[str] = []
+        seen: t.Dict[str, t.Any] = {}
+        for b in self.entries:
+            if b["type"] == "http":
+                continue
+            if b["type"] == "haproxy":
+                sock = b.get("socket") or HAPROXY_SOCKET
+                if sock not in seen:
+                    try:
+                        seen[sock] = self.haproxy(b).rows()
+                    except BalancerError as e:
+                        seen[sock] = None
+                        unread.append("HAProxy %s on %s (%s)" % (sock, b.get("delegate_to") or "localhost", str(e)[:120]))
+                rows = seen[sock]
+                if rows is None:
+                    continue
+                srv = b.get("server") or b.get("host") or self.server
+                mine = [r for r in rows if r.get("svname") == srv and (not b.get("backend") or r.get("pxname") == b["backend"])]
+                ok = bool(mine) and all(word(r.get("status", "")) in ("UP", "no") and r.get("weight") != "0" for r in mine)
+            else:
+                key = "router " + b["url"].rstrip("/")
+                if key not in seen:
+                    try:
+                        seen[key] = self.router(b).workers()
+                    except BalancerError as e:
+                        seen[key] = None
+                        unread.append("the router %s from %s (HTTP %s)" % (
+                            b["url"].rstrip("/"), b.get("delegate_to") or "localhost", e.result.get("status", "-")))
+                ws = seen[key]
+                if ws is None:
+                    continue
+                ok = any(w.get("url") == (b.get("worker_url") or self.worker_url) and w.get("is_healthy") for w in ws)
+            host = b.get("host") or self.server
+            if not ok and host not in out_hosts:
+                out_hosts.append(host)
+        return {"out_hosts": out_hosts, "unread": unread}

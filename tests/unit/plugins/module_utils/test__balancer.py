@@ -1,0 +1,297 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""_balancer: HAProxy's `show stat` parsing and states, the decisions of the drain and the return to service (an
+operator's MAINT/DRAIN left as found, per backend, weight 0, a renamed entry's record, a reload mid-drain), against a
+real unix socket speaking HAProxy's text protocol and a real HTTP server speaking smg's worker API."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _balancer as B
+from balancer_fakes import FakeHAProxy, router
+
+
+@pytest.fixture
+def hp():
+    d = tempfile.mkdtemp(prefix="hp", dir="/tmp")  # a unix socket path has at most 107 bytes
+    srv = FakeHAProxy(d + "/admin.sock", {("web", "host1"): "UP", ("web", "host2"): "UP", ("api", "host1"): "UP"})
+    yield srv
+    srv.close()
+    shutil.rmtree(d)
+
+
+@pytest.fixture
+def smg():
+    srv = router(["http://10.0.0.1:30000", "http://10.0.0.2:30000"])
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def haproxy_entry(hp, **kw):
+    return dict({"type": "haproxy", "name": "haproxy", "socket": hp.path, "delegate_to": "lb1", "backend": ""}, **kw)
+
+
+def bal(entries, records=None, server="host1", worker_url="http://10.0.0.1:30000"):
+    return B.Balancers(entries, server, worker_url, records, interval=0.01, sleep=lambda s: None)
+
+
+STAT = ("# pxname,svname,qcur,status,weight,\nweb,FRONTEND,,OPEN,,\nweb,host1,0,UP,1,\nweb,host2,0,MAINT,1,\n"
+        "api,host1,0,DRAIN,0,\nweb,BACKEND,0,UP,2,\n")
+
+
+def test_parse_stat_keeps_servers_only():
+    rows = B.parse_stat(STAT)
+    assert [(r["pxname"], r["svname"], r["status"], r["weight"]) for r in rows] == [
+        ("web", "host1", "UP", "1"), ("web", "host2", "MAINT", "1"), ("api", "host1", "DRAIN", "0")]
+    assert B.server_states(rows, "host1") == {"web": "UP", "api": "DRAIN"}
+    assert B.server_states(rows, "host1", "api") == {"api": "DRAIN"}
+    with pytest.raises(B.BalancerError, match="not an answer to show stat"):
+        B.parse_stat("Unknown command.\n")
+
+
+@pytest.mark.parametrize("states, found", [
+    ({}, "absent"),
+    ({"web": "UP"}, "UP"),
+    ({"web": "UP", "api": "UP"}, "UP"),
+    ({"web": "MAINT", "api": "MAINT"}, "MAINT"),
+    ({"web": "DRAIN", "api": "DRAIN"}, "DRAIN"),
+    ({"web": "UP", "api": "MAINT"}, "api=MAINT web=UP"),     # an operator's MAINT in one backend: each its own
+    ({"web": "DRAIN", "api": "UP"}, "api=UP web=DRAIN"),
+    ({"web": "no check"}, "no"),
+    ({"web": "DOWN"}, "DOWN"),
+    ({"web": "MAINT (via x/y)"}, "MAINT"),
+])
+def test_found_of(states, found):
+    assert B.found_of(states) == found
+
+
+@pytest.mark.parametrize("back, backend, by", [
+    ("UP", "", {"": "UP"}), ("DRAIN", "web", {"web": "DRAIN"}), ("api=MAINT web=UP", "", {"api": "MAINT", "web": "UP"})])
+def test_back_by_backend(back, backend, by):
+    assert B.back_by_backend(back, backend) == by
+
+
+def test_input_errors_name_each_broken_rule():
+    errs = B.input_errors([
+        {"type": "haproxy", "name": "a"}, {"type": "sglang_router", "url": "router:30000", "name": "b"},
+        {"type": "http", "name": "c", "remove": {"url": "http://x/a"}}, {"type": "none", "name": "d"},
+        {"type": "http", "name": "a", "remove": {"url": "http://x"}, "add": {"url": "https://x"}}])
+    assert errs == ["entry 1 (haproxy) needs delegate_to: the host whose admin socket it is",
+                    "entry 2 (sglang_router) needs url, the router as http(s)://host:port",
+                    "entry 3 (http) needs remove.url and add.url, both http(s) URLs",
+                    "two balancers have the same name"]
+
+
+def test_url_secrets_and_public_url():
+    url = "https://ops:s3cret@lb.example/pool/x?token=abc#frag"
+    assert B.public_url(url) == "https://lb.example/pool/x"
+    assert B.url_secrets(url) == ["ops:s3cret", "token=abc"]
+    assert B.url_secrets("http://lb/x") == []
+
+
+def test_out_then_in_round_trip(hp):
+    b = bal([haproxy_entry(hp)])
+    plan = b.plan_out()
+    assert plan == [{"name": "haproxy", "type": "haproxy", "found": "UP", "record": None, "back": "UP",
+                     "drain": {"balancer": "haproxy", "found": "UP", "server": "host1", "keep": False}}]
+    assert hp.commands == ["show stat"]  # the plan only reads
+    r = b.take_out(plan)
+    assert r["changed"] and r["rotation"]["out_of"] == ["haproxy"] and r["rotation"]["found"] == {"haproxy": "UP"}
+    assert hp.status("web", "host1") == hp.status("api", "host1") == "MAINT" and hp.status("web", "host2") == "UP"
+    assert b.back_in_rotation() == []
+    r = b.put_back(r["rotation"]["found"], {}, up_timeout=1)
+    assert r["changed"] and r["rotation"] == {"back_in": ["haproxy"], "left_as_found": {}}
+    assert hp.status("web", "host1") == hp.status("api", "host1") == "UP"
+    # Idempotent: out twice changes once.
+    b.take_out(b.plan_out())
+    assert b.take_out(b.plan_out())["changed"] is False
+
+
+def test_an_operators_maint_is_left_as_found(hp):
+    hp.servers[("web", "host1")]["status"] = hp.servers[("api", "host1")]["status"] = "MAINT"
+    b = bal([haproxy_entry(hp)])
+    plan = b.plan_out()
+    assert plan[0]["left_as_found"] == "MAINT" and "drain" not in plan[0]
+    r = b.take_out(plan)
+    assert r == {"changed": False, "rotation": {"out_of": [], "found": {}, "left_as_found": {"haproxy": "MAINT"},
+                                                "renamed": {}}}
+    r = b.put_back({}, {"haproxy": "MAINT"}, up_timeout=1)
+    assert r["changed"] is False and hp.status("web", "host1") == "MAINT"
+    assert not any(c.startswith("set server") for c in hp.commands)
+
+
+def test_an_operators_drain_goes_back_to_drain(hp):
+    hp.servers[("web", "host1")]["status"] = hp.servers[("api", "host1")]["status"] = "DRAIN"
+    b = bal([haproxy_entry(hp)])
+    plan = b.plan_out()
+    assert plan[0]["drain"] == {"balancer": "haproxy", "found": "DRAIN", "server": "host1", "keep": False}
+    r = b.take_out(plan)
+    assert hp.status("web", "host1") == "MAINT"
+    r = b.put_back(r["rotation"]["found"], {}, up_timeout=1)
+    assert r["rotation"]["left_as_found"] == {"haproxy": "DRAIN"}
+    assert hp.status("web", "host1") == hp.status("api", "host1") == "DRAIN"
+
+
+def test_each_backend_goes_back_to_its_own_state(hp):
+    hp.servers[("api", "host1")]["status"] = "MAINT"  # an operator's MAINT in one backend only
+    b = bal([haproxy_entry(hp)])
+    plan = b.plan_out()
+    assert plan[0]["back"] == "api=MAINT web=UP"
+    r = b.take_out(plan)
+    r = b.put_back(r["rotation"]["found"], {}, up_timeout=1)
+    assert r["rotation"]["left_as_found"] == {"haproxy": "MAINT in backend api"}
+    assert hp.status("web", "host1") == "UP" and hp.status("api", "host1") == "MAINT"
+
+
+def test_an_earlier_runs_drain_goes_back_to_what_it_found(hp):
+    hp.servers[("web", "host1")]["status"] = hp.servers[("api", "host1")]["status"] = "MAINT"
+    b = bal([haproxy_entry(hp)], records={"haproxy": {"found": "DRAIN", "server": "host1", "run": "r1"}})
+    plan = b.plan_out()
+    assert plan[0]["back"] == "DRAIN" and plan[0]["drain"]["keep"] is True
+    assert b.take_out(plan)["rotation"]["found"] == {"haproxy": "DRAIN"}
+
+
+def test_a_record_that_names_a_renamed_entry(hp):
+    # The entry was called "lb-old" when an earlier run drained the host; its record still says what was found.
+    hp.servers[("web", "host1")]["status"] = hp.servers[("api", "host1")]["status"] = "MAINT"
+    recs = {"lb-old": {"found": "UP", "server": "host1", "run": "r1", "at": "then"}}
+    b = bal([haproxy_entry(hp, name="lb-new")], records=recs)
+    plan = b.plan_out()
+    assert plan[0]["record"] == "lb-old" and plan[0]["back"] == "UP" and "left_as_found" not in plan[0]
+    assert plan[0]["drain"] == {"balancer": "lb-new", "found": "UP", "server": "host1", "keep": True}
+    assert b.take_out(plan)["rotation"]["renamed"] == {"lb-old": "lb-new"}
+    assert "by gpufleet (run r1 at then" in b.drift()[0]
+    # A record under a name that is still an entry's is that entry's, never another's.
+    b2 = B.Balancers([haproxy_entry(hp, name="lb-new")], "host1", "", recs, names=["lb-old", "lb-new"])
+    assert B.record_for(b2.entries[0], recs, b2.names, "host1") == (None, None)
+
+
+def test_a_reload_mid_drain_puts_the_server_back(hp):
+    b = bal([haproxy_entry(hp)])
+    b.take_out(b.plan_out())
+    # An HAProxy reload without its server-state-file forgets MAINT: the server is UP while requests are in flight.
+    hp.servers[("web", "host1")]["status"] = hp.servers[("api", "host1")]["status"] = "UP"
+    assert b.back_in_rotation() == [("haproxy", "UP")]
+
+
+def test_a_reload_right_after_maint_fails_the_drain(hp):
+    # The server comes back UP right after gpufleet set it MAINT (a reload): the wait for MAINT names what it saw.
+    n = {"stat": 0}
+
+    def hook(line):
+        if line == "show stat":
+            n["stat"] += 1
+            if n["stat"] == 3:
+                hp.servers[("web", "host1")]["status"] = "UP"
+    hp.hook = hook
+    b = B.Balancers([haproxy_entry(hp, backend="web")], "host1", interval=0.01, out_timeout=0.2)
+    with pytest.raises(B.BalancerError, match=r"haproxy: HAProxy .* server host1 is UP in web, not MAINT") as e:
+        b.take_out(b.plan_out())
+    assert e.value.result["rotation"]["out_of"] == []  # not noted as out: the recheck and the summary say so
+
+
+def test_wrong_server_or_unreachable_socket_is_one_line(hp):
+    with pytest.raises(B.BalancerError) as e:
+        bal([haproxy_entry(hp, server="nosuch")]).plan_out()
+    assert str(e.value) == ("haproxy haproxy (%s on lb1) has no server nosuch in any backend: a wrong server or backend "
+                            "name; nothing was touched" % hp.path)
+    with pytest.raises(B.BalancerError) as e:
+        bal([haproxy_entry(hp, socket="/nonexistent/haproxy.sock")]).plan_out()
+    assert str(e.value) == ("cannot reach the HAProxy admin socket /nonexistent/haproxy.sock: [Errno 2] No such file or "
+                            "directory")
+
+
+def test_wait_up_times_out_naming_the_state(hp):
+    hp.hook = lambda line: hp.servers[("web", "host1")].update(status="DOWN") if line.startswith("show") else None
+    b = bal([haproxy_entry(hp, backend="web")])
+    with pytest.raises(B.BalancerError, match=r"haproxy: HAProxy .*: server host1 is DOWN in web, not UP, after 0.05s"):
+        b.put_back({"haproxy": "UP"}, {}, up_timeout=0.05)
+
+
+def test_capacity_counts_weight_0_maint_and_unhealthy_as_out(hp, smg):
+    hp.servers[("web", "host2")]["weight"] = "0"  # `set weight web/host2 0`: a soft drain
+    hp.servers[("web", "host3")] = {"status": "MAINT", "weight": "1"}
+    hp.servers[("web", "host4")] = {"status": "no check", "weight": "1"}
+    smg.workers["w1"]["is_healthy"] = False
+    entries = [dict(haproxy_entry(hp), host=h, server=h) for h in ("host1", "host2", "host3", "host4")] + [
+        {"type": "sglang_router", "name": "smg", "url": smg.url, "host": "host1", "worker_url": "http://10.0.0.1:30000"},
+        {"type": "sglang_router", "name": "smg", "url": smg.url, "host": "host5", "worker_url": "http://10.0.0.2:30000"},
+        dict(haproxy_entry(hp, socket="/nonexistent/s"), host="host6", server="host6"),
+        {"type": "sglang_router", "name": "smg2", "url": "http://127.0.0.1:1", "host": "host7", "delegate_to": "r"}]
+    r = bal(entries).capacity()
+    # host2 at weight 0, host3 MAINT, host5's worker unhealthy; "no check" is in rotation; unread ones are not counted.
+    assert r["out_hosts"] == ["host2", "host3", "host5"], r
+    assert r["unread"] == [
+        "HAProxy /nonexistent/s on lb1 (cannot reach the HAProxy admin socket /nonexistent/s: [Errno 2] No such file or "
+        "directory)", "the router http://127.0.0.1:1 from r (HTTP -)"]
+    assert hp.commands.count("show stat") == 1  # one read per socket
+
+
+def test_capacity_router_unhealthy_worker_is_out(smg):
+    smg.workers["w1"]["is_healthy"] = False
+    entries = [{"type": "sglang_router", "name": "smg", "url": smg.url, "host": h, "worker_url": "http://10.0.0.%d:30000" % i}
+               for i, h in ((1, "host1"), (2, "host2"), (3, "host3"))]
+    assert bal(entries).capacity() == {"out_hosts": ["host2", "host3"], "unread": []}
+
+
+def test_router_out_and_in(smg):
+    e = {"type": "sglang_router", "name": "smg", "url": smg.url + "/", "headers": {"Authorization": "Bearer k"}}
+    b = bal([e])
+    r = b.take_out(b.plan_out())
+    assert r["rotation"]["found"] == {"smg": "listed"} and "http://10.0.0.1:30000" not in [
+        w["url"] for w in smg.workers.values()]
+    assert all(c[2].get("Authorization") == "Bearer k" for c in smg.calls)
+    # Absent, with gpufleet's record: its own drain, already out.
+    b = bal([e], records={"smg": {"found": "listed", "server": "http://10.0.0.1:30000"}})
+    assert b.plan_out()[0]["back"] == "listed" and "drain" not in b.plan_out()[0]
+    r = b.put_back({"smg": "listed"}, {}, up_timeout=1)
+    assert r["changed"] and [w for w in smg.workers.values() if w["url"] == "http://10.0.0.1:30000"]
+    assert b.put_back({"smg": "listed"}, {}, up_timeout=1)["changed"] is False
+
+
+def test_router_wrong_worker_url_is_refused_with_nothing_touched(smg):
+    b = bal([{"type": "sglang_router", "name": "smg", "url": smg.url}], worker_url="http://10.9.9.9:30000")
+    with pytest.raises(B.BalancerError) as e:
+        b.plan_out()
+    assert str(e.value) == (
+        "sglang_router smg (%s) does not list the worker http://10.9.9.9:30000 and gpufleet has no record of taking it "
+        "out: a wrong worker_url, or a worker removed by hand (the router lists http://10.0.0.1:30000, "
+        "http://10.0.0.2:30000); nothing was touched" % smg.url)
+    assert [c[0] for c in smg.calls] == ["GET"]
+
+
+def test_audit_drift_lines(hp, smg):
+    hp.servers[("web", "host1")]["status"] = "MAINT"
+    hp.servers[("api", "host1")]["status"] = "DOWN"
+    smg.workers.pop("w0")
+    entries = [haproxy_entry(hp), {"type": "sglang_router", "name": "smg", "url": smg.url},
+               {"type": "http", "name": "api", "remove": {"url": "http://x"}, "add": {"url": "http://x"}}]
+    assert bal(entries).drift() == [
+        "in rotation on haproxy but DOWN (backend api)",
+        "out of rotation on haproxy (MAINT in backend web), not by gpufleet (no drain record of it)",
+        "out of rotation on smg (the router does not list http://10.0.0.1:30000), not by gpufleet (no drain record of it)"]
+    assert bal(entries[:1], records={}).drift("bad json")[1].endswith("(drain record unreadable: bad json)")
+    assert bal([haproxy_entry(hp, socket="/nonexistent/s")]).drift() == [
+        "balancer haproxy could not be read: cannot reach the HAProxy admin socket /nonexistent/s: [Errno 2] No such "
+        "file or directory"]
+
+
+def test_http_remove_add_hide_credentials(smg):
+    url = "http://ops:pw@127.0.0.1:%d/pool/host1?token=abc" % smg.server_address[1]
+    e = {"type": "http", "name": "lb", "remove": {"url": url, "method": "DELETE", "headers": {"X-Key": "k"}},
+         "add": {"url": url, "method": "PUT", "body": {"port": 30000}}}
+    b = bal([e])
+    plan = b.plan_out()
+    assert plan[0]["drain"] == {"balancer": "lb", "found": "unknown", "server": "http://127.0.0.1:%d/pool/host1"
+                                % smg.server_address[1], "keep": True}
+    assert b.take_out(plan)["changed"]
+    assert b.put_back({"lb": "unknown"}, {}, 1)["changed"]
+    assert [(c[0], c[1]) for c in smg.calls] == [("DELETE", "/pool/host1?token=abc"), ("PUT", "/pool/host1?token=abc")]
+    assert smg.bodies == [{"port": 30000}]
+    smg.code = 500
+    with pytest.raises(B.BalancerError) as ex:
+        b.put_back({}, {}, 1)
+    assert str(ex.value) == "lb: the add request PUT http://127.0.0.1:%d/pool/host1 answered HTTP 500" % smg.server_address[1]
