@@ -102,7 +102,7 @@ def test_a_users_play_writes_the_layers_only_under_the_host_lock(rolled):
     try:
         wait_for(lambda: LOCK_TASK in run.text() or run.proc.poll() is not None, 180, "the play to reach its lock")
         assert run.proc.poll() is None, run.text()[-4000:]
-        for _ in range(4):
+        for _second in range(4):
             assert _sha(rf) == sha0, "the layers changed while another run held the lock:\n" + run.text()[-3000:]
             assert "Manage the NCCL block" not in run.text()
             time.sleep(1)
