@@ -11,6 +11,8 @@ gpu_server role's batch semantics (serial, max_fail_percentage, the rollout play
 task variable tells a role its play's strategy: only the task object knows its play, so the check lives here, on the
 call that takes the lock (the first that touches a host in the role), and costs no task of its own. The rollout
 playbooks set `strategy: linear` on their plays, so a `strategy = free` in the user's ansible.cfg does not reach them.
+The nccl_tuning role run on its own for a service takes the same lock (gpu_server's tasks/lock_layers.yml) before its
+first layer write, so a play of the user's that lists both roles is refused there, before anything is written.
 """
 
 from __future__ import annotations
@@ -27,6 +29,23 @@ _INDEPENDENT = ("free", "host_pinned")
 def independent_strategy(name: t.Optional[str]) -> bool:
     short = (name or "").rsplit(".", 1)[-1]
     return short in _INDEPENDENT or short.endswith("_free")
+
+
+def strategy_refusal(strategy: str, task_vars: t.Mapping[str, t.Any]) -> str:
+    """The refusal of a lock under an independent strategy. It is the first host write of both roles (gpu_server's
+    check or lock, and the nccl_tuning role's lock before its layer writes when it runs on its own for a service), so
+    nothing was changed, unless the NCCL layers were written earlier in this run without a lock (the nccl_tuning role
+    run for no service: gpufleet_nccl_changed, the fact it sets, says whether they changed)."""
+    if task_vars.get("gpufleet_nccl_changed") in (True, "True", "true"):
+        done = ("this host's NCCL layers were changed earlier in this run (the nccl_tuning role, gpufleet_nccl_changed), "
+                "before this refusal; nothing else was changed on it")
+    else:
+        done = "nothing was changed on this host"
+    return ("the gpu_server role cannot keep its batch semantics under the play's strategy %s (hosts go through the "
+            "tasks independently: a host of a later batch could be restarted while one of an earlier batch fails), and "
+            "the NCCL layers of a service are written only under its host lock, which is not taken: %s. Set 'strategy: "
+            "linear' on the play (the gpufleet.serving playbooks set it whatever ansible.cfg or ANSIBLE_STRATEGY say) "
+            "and run again" % (strategy, done))
 
 
 class ActionModule(ActionBase):
@@ -48,11 +67,7 @@ class ActionModule(ActionBase):
         strategy = self._play_strategy()
         # Only a call that takes the lock (the role's; the read-only audit and the fast path pass no owner).
         if args.get("owner") and args.get("action", "check") in ("check", "lock") and independent_strategy(strategy):
-            result.update(failed=True, changed=False, strategy=strategy, msg=(
-                "the gpu_server role cannot keep its batch semantics under the play's strategy %s (hosts go through "
-                "the tasks independently: a host of a later batch could be restarted while one of an earlier batch "
-                "fails); nothing was changed on this host. Set 'strategy: linear' on the play (the gpufleet.serving "
-                "playbooks set it whatever ansible.cfg or ANSIBLE_STRATEGY say) and run again" % strategy))
+            result.update(failed=True, changed=False, strategy=strategy, msg=strategy_refusal(str(strategy), task_vars or {}))
             return result
 
         wrap_async = self._task.async_val and not self._connection.has_native_async
