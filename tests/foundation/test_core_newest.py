@@ -70,7 +70,6 @@ def test_the_newest_venv_holds_the_pinned_core_on_python_3_12_or_later():
     assert (int(major), int(minor)) >= (3, 12)
 
 
-
 PLAYBOOK = """
 - name: Pretend rollout
   hosts: all
