@@ -36,6 +36,7 @@ LONGEST_FIRST: t.List[str] = [
     "tests/reliability/test_rel_security_rollout.py",
     "tests/reliability/test_rel_two_services.py",
     "tests/reliability/test_rel_restart_ready.py",
+    "tests/reliability/test_rel_users_play.py",
     "tests/foundation/test_sanity.py",
     "tests/release/test_demo.py",
 ]
