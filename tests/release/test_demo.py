@@ -55,9 +55,9 @@ def test_demo():
     # Each host was taken out of HAProxy and put back (the rollout's task lines), in the first rollout only.
     again = out.index("==> Rollout again")
     for h in ("host1", "host2", "host3"):
-        assert re.search(r"^\[ *[\d.]+s\] %s +changed +Set the server to MAINT in HAProxy" % h, out[:again], re.M), h
-        assert re.search(r"^\[ *[\d.]+s\] %s +\w+ +Wait until HAProxy reports the server UP" % h, out[:again], re.M), h
-    assert "Set the server to MAINT in HAProxy" not in out[again:]
+        assert re.search(r"^\[ *[\d.]+s\] %s +changed +Take the host out of rotation$" % h, out[:again], re.M), h
+        assert re.search(r"^\[ *[\d.]+s\] %s +\w+ +Put the host back into each balancer and wait until it reports it UP$" % h, out[:again], re.M), h
+    assert "Take the host out of rotation" not in out[again:]
 
 
 def test_demo_without_haproxy_says_so_and_fails(monkeypatch, capsys):
