@@ -375,6 +375,36 @@ def test_failing_host_stays_drained_and_the_run_stops(df):
     assert df.drain_record("host2") is None  # back in service: the record is cleared
 
 
+def test_a_restart_refused_before_its_kill_puts_the_drained_host_back(df):
+    """issue 24: an untagged process holds host2's GPU 0, so its restart is refused at the clean gate before the kill,
+    after the drain. Its server was never stopped: the run puts host2 back into both balancers (UP in each) and clears
+    its drain record, fails the host and halts the rollout; the traffic through HAProxy never fails."""
+    before = _pids(df)
+    holder = df.start_holder("host2", gpu=0, mib=1000)
+    try:
+        load = df.load("haproxy", "haproxy-refused")
+        r = df.playbook("rollout", "--limit", "host2,host3",
+                        extra_vars={"gpufleet_rollout_serial": [1], "gpufleet_server_force_restart": True,
+                                    "gpufleet_server_clean_timeout": 3})
+        res = load.stop()
+    finally:
+        df.kill("host2", [holder])
+    assert r.rc != 0, r.tail()
+    h = r.summary["host2"]
+    assert h["status"] == "failed" and not h["restarted"] and h["killed"] == 0 and h["phase"] == "clean", h
+    assert h["failure"].startswith("fails at the clean gate, before the kill:") and "pid %d" % holder in h["failure"], h
+    assert h["out_of_rotation"] == [], h  # back in both balancers
+    assert r.summary["host3"]["status"] == "not run", r.summary  # the canary failed: the rollout halted
+    summary = json.loads((df.last_summary / "rollout-summary.json").read_text())
+    assert summary["out_of_rotation"] == {} and summary["halted"], summary
+    assert _pids(df)["host2"] == before["host2"]  # the server serves as before
+    _wait_in_rotation(df, "host2", timeout=5)
+    assert df.drain_record("host2") is None
+    assert res["failed"] == 0, res["failures"]
+    assert res["min_in_service"] == HOSTS - 1, res  # host2 was drained for the restart before it was put back
+    df.all_in_rotation(timeout=5)
+
+
 def test_sglang_router_wrong_worker_url_fails_the_host_before_its_kill(df):
     """A worker_url the router does not list, with no record of gpufleet removing it: a misconfiguration, not a host
     already out. The host fails before anything is touched, naming the router and the URL: every entry is checked
