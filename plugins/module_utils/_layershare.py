@@ -11,7 +11,7 @@
 The system sitecustomize.py and /etc/nccl.conf are read by every process on the host, so two services with different
 tuning would rewrite them in turn, each run reporting ok and each breaking the other's next start and its audit. A
 layer module that knows its service (its launch tag, `service_tag`) refuses, before anything is written, a change of
-the block's values while a process of another gpufleet service (the same tag name, another value) runs on the host.
+the block's values while a process of another gpufleet service (its launch tag, under any tag name) runs on the host.
 Only the variable names are said: the values are the operator's, and the other service's environ is not ours to print.
 """
 
@@ -40,20 +40,21 @@ def changed_names(before: t.Mapping[str, str], after: t.Mapping[str, str]) -> t.
 
 
 def other_services(own: t.Tuple[str, str]) -> t.Dict[str, int]:
-    """service -> the pid of its oldest live process, for every other service whose launch tag (own's NAME, another
-    value) a process on this host carries. Processes whose environ cannot be read (another user's, without become)
-    are not seen."""
+    """service -> the pid of its oldest live process, for every other service whose launch tag a process on this host
+    carries (_select.other_service_tag: own's NAME with another value, GPUFLEET_LAUNCH_TAG naming another service under
+    any tag name, or the default tag for a service with a tag name of its own). Processes whose environ cannot be read
+    (another user's, without become) are not seen."""
     procs = _proc.snapshot()
     protected = _proc.protected_pids(procs, os.getpid())
     found: t.Dict[str, _proc.Proc] = {}
     for pid, p in procs.items():
         if pid in protected or p.state in ("Z", "X"):
             continue
-        # Own's tag name only: the layer check scans every process of the host, and a service with another tag name
-        # is not told apart from the others there (docs: give the services of a host one tag name).
-        value = _select.same_tag_other_service(pid, own)
-        if value is None:
+        # The kill's own rule (issue 24): a service with a tag name of its own is another service here as well.
+        other = _select.other_service_tag(pid, own)
+        if other is None:
             continue
+        value = other[1]
         if value not in found or (p.start_time, p.pid) < (found[value].start_time, found[value].pid):
             found[value] = p  # the oldest: the launcher, as an SRE would look it up
     return {value: p.pid for value, p in sorted(found.items())}

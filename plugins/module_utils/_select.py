@@ -257,15 +257,6 @@ def other_service_tag(pid: int, own: t.Tuple[str, str]) -> t.Optional[t.Tuple[st
     return None
 
 
-def same_tag_other_service(pid: int, own: t.Tuple[str, str]) -> str | None:
-    """The other service whose tag the process carries under own's tag NAME only (another value), or None."""
-    try:
-        value = _proc.read_environ(pid, [own[0]]).get(own[0])
-    except _proc.ProcError:
-        return None
-    return value if value is not None and value != own[1] else None
-
-
 def other_service(pid: int, own: t.Tuple[str, str]) -> str | None:
     """The name (tag value) of the other gpufleet service the process belongs to, or None (other_service_tag)."""
     other = other_service_tag(pid, own)
