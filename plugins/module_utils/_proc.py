@@ -46,7 +46,9 @@ class Proc(t.NamedTuple):
 
     @property
     def is_kernel_thread(self) -> bool:
-        return bool(self.flags & _PF_KTHREAD) or self.pid == 2 or self.ppid == 2
+        # The flag only: in a pid namespace of its own (a container, a sandbox host) pid 2 and its children are
+        # ordinary processes - a server's launcher and its workers there were taken for kernel threads and protected.
+        return bool(self.flags & _PF_KTHREAD)
 
     @property
     def command(self) -> str:

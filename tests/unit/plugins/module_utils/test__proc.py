@@ -76,10 +76,12 @@ def test_command_of_kernel_thread_uses_comm(tmp_path):
 
 
 @pytest.mark.parametrize("pid,ppid,flags,kthread", [
-    (2, 0, 0, True),                   # kthreadd
-    (50, 2, 0, True),                  # child of kthreadd
+    (2, 0, _proc._PF_KTHREAD, True),   # kthreadd
+    (50, 2, _proc._PF_KTHREAD, True),  # a child of kthreadd
     (51, 1, _proc._PF_KTHREAD, True),  # PF_KTHREAD flag
     (52, 1, 4194560, False),           # ordinary process
+    (2, 0, 4194560, False),            # pid 2 in a pid namespace of its own (a container's server launcher)
+    (3, 2, 4194560, False),            # its worker
 ])
 def test_is_kernel_thread(tmp_path, pid, ppid, flags, kthread):
     _fake_proc(tmp_path, pid, "k", ppid=ppid, flags=flags)
@@ -122,8 +124,9 @@ def test_group_members_only_for_leaders(tmp_path, leaders, members):
 
 def test_protected_pids_synthetic(tmp_path):
     procs = _tree(tmp_path)
-    _fake_proc(tmp_path, 2, "kthreadd", ppid=0, pgid=0, sid=0)
-    _fake_proc(tmp_path, 3, "kworker", ppid=2, pgid=0, sid=0)
+    _fake_proc(tmp_path, 2, "kthreadd", ppid=0, pgid=0, sid=0, flags=_proc._PF_KTHREAD)
+    _fake_proc(tmp_path, 3, "kworker", ppid=2, pgid=0, sid=0, flags=_proc._PF_KTHREAD)
+    _fake_proc(tmp_path, 4, "worker", ppid=2, pgid=0, sid=0)  # a child of pid 2 without the flag: ordinary
     procs = _proc.snapshot(str(tmp_path))
     assert _proc.protected_pids(procs, self_pid=12) == {1, 2, 3, 10, 11, 12}
 

@@ -23,8 +23,8 @@ def P(pid, ppid, cmd, pgid=None, sid=None, uid=0, state="S", start=1000, flags=0
 def table():
     procs = [
         P(1, 0, "/sbin/init", pgid=1, sid=1),
-        P(2, 0, "", pgid=0, sid=0),                                        # kthreadd
-        P(3, 2, "", pgid=0, sid=0),                                        # kworker
+        P(2, 0, "", pgid=0, sid=0, flags=_proc._PF_KTHREAD),               # kthreadd
+        P(3, 2, "", pgid=0, sid=0, flags=_proc._PF_KTHREAD),               # kworker
         P(100, 1, "sshd: root@pts/0", pgid=100, sid=100),
         P(101, 100, "-bash", pgid=101, sid=101),
         P(400, 101, "ansible-playbook site.yml", pgid=400, sid=101),
