@@ -50,6 +50,21 @@ def gpu_holder_pids(backend_name: str, gpus: t.Sequence[int], procs: t.Mapping[i
     return sorted(pids)
 
 
+def gpus_by_pid(backend_name: str, procs: t.Mapping[int, _proc.Proc]) -> t.Dict[int, t.List[int]]:
+    """pid -> the indices of the GPUs it holds, over every GPU of the host (NVML's process lists and /dev/nvidiaN)."""
+    held: t.Dict[int, t.Set[int]] = {}
+    with _gpumod.backend_or_fail(backend_name) as backend:
+        by_minor = {}
+        for i in _nvml.resolve_indices(backend, []):
+            for x in backend.processes(i):
+                held.setdefault(x["pid"], set()).add(i)
+            by_minor[backend.minor(i)] = i
+    if by_minor:
+        for pid, paths in _proc.device_holders(procs, r"^/dev/nvidia(%s)$" % "|".join(str(m) for m in by_minor)).items():
+            held.setdefault(pid, set()).update(by_minor[int(x[len("/dev/nvidia"):])] for x in paths)
+    return {pid: sorted(g) for pid, g in held.items()}
+
+
 def build_selector(p: t.Mapping[str, t.Any], procs: t.Mapping[int, _proc.Proc]) -> _select.Selector:
     """The selector of the options of selector_argspec."""
     sel = _select.Selector(
@@ -65,6 +80,9 @@ def build_selector(p: t.Mapping[str, t.Any], procs: t.Mapping[int, _proc.Proc]) 
         exclude_regex=_select.DEFAULT_EXCLUDES if p["exclude_regex"] is None else p["exclude_regex"],
         # Not a module option: server_restart names its service for the selections it makes without the tag.
         service_tag=p.get("service_tag"),
+        # Not module options either: server_restart's GPUs, against which a match of its adopt regex is judged.
+        adopt_gpus=p.get("adopt_gpus") or (),
+        gpus_by_pid=gpus_by_pid(p["backend"], procs) if p.get("adopt_gpus") and p["cmdline_regex"] else None,
     )
     if sel.is_empty() and not p["gpu_holders"]:
         raise StepError("No selector given: set at least one of tag, pidfile, pids, cmdline_regex, user, gpu_holders")

@@ -159,8 +159,10 @@ def _kill_step(module: t.Any, p: t.Mapping[str, t.Any], select_only: bool = Fals
 
 
 def _old_server(p: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
-    """The kill step's selectors: the launch tag, the pidfile, the adopt regex."""
-    return dict(tag="%s=%s" % (p["tag_name"], p["name"]), pidfile=p["pidfile"], cmdline_regex=p["kill"]["cmdline_regex"])
+    """The kill step's selectors: the launch tag, the pidfile, the adopt regex (a match holding GPUs, none of this
+    server's gpus, is another server started by hand: left alone)."""
+    return dict(tag="%s=%s" % (p["tag_name"], p["name"]), pidfile=p["pidfile"], cmdline_regex=p["kill"]["cmdline_regex"],
+                adopt_gpus=list(p["gpus"] or []))
 
 
 def _ending(module: t.Any, p: t.Mapping[str, t.Any]) -> t.Set[int]:
@@ -326,9 +328,7 @@ def port_preflight(p: t.Mapping[str, t.Any]) -> None:
     selected: t.Optional[t.Set[int]] = None
     for url in _ready_urls(p):
         if selected is None:
-            chosen, _procs = _killmod.select_or_fail(_selector(p, tag="%s=%s" % (p["tag_name"], p["name"]),
-                                                               pidfile=p["pidfile"],
-                                                               cmdline_regex=p["kill"]["cmdline_regex"]))
+            chosen, _procs = _killmod.select_or_fail(_selector(p, **_old_server(p)))
             selected = set(chosen["selected"])
         keep = selected
         res = _listener.port_holders(url, lambda pid, _procs: pid in keep)

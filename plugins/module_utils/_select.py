@@ -55,6 +55,11 @@ class Selector(t.NamedTuple):
     # This selection's service (NAME=VALUE) when `tag` is not a criterion (server_restart's stray kill): a process
     # whose environ has NAME with another value belongs to another service and is never selected. `tag` sets it too.
     service_tag: str | None = None
+    # This service's GPUs when the adopt regex (cmdline_regex) guesses at its server (server_restart, with gpus set),
+    # and which GPUs each process holds: a process matched by the regex alone whose tree holds GPUs, none of them
+    # these, is another server started by hand (a second service on the host, issue 24) and is never selected.
+    adopt_gpus: t.Sequence[int] = ()
+    gpus_by_pid: t.Optional[t.Mapping[int, t.Sequence[int]]] = None
 
     def is_empty(self) -> bool:
         return not (self.tag or self.pidfile or self.pids or self.cmdline_regex or self.user or self.gpu_holder_pids)
@@ -207,6 +212,8 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
                 # it: an adopt regex matching every server_sim.py on the host, a user, the GPU holders, a session or a
                 # tree are guesses about which processes are this service's, and the launch tag says they are not.
                 why = _other_service_reason(pid, own, other_cache)
+            if why is None and sel.adopt_gpus and sel.gpus_by_pid is not None and set(reasons[pid]) == {"cmdline"}:
+                why = _other_gpus_reason(pid, procs, sel.adopt_gpus, sel.gpus_by_pid)
             if why:
                 excluded[pid] = why
                 del reasons[pid]
@@ -272,6 +279,20 @@ def _other_service_reason(pid: int, own: t.Tuple[str, str],
         return None
     return "a process of gpufleet service %s (%s=%s), not of %s: another service's launch tag" % (
         other[1], other[0], other[1], own[1])
+
+
+def _other_gpus_reason(pid: int, procs: t.Mapping[int, _proc.Proc], own_gpus: t.Sequence[int],
+                       gpus_by_pid: t.Mapping[int, t.Sequence[int]]) -> str | None:
+    """Why a process the adopt regex alone matched is not this service's: its tree (itself and its descendants) holds
+    GPUs, none of them own_gpus. None when it holds none (a server still loading is adopted) or one of own_gpus."""
+    held: t.Set[int] = set()
+    for member in {pid} | set(_proc.descendants([pid], procs)):
+        held.update(gpus_by_pid.get(member, ()))
+    if not held or held & set(own_gpus):
+        return None
+    return ("matched by the adopt regex, but it holds GPU %s and none of this service's GPUs (%s): another server, "
+            "started by hand, left alone" % (", ".join(str(g) for g in sorted(held)),
+                                             ", ".join(str(g) for g in sorted(set(own_gpus)))))
 
 
 def _exclusion(p: _proc.Proc, protected: t.Set[int], excl: t.Sequence[t.Pattern[str]]) -> str | None:

@@ -182,6 +182,9 @@ options:
         description:
           - Also kill processes whose command line matches (a server started before gpufleet managed it).
           - A process carrying another service's launch tag is never killed, even when it matches.
+          - With O(gpus) set, a process matched by this regex alone whose processes (itself and its descendants) hold
+            GPUs, none of them one of O(gpus), is another server started by hand and is never killed either; one that
+            holds no GPU is.
         type: str
       gpu_strays:
         description: Also kill processes without the tag that hold one of O(gpus) (never another service's, by its launch tag).

@@ -314,6 +314,36 @@ def test_an_adopt_regex_matching_another_services_server_leaves_it_alone(server,
     assert r["pid"] in _tagged(a) and first["pid"] not in _tagged(a)
 
 
+def test_an_adopt_regex_leaves_a_hand_started_server_on_other_gpus_alone(server, run_module, nvml, tmp_path):
+    """Issue 24: two services on one host, both servers started by hand (no launch tag yet), one adopt regex in
+    group_vars matching both. The restart of the service on GPU 0 adopts and kills its own hand-started server and a
+    match that holds no GPU (a server still loading), and leaves alone the match whose processes hold GPU 1 only:
+    another server. Without gpus (every GPU is this server's) the regex takes every match, as documented."""
+    a = server
+    mine = nvml.hold(gpu=0, mib=1024, start_new_session=True)
+    theirs = nvml.hold(gpu=1, mib=1024, start_new_session=True)
+    loading = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "fake_gpu.py", "hold",
+                                str(tmp_path)], start_new_session=True)
+    theirs_ident = _proc.read_proc(theirs.pid).identity
+    a["kill"] = dict(a["kill"], cmdline_regex=r"fake_gpu\.py hold .*" + re.escape(str(tmp_path)))
+    try:
+        for check_mode in (True, False):
+            r = run_module(server_restart.main, a, check_mode=check_mode)
+            assert "failed" not in r, r.get("msg")
+            killed = {p["pid"] for p in r["kill"]["processes"]}
+            assert {mine.pid, loading.pid} <= killed and theirs.pid not in killed, r["kill"]
+            assert (theirs.pid, "matched by the adopt regex, but it holds GPU 1 and none of this service's GPUs (0): "
+                    "another server, started by hand, left alone") in [(x["pid"], x["reason"]) for x in r["kill"]["excluded"]]
+        assert mine.wait(timeout=10) is not None and loading.wait(timeout=10) is not None
+        assert theirs.poll() is None and _proc.is_alive(theirs_ident)
+        # gpus empty: the server's GPUs are all of them, and the regex's match on GPU 1 is this server's to adopt.
+        r = run_module(server_restart.main, dict(a, gpus=[]), check_mode=True)
+        assert theirs.pid in {p["pid"] for p in r["kill"]["processes"]}, r["kill"]
+    finally:
+        loading.kill()
+        loading.wait()
+
+
 def test_a_worker_without_the_expected_environment_fails_verify_env_and_is_not_recorded(server, run_module):
     a = server
     _lock(a)
