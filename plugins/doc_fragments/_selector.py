@@ -15,7 +15,9 @@ class ModuleDocFragment(object):
 options:
   tag:
     description:
-      - Select processes whose C(/proc/PID/environ) holds this C(NAME=VALUE) pair.
+      - Select processes whose C(/proc/PID/environ) holds this C(NAME=VALUE) pair; without C(NAME) there, also those
+        of the same service (C(VALUE)) launched under another tag name before it changed - their C(GPUFLEET_LAUNCH_TAG)
+        names C(VALUE), or (for a C(NAME) other than C(GPUFLEET_SERVICE)) they carry C(GPUFLEET_SERVICE=VALUE).
       - It also names the service the selection is for. A process whose environment holds the same C(NAME) with
         another value (another gpufleet service's launch tag, for example a second service on the host) is never
         selected, whatever else matches it (O(pidfile), O(pids), O(cmdline_regex), O(user), O(gpu_holders), a session,

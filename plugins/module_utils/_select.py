@@ -132,7 +132,7 @@ def check_pidfile(path: str, procs: t.Mapping[int, _proc.Proc], cmdline_regex: s
     if cmdline_regex and not re.search(cmdline_regex, p.command):
         return done("unconfirmed", "pidfile %s is unconfirmed: pid %d does not match %r (%s); left alone"
                     % (path, pid, cmdline_regex, who))
-    if tag is not None and _proc.environ_has(pid, tag[0], tag[1]):
+    if tag is not None and own_service_tag(pid, tag):
         by = "tag"
     elif cmdline_regex:
         by = "pidfile_cmdline_regex"
@@ -193,7 +193,7 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
             add(p.pid, "cmdline")
         if uid is not None and p.uid == uid:
             add(p.pid, "user")
-        if tag is not None and _proc.environ_has(p.pid, tag[0], tag[1]):
+        if tag is not None and own_service_tag(p.pid, tag):
             add(p.pid, "tag")
 
     protected = _proc.protected_pids(procs, me)
@@ -262,6 +262,23 @@ def other_service_tag(pid: int, own: t.Tuple[str, str]) -> t.Optional[t.Tuple[st
     if own[0] != DEFAULT_TAG_NAME and env.get(DEFAULT_TAG_NAME, own[1]) != own[1]:
         return DEFAULT_TAG_NAME, env[DEFAULT_TAG_NAME]
     return None
+
+
+def own_service_tag(pid: int, own: t.Tuple[str, str]) -> bool:
+    """Whether the process carries a launch tag of own's service: own's NAME=VALUE, or (that NAME absent) the same
+    service, VALUE, under the tag name it was launched with before gpufleet_server_tag_name changed (GPUFLEET_LAUNCH_TAG,
+    or the default tag for a service whose tag name is now its own). The complement of other_service_tag among the
+    tagged: a service is its name, and a rename of its tag name must still find (and end) its running server."""
+    try:
+        env = _proc.read_environ(pid, [own[0], LAUNCH_TAG_VAR, DEFAULT_TAG_NAME])
+    except _proc.ProcError:
+        return False
+    if own[0] in env:
+        return env[own[0]] == own[1]
+    _name, sep, value = env.get(LAUNCH_TAG_VAR, "").partition("=")
+    if sep and value:
+        return value == own[1]
+    return own[0] != DEFAULT_TAG_NAME and env.get(DEFAULT_TAG_NAME) == own[1]
 
 
 def other_service(pid: int, own: t.Tuple[str, str]) -> str | None:

@@ -123,6 +123,14 @@ options:
   owner:
     description: With V(lock)/V(unlock), an id of this run (controller host, pid, time).
     type: str
+  rotation_file:
+    version_added: 0.2.0
+    description:
+      - With V(check), the host's drain record (the file M(gpufleet.serving.rotation_record) keeps) to read as well,
+        in the same call (the rollout's fast path then costs one round trip per host, balancers or not).
+      - Its records are returned in RV(drain_records) (empty when there is no record); a record that cannot be read
+        makes RV(up_to_date) false and is said in RV(drain_record_error). Never written.
+    type: path
   lock_ttl:
     description: Seconds after which a lock is stale; must be > 0.
     type: float
@@ -343,6 +351,16 @@ launch_problems:
   returned: failure
   type: list
   elements: str
+drain_records:
+  version_added: 0.2.0
+  description: With V(check) and O(rotation_file), the drain record's records (balancer name to its drain), empty when there is none.
+  returned: with rotation_file, when it could be read
+  type: dict
+drain_record_error:
+  version_added: 0.2.0
+  description: With V(check) and O(rotation_file), why the drain record could not be read (RV(up_to_date) is then false).
+  returned: with rotation_file, when it could not be read
+  type: str
 lock_holder:
   version_added: 0.2.0
   description: With V(check), O(lock_file) and no O(owner), the owner id of the run that holds the lock (not expired).
@@ -423,7 +441,7 @@ import typing as t
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _gpumod, _layercheck, _nvml, _proc, _runid, _select, _server, _systemd)
+    _gpumod, _layercheck, _nvml, _proc, _rotation, _runid, _select, _server, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
@@ -532,6 +550,12 @@ def check(module: AnsibleModule) -> dict:
         raise
     if lock_res.get("waited"):
         res["lock_waited"] = lock_res["waited"]
+    if p["rotation_file"]:
+        try:
+            res["drain_records"] = _rotation.read(p["rotation_file"])
+        except (_rotation.RecordError, OSError) as e:
+            res["drain_record_error"] = "drain record %s: %s" % (p["rotation_file"], e)
+            res["up_to_date"] = False
     if p["lock_file"] and not p["owner"]:
         holder = _server.lock_holder(p["lock_file"])
         if holder is not None:
@@ -766,6 +790,7 @@ def main() -> None:
             timings=dict(type="dict", default={}),
             lock_file=dict(type="path"),
             owner=dict(type="str"),
+            rotation_file=dict(type="path"),
             lock_ttl=dict(type="float", default=1800.0),
             lock_wait=dict(type="float", default=0.0),
             break_owner=dict(type="str"),

@@ -324,6 +324,11 @@ def test_an_adopt_regex_leaves_a_hand_started_server_on_other_gpus_alone(server,
     theirs = nvml.hold(gpu=1, mib=1024, start_new_session=True)
     loading = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "fake_gpu.py", "hold",
                                 str(tmp_path)], start_new_session=True)
+    # Until its exec the child's command line is this process's: wait for the one the regex matches.
+    deadline = time.monotonic() + 60
+    while "fake_gpu.py" not in _proc.read_proc(loading.pid).command:
+        assert time.monotonic() < deadline, "the loading stand-in never ran"
+        time.sleep(0.01)
     theirs_ident = _proc.read_proc(theirs.pid).identity
     a["kill"] = dict(a["kill"], cmdline_regex=r"fake_gpu\.py hold .*" + re.escape(str(tmp_path)))
     try:
@@ -342,6 +347,29 @@ def test_an_adopt_regex_leaves_a_hand_started_server_on_other_gpus_alone(server,
     finally:
         loading.kill()
         loading.wait()
+
+
+def test_a_new_tag_name_restarts_the_server_launched_under_the_old_one(server, run_module):
+    """Found by the new-user pass (issue 24): gpufleet_server_tag_name changed on a running service. The old server
+    carries the old tag name, and the restart did not select it: it failed at the port preflight, taking its own server
+    for a foreign listener "started by hand". A service is its name: GPUFLEET_LAUNCH_TAG (old NAME=this name) selects it
+    for the kill, and the new server carries the new tag."""
+    a = server
+    old_name = "GPUFLEET_TEST_OLD_%d" % os.getpid()
+    first = run_module(server_restart.main, dict(a, tag_name=old_name))
+    try:
+        assert "failed" not in first, first.get("msg")
+        assert _tagged(a) == []  # the old server carries the old tag name only
+        r = run_module(server_restart.main, a)
+        assert "failed" not in r, r.get("msg")
+        assert first["pid"] in [p["pid"] for p in r["kill"]["processes"]], r["kill"]
+        assert not pid_alive(first["pid"]) and r["pid"] in _tagged(a)
+    finally:
+        for pid in [pid for pid in _proc.snapshot() if _proc.environ_has(pid, old_name, SERVICE)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_a_worker_without_the_expected_environment_fails_verify_env_and_is_not_recorded(server, run_module):

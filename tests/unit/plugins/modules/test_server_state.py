@@ -428,6 +428,30 @@ def test_check_without_an_owner_only_looks_at_the_lock(servers, paths, run_modul
     assert json.load(open(paths["lock_file"]))["owner"] == "ctl:9:z"  # left for its owner or the next locker
 
 
+def test_check_reads_the_drain_record_in_the_same_call(servers, paths, run_module, tmp_path):
+    """The rollout's fast path reads the host's drain record in its one server_state call (issue 25: one round trip per
+    no-op host): no record is none, a record is returned as rotation_record reads it, an unreadable one makes the host
+    not up to date and says why. The file is never written, in check mode neither."""
+    from ansible_collections.gpufleet.serving.plugins.modules import rotation_record
+
+    running(servers, paths, run_module)
+    rec = tmp_path / "rotation" / "demo.json"
+    none = run_module(server_state.main, check_args(paths, rotation_file=str(rec)))
+    assert none["up_to_date"] is True and none["drain_records"] == {} and not rec.exists(), none
+    added = run_module(rotation_record.main, {"path": str(rec), "action": "add", "balancer": "haproxy", "found": "UP",
+                                              "server": "host1", "run": "ctl:1:x"})
+    for check_mode in (False, True):
+        r = run_module(server_state.main, check_args(paths, rotation_file=str(rec)), check_mode=check_mode)
+        assert r["up_to_date"] is True and r["drain_records"] == added["records"] and "haproxy" in r["drain_records"], r
+    before = rec.read_bytes()
+    rec.write_text("[]")
+    bad = run_module(server_state.main, check_args(paths, rotation_file=str(rec)))
+    assert bad["up_to_date"] is False and "drain_records" not in bad, bad
+    assert bad["drain_record_error"].startswith("drain record %s: " % rec) and "not a gpufleet drain record" in \
+        bad["drain_record_error"], bad
+    assert rec.read_text() == "[]" and before  # read, never written
+
+
 def test_a_server_that_is_not_the_verified_launch_on_record_needs_a_restart(servers, paths, run_module):
     """A relaunch whose checks failed (not ready, workers without the environment) is not recorded; the server it
     left running under the pidfile must not pass for the recorded one when the fingerprint goes back to the record."""
