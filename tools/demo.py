@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -111,6 +112,7 @@ def main() -> int:
         print("\ndemo FAILED")
         return 1
     state = tempfile.mkdtemp(prefix="gpufleet-demo-")
+    print("demo state directory (removed at the end unless --keep): %s" % state, flush=True)
     rc = 1
     haproxy = None
     load = None
@@ -180,13 +182,15 @@ def main() -> int:
         if load is not None:
             load.stop()
         if args.keep:
-            print("fleet left up: %s %s down --state-dir %s; %s %s down --fleet-dir %s"
-                  % (PY, FLEET, state, PY, BALANCER, state))
+            print("fleet left up: %s %s down --state-dir %s; %s %s down --fleet-dir %s; rm -rf %s"
+                  % (PY, FLEET, state, PY, BALANCER, state, state))
         else:
             step("Tear the fleet down")
             if haproxy is not None:
                 haproxy.down()
             subprocess.run([PY, FLEET, "down", "--state-dir", state], check=False)
+            # Its logs, HAProxy's configuration and the load generator's results: nothing of the demo is left behind.
+            shutil.rmtree(state, ignore_errors=True)
     print("\ndemo %s" % ("OK" if rc == 0 else "FAILED"))
     return rc
 

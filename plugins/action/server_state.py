@@ -41,7 +41,7 @@ def strategy_refusal(strategy: str, task_vars: t.Mapping[str, t.Any]) -> str:
                 "before this refusal; nothing else was changed on it")
     else:
         done = "nothing was changed on this host"
-    return ("the gpu_server role cannot keep its batch semantics under the play's strategy %s (hosts go through the "
+    return ("gpufleet's roles cannot keep their batch semantics under the play's strategy %s (hosts go through the "
             "tasks independently: a host of a later batch could be restarted while one of an earlier batch fails), and "
             "the NCCL layers of a service are written only under its host lock, which is not taken: %s. Set 'strategy: "
             "linear' on the play (the gpufleet.serving playbooks set it whatever ansible.cfg or ANSIBLE_STRATEGY say) "

@@ -28,6 +28,9 @@ def test_demo():
     out = r.stdout
     assert r.returncode == 0, out[-6000:]
     assert out.rstrip().endswith("demo OK"), out[-2000:]
+    # Torn down whole: its state directory (logs, HAProxy's configuration, the load results) is gone too.
+    state = re.search(r"^demo state directory \(removed at the end unless --keep\): (/\S+)$", out, re.M)
+    assert state and not os.path.exists(state.group(1)), state
     steps = re.findall(r"^==> (.*)$", out, re.M)
     assert [s.split(":")[0].split(" (")[0] for s in steps] == [
         "Bring up 3 sandbox hosts", "Start a stale, untuned server on every host by hand",

@@ -446,8 +446,8 @@ USER_PLAY = """
     section="input", case="A play of the user's including gpu_server under strategy free",
     provoked="ANSIBLE_STRATEGY=free; the user's own play (serial [1, '50%'], no strategy keyword) includes the "
              "gpu_server role; every host needs a restart (a changed server env)",
-    outcome="each host that the play reaches is refused at the role's first host call, before the lock: 'the "
-            "gpu_server role cannot keep its batch semantics under the play's strategy free ... Set 'strategy: linear' "
+    outcome="each host that the play reaches is refused at the role's first host call, before the lock: 'gpufleet's "
+            "roles cannot keep their batch semantics under the play's strategy free ... Set 'strategy: linear' "
             "on the play'; exit code 2; no process, file or lock changed on any host")
 def test_a_users_play_with_the_role_under_free_is_refused_before_anything_is_touched(fleet4, monkeypatch):
     rf = fleet4
@@ -466,7 +466,7 @@ def test_a_users_play_with_the_role_under_free_is_refused_before_anything_is_tou
 
     out = " ".join(cp.stdout.split())
     assert cp.returncode == 2, out[-4000:]
-    assert "the gpu_server role cannot keep its batch semantics under the play's strategy free" in out, out[-3000:]
+    assert "gpufleet's roles cannot keep their batch semantics under the play's strategy free" in out, out[-3000:]
     assert "Set 'strategy: linear' on the play" in out
     assert "Restart the server (kill" not in cp.stdout
     after = rf.snapshot()

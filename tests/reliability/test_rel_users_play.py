@@ -127,7 +127,7 @@ def test_a_users_play_writes_the_layers_only_under_the_host_lock(rolled):
     section="input", case="A play of the user's with nccl_tuning and gpu_server under strategy free",
     provoked="ANSIBLE_STRATEGY=free; the user's own play lists roles [nccl_tuning, gpu_server]; a changed NCCL "
              "variable (the layers and the server would change)",
-    outcome="refused at the nccl_tuning role's lock, before its first write: 'the gpu_server role cannot keep its batch "
+    outcome="refused at the nccl_tuning role's lock, before its first write: 'gpufleet's roles cannot keep their batch "
             "semantics under the play's strategy free ... nothing was changed on this host'; exit code 2; "
             "sitecustomize.py byte for byte the same, same server processes, no lock left")
 def test_a_users_play_under_strategy_free_is_refused_before_the_layers_are_written(rolled, monkeypatch):
@@ -140,7 +140,7 @@ def test_a_users_play_under_strategy_free_is_refused_before_the_layers_are_writt
 
     out = " ".join(cp.stdout.split())
     assert cp.returncode == 2, out[-4000:]
-    assert "the gpu_server role cannot keep its batch semantics under the play's strategy free" in out, out[-3000:]
+    assert "gpufleet's roles cannot keep their batch semantics under the play's strategy free" in out, out[-3000:]
     assert "nothing was changed on this host" in out
     assert "Manage the NCCL block" not in out
     after = rf.snapshot()
