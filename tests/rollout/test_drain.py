@@ -379,6 +379,8 @@ def test_a_restart_refused_before_its_kill_puts_the_drained_host_back(df):
     """issue 24: an untagged process holds host2's GPU 0, so its restart is refused at the clean gate before the kill,
     after the drain. Its server was never stopped: the run puts host2 back into both balancers (UP in each) and clears
     its drain record, fails the host and halts the rollout; the traffic through HAProxy never fails."""
+    # host2 up to date first (whatever ran before): the forced run's check then verifies its workers.
+    assert df.playbook("rollout", "--limit", "host2").rc == 0
     before = _pids(df)
     holder = df.start_holder("host2", gpu=0, mib=1000)
     try:
@@ -394,6 +396,7 @@ def test_a_restart_refused_before_its_kill_puts_the_drained_host_back(df):
     assert h["status"] == "failed" and not h["restarted"] and h["killed"] == 0 and h["phase"] == "clean", h
     assert h["failure"].startswith("fails at the clean gate, before the kill:") and "pid %d" % holder in h["failure"], h
     assert h["out_of_rotation"] == [], h  # back in both balancers
+    assert h["workers_verified"] == 2, h  # the old server's workers, checked by this run, serve on (not 0)
     assert r.summary["host3"]["status"] == "not run", r.summary  # the canary failed: the rollout halted
     summary = json.loads((df.last_summary / "rollout-summary.json").read_text())
     assert summary["out_of_rotation"] == {} and summary["halted"], summary
