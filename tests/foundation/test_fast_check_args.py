@@ -79,4 +79,7 @@ def test_fast_check_asks_the_server_check_what_the_roles_check_asks():
     # Both check the layers the rollout computed: the fast check always, the roles' check when this run left the
     # nccl_tuning role out.
     assert "gpufleet_nccl_desired_layers" in fast["nccl_layers"] and "gpufleet_nccl_desired_layers" in full["nccl_layers"]
-    assert set(fast) - set(full) == set(), set(fast) - set(full)
+    # What only the fast check needs: the drain record, which the roles read in their own step (check.yml, drain.yml)
+    # and which makes a host drained by an earlier run not up to date here.
+    assert set(fast) - set(full) == {"rotation_file"}, set(fast) - set(full)
+    assert "_gpufleet_server_rotation_file" in fast["rotation_file"]
