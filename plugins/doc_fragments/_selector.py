@@ -15,9 +15,7 @@ class ModuleDocFragment(object):
 options:
   tag:
     description:
-      - Select processes whose C(/proc/PID/environ) holds this C(NAME=VALUE) pair; without C(NAME) there, also those
-        of the same service (C(VALUE)) launched under another tag name before it changed - their C(GPUFLEET_LAUNCH_TAG)
-        names C(VALUE), or (for a C(NAME) other than C(GPUFLEET_SERVICE)) they carry C(GPUFLEET_SERVICE=VALUE).
+      - Select processes whose C(/proc/PID/environ) holds this C(NAME=VALUE) pair.
       - It also names the service the selection is for. A process whose environment holds the same C(NAME) with
         another value (another gpufleet service's launch tag, for example a second service on the host) is never
         selected, whatever else matches it (O(pidfile), O(pids), O(cmdline_regex), O(user), O(gpu_holders), a session,
@@ -28,7 +26,9 @@ options:
       - Select the process named by this pidfile, only when it is confirmed to be the server. A pidfile alone never
         selects a process, because a pid is reused and a pidfile can be rewritten by hand.
       - Confirmed means the process carries O(tag) (every server gpufleet launches carries its launch tag), or its
-        command line matches O(pidfile_cmdline_regex) or O(cmdline_regex).
+        command line matches O(pidfile_cmdline_regex) or O(cmdline_regex). A process of the same service (the tag's
+        C(VALUE)) launched under another tag name, before it changed, confirms it too - its C(GPUFLEET_LAUNCH_TAG) names
+        C(VALUE), or (for a C(NAME) other than C(GPUFLEET_SERVICE)) it carries C(GPUFLEET_SERVICE=VALUE).
       - The start time a pidfile records (C(PID START_TIME), as gpufleet writes it) is a staleness check only; a start
         time that differs, or a pidfile holding only a pid whose process started after the file was written, is
         stale. A matching start time never confirms on its own (anyone can write a process's pid and real start

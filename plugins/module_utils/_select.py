@@ -132,6 +132,8 @@ def check_pidfile(path: str, procs: t.Mapping[int, _proc.Proc], cmdline_regex: s
     if cmdline_regex and not re.search(cmdline_regex, p.command):
         return done("unconfirmed", "pidfile %s is unconfirmed: pid %d does not match %r (%s); left alone"
                     % (path, pid, cmdline_regex, who))
+    # The tag, or this service's launch under the tag name it had before gpufleet_server_tag_name changed: only the
+    # process its own pidfile names (and its tree), never a scan of the host for other processes of that name.
     if tag is not None and own_service_tag(pid, tag):
         by = "tag"
     elif cmdline_regex:
@@ -193,7 +195,7 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
             add(p.pid, "cmdline")
         if uid is not None and p.uid == uid:
             add(p.pid, "user")
-        if tag is not None and own_service_tag(p.pid, tag):
+        if tag is not None and _proc.environ_has(p.pid, tag[0], tag[1]):
             add(p.pid, "tag")
 
     protected = _proc.protected_pids(procs, me)

@@ -441,3 +441,27 @@ def test_a_process_launch_carries_its_tag_under_the_fixed_name_too(tmp_path):
         assert _select.other_service(p.pid, ("SGB_SERVICE", "sgb")) is None
     finally:
         os.kill(p.pid, 9)
+
+
+def test_a_tag_scan_is_exact_and_only_the_pidfile_follows_a_tag_name_change(tmp_path):
+    """A tag selection takes exactly NAME=VALUE (a final CI run caught a scan that also took every process of the same
+    service name under another tag name: other tests' and the sandbox hosts' servers). Only the service's own pidfile
+    follows a change of gpufleet_server_tag_name: the process it names, launched under the old name, is confirmed."""
+    value = "svc-%d" % os.getpid()
+    po = subprocess.Popen(["sleep", "600"], env=dict(os.environ, OLD_TAG_T=value, GPUFLEET_LAUNCH_TAG="OLD_TAG_T=" + value),
+                          start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while _proc.read_environ(po.pid, ["OLD_TAG_T"]).get("OLD_TAG_T") != value:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        scan = _select.select(_select.Selector(tag="NEW_TAG_T=%s" % value))
+        assert po.pid not in scan["selected"], scan
+        pf = tmp_path / "svc.pid"
+        pf.write_text("%d %d\n" % (po.pid, _proc.read_proc(po.pid).start_time))
+        r = _select.select(_select.Selector(tag="NEW_TAG_T=%s" % value, pidfile=str(pf)))
+        assert r["pidfile"]["status"] == "confirmed" and r["pidfile"]["confirmed_by"] == "tag", r["pidfile"]
+        assert "pidfile" in r["selected"][po.pid], r
+    finally:
+        po.kill()
+        po.wait()
