@@ -13,14 +13,26 @@ call that takes the lock (the first that touches a host in the role), and costs 
 playbooks set `strategy: linear` on their plays, so a `strategy = free` in the user's ansible.cfg does not reach them.
 The nccl_tuning role run on its own for a service takes the same lock (gpu_server's tasks/lock_layers.yml) before its
 first layer write, so a play of the user's that lists both roles is refused there, before anything is written.
+
+With O(decide) (the gpu_server role's check), the check is followed here by what the role did in tasks of its own
+(each a task execution per host, skipped or not: issue 25): the take-over of a dead run's lock from this controller
+(a second module call with O(break_owner)), the refusals, and the decision (plugin_utils/_check.py), returned in
+RV(decision).
 """
 
 from __future__ import annotations
 
+import socket
 import typing as t
 
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
 from ansible.utils.vars import merge_hash
+from ansible_collections.gpufleet.serving.plugins.plugin_utils import _check
+from ansible_collections.gpufleet.serving.plugins.plugin_utils._run import owner_alive
+
+display = Display()
 
 # Strategies whose hosts do not go through the tasks together (ansible.builtin's and mitogen's *_free).
 _INDEPENDENT = ("free", "host_pinned")
@@ -59,6 +71,41 @@ class ActionModule(ActionBase):
         except Exception:  # pylint: disable=broad-exception-caught  # a task without a play: nothing to refuse
             return None
 
+    def _module(self, task_vars, args: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
+        wrap_async = self._task.async_val and not self._connection.has_native_async
+        res = self._execute_module(module_args=dict(args), task_vars=task_vars, wrap_async=wrap_async)
+        if not wrap_async:
+            self._remove_tmp_path(self._connection._shell.tmpdir)
+        return res
+
+    def _check_and_decide(self, task_vars, args: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
+        decide = args.get("decide") or {}
+        profile = decide.get("nccl_profile")
+        if profile not in (None, "") and not boolean(decide.get("nccl_known", True), strict=False):
+            return dict(failed=True, changed=False, msg=_check.unknown_nccl_refusal(str(profile)))
+        res = self._module(task_vars, args)
+        holder = res.get("holder")
+        owner = args.get("owner")
+        # A run of this controller that is gone (Ctrl-C, SIGTERM) left its lock: take it over at once (the module waits
+        # for a restart of that run still working on the host). Another controller's run, or a live one, fails the host.
+        if res.get("failed") and holder is not None and owner and not args.get("break_owner"):
+            if owner_alive(str(holder), socket.gethostname()) is False:
+                display.display("%s: taking over the host lock of dead run %s (its ansible-playbook process on this "
+                                "controller is gone)" % (task_vars.get("inventory_hostname", "?"), holder))
+                res = self._module(task_vars, dict(args, break_owner=str(holder)))
+                res["took_over_from"] = str(holder)
+        if res.get("failed"):
+            return res
+        force = boolean(decide.get("force", False), strict=False)
+        refused = _check.refusal(res, force, bool(owner), profile)
+        if refused:
+            return dict(res, failed=True, msg=refused)
+        res["decision"] = _check.decide(res, force, [str(n) for n in decide.get("balancers") or []], bool(owner),
+                                        bool(self._task.check_mode))
+        if res["decision"].get("error"):
+            return dict(res, failed=True, msg=res["decision"]["error"])
+        return res
+
     def run(self, tmp=None, task_vars=None):
         result = super(ActionModule, self).run(tmp, task_vars)
         del tmp  # tmp no longer has any effect
@@ -70,8 +117,6 @@ class ActionModule(ActionBase):
             result.update(failed=True, changed=False, strategy=strategy, msg=strategy_refusal(str(strategy), task_vars or {}))
             return result
 
-        wrap_async = self._task.async_val and not self._connection.has_native_async
-        result = merge_hash(result, self._execute_module(task_vars=task_vars, wrap_async=wrap_async))
-        if not wrap_async:
-            self._remove_tmp_path(self._connection._shell.tmpdir)
-        return result
+        if args.get("decide") is not None and args.get("action", "check") == "check":
+            return merge_hash(result, self._check_and_decide(task_vars or {}, args))
+        return merge_hash(result, self._module(task_vars, args))

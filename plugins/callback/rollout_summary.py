@@ -294,7 +294,8 @@ class CallbackModule(CallbackBase):
         if "gpufleet_server_result" in facts:
             h = self._host(result.host.get_name())
             h.update(facts["gpufleet_server_result"])
-        if "gpufleet_server_rotation" in facts:  # the drain's view (issue 17): which balancers the host is out of
+        # The drain's view (issue 17): which balancers the host is out of; {} for a host whose balancers were not touched.
+        if facts.get("gpufleet_server_rotation"):
             self._host(result.host.get_name())["rotation"] = dict(facts["gpufleet_server_rotation"])
         elif result.host.get_name() not in self.hosts:
             self._host(result.host.get_name())

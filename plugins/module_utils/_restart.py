@@ -735,4 +735,9 @@ def fail_result(result: t.Dict[str, t.Any], e: StepError) -> t.Dict[str, t.Any]:
         if phase == "kill" and "elapsed_s" in details:
             out["timings"] = dict(out.get("timings") or {}, kill_s=details["elapsed_s"])
     out["phase"] = details.get("phase") or phase
+    # The host's verified workers for the rollout summary (the gpu_server role's rescue): after a kill, those this
+    # restart verified (only a failed record comes after the verify), else none; a restart refused before its kill
+    # leaves the count out, so the check's stands (the old server still serves).
+    if out.get("killed", 0) > 0 or out["phase"] == "record":
+        out["workers_verified"] = len((out.get("env") or {}).get("processes") or []) if out["phase"] == "record" else 0
     return out

@@ -429,6 +429,14 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+workers_verified:
+  version_added: 0.2.0
+  description:
+    - On a failure after the kill, the GPU-holding workers whose environment is verified now - those of the verify
+      when only the record failed after it, else V(0). Absent when the restart was refused before its kill (the old
+      server still serves).
+  returned: on failure, after the kill or in the record step
+  type: int
 kill:
   description:
     - What the kill step selected and signalled, as M(gpufleet.serving.process_kill) returns it.

@@ -155,6 +155,37 @@ options:
     description: With V(check) and a lock, keep the lock even when no restart is needed.
     type: bool
     default: false
+  decide:
+    version_added: 0.2.0
+    description:
+      - With V(check), the action plugin also decides what the gpu_server role does with the host (RV(decision)), on
+        the controller, in the same task. The module itself ignores this option.
+      - When the check fails because a run of this controller that is gone (Ctrl-C, SIGTERM; the
+        P(gpufleet.serving.run#lookup) lookup's V(alive) is V(false)) holds the host lock, the action takes the lock
+        over (the check again with O(break_owner)) and says so in the run's output and in RV(took_over_from).
+      - It refuses (fails the host, nothing changed) when O(decide.nccl_profile) is set but O(decide.nccl_known) is
+        false, and, for a run with O(owner), a restart onto NCCL layers O(nccl_layers) found not as asked.
+    type: dict
+    suboptions:
+      force:
+        description: The restart is forced (C(gpufleet_server_force_restart)); the reasons then say V(forced).
+        type: bool
+        default: false
+      balancers:
+        description:
+          - Names of the host's balancer entries. With O(owner) and no restart needed, the entries the host's drain
+            record (O(rotation_file)) names are the ones an earlier run left it out of; RV(decision.return_only) and
+            RV(decision.rotation) then say how it goes back. An unreadable record fails the host.
+        type: list
+        elements: str
+        default: []
+      nccl_profile:
+        description: The NCCL profile the inventory asks for (C(gpufleet_nccl_profile)), unset when it asks for none.
+        type: str
+      nccl_known:
+        description: Whether this run knows the variables of O(decide.nccl_profile) (the nccl_tuning role ran).
+        type: bool
+        default: true
   nccl_layers:
     version_added: 0.2.0
     description:
@@ -240,6 +271,23 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+decision:
+  version_added: 0.2.0
+  description:
+    - With O(decide), what the gpu_server role does with the host (decided by the action plugin on the controller).
+    - C(do_restart) (bool); C(result), the host's summary row so far (C(restarted) V(false), C(reasons), C(workers),
+      C(workers_verified) - the GPU-holding workers whose environment is as expected, V(0) when the server is not
+      running - and C(record_missing)); C(return_only), true for an up-to-date host an earlier run left out of
+      rotation on gpufleet's drain record, with C(rotation), the entries it goes back into.
+  returned: when action is check and decide is set
+  type: dict
+  sample: {do_restart: false, return_only: false,
+           result: {restarted: false, reasons: [], workers: 3, workers_verified: 2, record_missing: ""}}
+took_over_from:
+  version_added: 0.2.0
+  description: With O(decide), the owner id of the dead run whose host lock this call took over.
+  returned: when it took one over
+  type: str
 unrecorded:
   description: With V(check), the running server is a verified launch of O(fingerprint) that the record does not name.
   returned: when action is check and it is so
@@ -795,6 +843,13 @@ def main() -> None:
             lock_wait=dict(type="float", default=0.0),
             break_owner=dict(type="str"),
             keep_lock=dict(type="bool", default=False),
+            # Read by the action plugin only (plugins/action/server_state.py).
+            decide=dict(type="dict", options=dict(
+                force=dict(type="bool", default=False),
+                balancers=dict(type="list", elements="str", default=[]),
+                nccl_profile=dict(type="str"),
+                nccl_known=dict(type="bool", default=True),
+            )),
             nccl_layers=dict(type="dict", options=_layercheck.argument_spec()),
             systemd=dict(type="dict", options=dict(
                 unit=dict(type="str", required=True),

@@ -13,39 +13,32 @@ pytestmark = pytest.mark.fast  # reads files only
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "nccl_tuning"
 
 
-def _layer_calls():
-    tasks = yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text())
-    return {t["name"]: next((k, v) for k, v in t.items() if k.startswith("gpufleet.serving.")) for t in tasks
-            if any(k.startswith("gpufleet.serving.") for k in t)}
+def _layer_call(path: Path, name: str):
+    return next(t for t in yaml.safe_load(path.read_text()) if t.get("name") == name)
 
 
-def _option_of(var, value):
-    """The option an argument takes from the one dict `var`, or None when it comes from elsewhere."""
-    m = re.fullmatch(r"\{\{ %s\.(\w+)( \| default\(omit\))? \}\}" % var, str(value))
-    return m.group(1) if m else None
-
-
-@pytest.mark.parametrize("task,module,var,own", [
-    ("Manage the NCCL block in the Python interpreters' sitecustomize.py", "gpufleet.serving.sitecustomize_env",
-     "_gpufleet_nccl_sitecustomize_args", {"backup": "{{ gpufleet_nccl_backup }}"}),
-    ("Manage the NCCL block in nccl.conf", "gpufleet.serving.nccl_conf", "_gpufleet_nccl_conf_args",
-     {"backup": "{{ gpufleet_nccl_backup }}"}),
-    # Read-only, before either layer changes; the name policy is left to the sitecustomize task (one warning).
-    ("Check the nccl.conf layer before changing either layer", "gpufleet.serving.nccl_conf", "_gpufleet_nccl_conf_args",
-     {"nccl_names": "ignore"}),
-])
-def test_the_apply_tasks_take_every_argument_from_the_dict_the_check_passes(task, module, var, own):
-    # One source: vars/main.yml's _gpufleet_nccl_*_args, which tasks/desired.yml hands to the up-to-date check.
-    v = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
-    keys = set(v[var]) if isinstance(v[var], dict) else set(re.findall(r"'(\w+)':", v[var]))
-    name, args = _layer_calls()[task]
-    assert name == module
-    assert {k: x for k, x in args.items() if k in own} == own
-    taken = {k: _option_of(var, x) for k, x in args.items() if k not in own}
-    assert all(taken[k] == k for k in taken), taken  # each option reads its own key of the dict
-    assert set(taken) == keys - set(own), set(taken) ^ (keys - set(own))
+def test_the_apply_takes_each_layer_from_the_dict_the_check_passes():
+    # One source: vars/main.yml's _gpufleet_nccl_*_args, which tasks/desired.yml hands to the up-to-date check (and,
+    # as gpufleet_nccl_desired_layers, to the gpu_server role's write of the layers).
+    task = _layer_call(ROLE / "tasks" / "configure.yml",
+                       "Manage the NCCL blocks in the Python interpreters' sitecustomize.py and in nccl.conf")
+    args = task["gpufleet.serving.nccl_layers"]
+    assert args == {
+        "sitecustomize": "{{ _gpufleet_nccl_sitecustomize_args if 'sitecustomize' in gpufleet_nccl_layers else omit }}",
+        "nccl_conf": "{{ _gpufleet_nccl_conf_args if 'nccl_conf' in gpufleet_nccl_layers else omit }}",
+        "backup": "{{ gpufleet_nccl_backup }}"}
     desired = (ROLE / "tasks" / "desired.yml").read_text()
-    assert "': %s}" % var in desired
+    assert "{'sitecustomize': _gpufleet_nccl_sitecustomize_args}" in desired
+    assert "{'nccl_conf': _gpufleet_nccl_conf_args}" in desired
+    # The rollout's write under the host lock (explicit profiles) takes the very dicts the check took.
+    main = ROLE.parent / "gpu_server" / "tasks" / "main.yml"
+    block = next(t for t in yaml.safe_load(main.read_text()) if "block" in t)["block"]
+    write = next(t for t in block if t.get("name") == "Write the NCCL layers under the host lock")
+    assert write["gpufleet.serving.nccl_layers"] == {
+        "sitecustomize": "{{ gpufleet_nccl_desired_layers.sitecustomize | default(omit) }}",
+        "nccl_conf": "{{ gpufleet_nccl_desired_layers.nccl_conf | default(omit) }}",
+        "backup": "{{ gpufleet_nccl_backup | default(false) }}"}
+    assert "gpufleet_nccl_desired_layers | default(none) is not none" in write["when"]
 
 
 def test_the_layer_arguments_set_every_option_of_the_modules_but_backup():
@@ -69,17 +62,17 @@ def test_fast_check_asks_the_server_check_what_the_roles_check_asks():
                     if "gpufleet.serving.server_state" in t)
 
     full, fast = state_call("check.yml"), state_call("up_to_date.yml")
-    # What only the roles' check needs: it takes the lock for the restart to come (owner, ttl, keep_lock, lock_wait);
-    # the fast check only looks at the lock.
-    full_only = {"owner", "lock_ttl", "keep_lock", "lock_wait"}
+    # What only the roles' check needs: it takes the lock for the restart to come (owner, ttl, keep_lock, lock_wait),
+    # and decides what the role does (decide, read by the action); the fast check only looks at the lock.
+    full_only = {"owner", "lock_ttl", "keep_lock", "lock_wait", "decide"}
     assert set(full) - full_only <= set(fast), set(full) - full_only - set(fast)
     differ = {k: (full[k], fast[k]) for k in set(full) - full_only if full[k] != fast[k]}
-    assert set(differ) == {"lock_file", "nccl_layers"}, differ
+    assert set(differ) == {"lock_file", "nccl_layers", "rotation_file"}, differ
     assert fast["lock_file"] == "{{ _gpufleet_server_lock_file }}" and "owner" not in fast
     # Both check the layers the rollout computed: the fast check always, the roles' check when this run left the
     # nccl_tuning role out.
     assert "gpufleet_nccl_desired_layers" in fast["nccl_layers"] and "gpufleet_nccl_desired_layers" in full["nccl_layers"]
-    # What only the fast check needs: the drain record, which the roles read in their own step (check.yml, drain.yml)
-    # and which makes a host drained by an earlier run not up to date here.
-    assert set(fast) - set(full) == {"rotation_file"}, set(fast) - set(full)
-    assert "_gpufleet_server_rotation_file" in fast["rotation_file"]
+    # Both read the drain record (it makes a host drained by an earlier run not up to date; the roles' check only in a
+    # run that may drain, with an owner). Nothing is the fast check's alone.
+    assert set(fast) - set(full) == set(), set(fast) - set(full)
+    assert "_gpufleet_server_rotation_file" in fast["rotation_file"] and "_gpufleet_server_rotation_file" in full["rotation_file"]

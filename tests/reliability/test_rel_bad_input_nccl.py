@@ -21,8 +21,11 @@ from rel_helpers import ROOT, role_cases
 sys.path.insert(0, str(ROOT / "tests" / "nccl"))
 from nccl_helpers import ORIGINAL_SITECUSTOMIZE, SysPython, base_python  # noqa: E402
 
-SITE_TASK = "Manage the NCCL block in the Python interpreters' sitecustomize.py"
-CONF_CHECK = "Check the nccl.conf layer before changing either layer"
+# One task writes both layers (nccl_layers); the layer that refuses starts the message. nccl.conf's stricter rules are
+# checked first, before either layer is written.
+LAYERS_TASK = "Manage the NCCL blocks in the Python interpreters' sitecustomize.py and in nccl.conf"
+SITE_TASK = (LAYERS_TASK, "sitecustomize: ")
+CONF_CHECK = (LAYERS_TASK, "nccl_conf: ")
 ASSERT = "Assert the NCCL tuning variables are valid"
 ARGSPEC = "Validating arguments against arg spec 'main' - NCCL tuning that reaches every spawned worker"
 NAMES = ASSERT  # the names are checked in the same task as the input's form (one task result per host fewer)
@@ -154,7 +157,12 @@ def _check(refused, tree, ids):
         _v, task, text = REFUSED[cid]
         r = refused["res"][cid]
         assert r["failed"] is True, "%s was accepted:\n%s" % (cid, refused["res"]["_stdout"][-3000:])
-        assert r["task"] == task, (cid, r)
+        if isinstance(task, tuple):
+            assert r["task"] == task[0] and r["msg"].startswith(task[1]), (cid, r)
+            if task == CONF_CHECK:
+                assert "nothing was changed" in r["msg"], (cid, r)
+        else:
+            assert r["task"] == task, (cid, r)
         assert _sub(text, tree) in r["msg"], (cid, r["msg"])
     assert refused["after"] == refused["before"], "a file changed"
     assert tree["syspy"].etc_file.read_text() == ORIGINAL_SITECUSTOMIZE

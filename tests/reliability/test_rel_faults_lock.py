@@ -24,7 +24,7 @@ LOG = "/var/log/gpufleet/demo.log"
 # The demo server's workers wait for this file before they "load weights" (--startup-gate): with it away, a restart
 # holds its lock between its launch and its readiness until the test opens the gate.
 GATE = "/tmp/gpufleet-startup-gate"
-TAKEOVER = "Take over the lock of a dead run from this controller"
+TAKEOVER = "taking over the host lock of dead run"
 # A GPU holder outside the selector that notes each SIGTERM and ignores it: the restart's stray kill (kill_gpu_strays)
 # then waits out the grace, and the flag file tells the test exactly when the restart is between kill and launch.
 STRAY = r"""
@@ -135,6 +135,7 @@ def test_interrupted_rollout_completes_its_restart_and_the_next_run_waits_for_it
     r2 = _next_run_waits_for_the_dead_runs_restart(fleet, tmp_path, invs, "after-ctrl-c")
     assert r2.wait() == 0, r2.text()[-4000:]
     out2 = " ".join(r2.text().split())  # warnings may be wrapped
+    assert "%s: taking over the host lock of dead run %s:%d:" % (H, me, r1.pid) in out2, out2[-3000:]
     assert "for the restart of dead run %s:%d:" % (me, r1.pid) in out2, out2[-3000:]
     assert "still running on this host as pid %d" % worker in out2, out2[-3000:]
     assert "changed=0" in out2 and "failed=0" in out2, out2[-3000:]

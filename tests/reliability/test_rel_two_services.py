@@ -19,7 +19,6 @@ from rel_helpers import DEMO, ROLLOUT_SITE, host_py, ps, runner_play, summary
 pytestmark = pytest.mark.sandbox
 
 RESTART_TASK = "Restart the server (kill, verify clean, launch, wait ready, verify the workers' environment, record)"
-SITE_TASK = "Manage the NCCL block in the Python interpreters' sitecustomize.py"
 H = "host1"
 SITE_CODE = r"""
 import json, os, sysconfig
@@ -143,7 +142,7 @@ def test_a_second_service_with_other_nccl_values_is_refused_and_the_same_values_
         run = two["runs"][ident]
         assert run.rc != 0, run.stdout[-2000:]
         msgs = [f["res"].get("msg", "") for f in run.failed(H)]
-        assert want in msgs, (ident, msgs)
+        assert "sitecustomize: " + want in msgs, (ident, msgs)  # the layer that refuses, then why
         assert "Simple" not in " ".join(msgs) and "Tree" not in " ".join(msgs), msgs
         assert RESTART_TASK not in run.tasks_seen(H)  # the host failed at the tuning, before its server was touched
     assert two["site_after_refusal"] == site  # byte for byte

@@ -59,9 +59,10 @@ def test_first_rollout_replaces_the_stale_server_on_every_host(stale):
 
 FAST_END = "TASK [gpufleet.serving.gpu_server : Report the host as up to date (the roles are skipped for it)]"
 # Tasks of the roles' own steps (not the rollout's validation and up-to-date check, which run on every host).
-ROLE_STEPS = ("gpufleet.serving.nccl_tuning : Manage", "gpufleet.serving.gpu_server : Check the running server",
-              "gpufleet.serving.gpu_server : Restart")
-NCCL_APPLY = "TASK [gpufleet.serving.nccl_tuning : Manage the NCCL block in the Python interpreters' sitecustomize.py]"
+ROLE_STEPS = ("gpufleet.serving.nccl_tuning : Manage", "gpufleet.serving.gpu_server : Write the NCCL layers",
+              "gpufleet.serving.gpu_server : Check the running server", "gpufleet.serving.gpu_server : Restart")
+# An explicit profile: the gpu_server role writes the layers the rollout computed, under the host lock, in one call.
+NCCL_APPLY = "TASK [gpufleet.serving.gpu_server : Write the NCCL layers under the host lock]"
 
 
 @pytest.mark.parametrize("fast_check", [True, False])

@@ -1,0 +1,106 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The gpu_server role's decision after its check of a host, on the controller (the server_state action, O(decide)).
+
+Pure functions of the check's result and the run's inputs: whether the host is restarted, what its summary row starts
+with, whether a host an earlier run left drained only goes back into rotation, and the refusals that come before any
+of it. They were role tasks (a `fail` or `set_fact` each, one task execution per host even when skipped: issue 25);
+here they are one call and unit-tested.
+"""
+
+from __future__ import annotations
+
+import typing as t
+
+Result = t.Dict[str, t.Any]
+
+
+def unknown_nccl_refusal(profile: str) -> str:
+    """The inventory asks for a profile but this run does not know its variables: the fingerprint and the workers'
+    check need them, and a restart would record a different fingerprint and flap."""
+    return ("gpufleet_nccl_profile is %s but this run does not know its NCCL variables: the nccl_tuning role did not run "
+            "on this host before this check (this play does not include it, or --tags/--skip-tags left it out); the "
+            "server's fingerprint and the workers' check need them. Include the gpufleet.serving.nccl_tuning role before "
+            "gpu_server in this play (and select its nccl_tuning tag), or run the gpufleet.serving.rollout playbook, "
+            "which tunes under the host lock and, when --tags leave the role out, knows the variables of an explicit "
+            "profile (pcie_only, nvlink, none, custom; not auto)." % profile)
+
+
+def stale_layers(check: t.Mapping[str, t.Any]) -> t.List[str]:
+    """The NCCL layers the check found not as asked (its O(nccl_layers) answer), in its order."""
+    layers = check.get("nccl_layers") or {}
+    return [k for k, v in layers.items()
+            if k != "up_to_date" and not (isinstance(v, t.Mapping) and v.get("up_to_date"))]
+
+
+def stale_layers_refusal(profile: str, names: t.Sequence[str]) -> str:
+    return ("the NCCL layers on this host are not what gpufleet_nccl_profile %s asks for (%s would change), and this run "
+            "left the nccl_tuning role out (--tags/--skip-tags): a restart now would launch workers without the "
+            "tuning. Run with the nccl_tuning tag too." % (profile, ", ".join(names)))
+
+
+def workers_verified(check: t.Mapping[str, t.Any]) -> int:
+    """The GPU-holding workers whose environment the check found as expected. A server kept because its restart is
+    refused before the kill still counts them; a restart reports its own."""
+    if not check.get("running"):
+        return 0
+    bad = set((check.get("env_problems") or {}).keys())
+    return sum(1 for w in check.get("workers") or [] if w.get("holds_gpu") and str(w.get("pid")) not in bad)
+
+
+def refusal(check: t.Mapping[str, t.Any], force: bool, locked_run: bool, profile: t.Optional[str]) -> t.Optional[str]:
+    """A restart onto NCCL layers this run did not apply (the check verified them because the nccl_tuning role was
+    left out) would launch workers without the tuning. Only for a run that may restart (not the read-only audit,
+    which reports the layers' drift itself)."""
+    if not locked_run or "nccl_layers" not in check:
+        return None
+    if (check["nccl_layers"] or {}).get("up_to_date", True):
+        return None
+    if not (force or check.get("needs_restart")):
+        return None
+    return stale_layers_refusal(str(profile), stale_layers(check))
+
+
+def decide(check: t.Mapping[str, t.Any], force: bool, balancers: t.Sequence[str], locked_run: bool,
+           check_mode: bool) -> Result:
+    """What the role does with the host: `do_restart`, the summary row it starts (`result`), and its place in the
+    balancers (`rotation`, the gpufleet_server_rotation fact, {} for a host whose balancers are not touched):
+    - a restart with balancers starts its drain from here (in rotation, nothing drained yet); the drain reads the
+      check's drain records (a failed earlier run's drains tell gpufleet's from an operator's);
+    - an up-to-date host that an earlier run left out of rotation on gpufleet's drain record (`return_only`) goes
+      back into the entries the record names, no others.
+    `error` fails the host: a drain record that cannot be read when the drain or the return would need it."""
+    do_restart = bool(force or check.get("needs_restart"))
+    result: Result = dict(restarted=False, reasons=["forced"] if force else list(check.get("reasons") or []),
+                          workers=len(check.get("workers") or []), workers_verified=workers_verified(check),
+                          record_missing=str(check.get("record_missing") or ""))
+    out: Result = dict(do_restart=do_restart, result=result, return_only=False, rotation={})
+    if not locked_run or not balancers:
+        return out
+    if do_restart:
+        # Check mode drains nothing (the summary says would-drain) and reads no record for it.
+        if check.get("drain_record_error") and not check_mode:
+            out["error"] = str(check["drain_record_error"])
+        out["rotation"] = dict(out_of=[], balancers=list(balancers), would_drain=check_mode, drained=False, found={},
+                               left_as_found={}, renamed={})
+        return out
+    if check.get("drain_record_error"):
+        out["error"] = str(check["drain_record_error"])
+        return out
+    records = check.get("drain_records") or {}
+    names = [n for n in balancers if n in records]
+    if not names:
+        return out
+    first = records[names[0]] if isinstance(records[names[0]], t.Mapping) else {}
+    result["reasons"] = result["reasons"] + [
+        "out of rotation on %s since run %s (drain record): %s, no restart needed"
+        % (", ".join(names), first.get("run", "?"), "would be put back" if check_mode else "put back")]
+    out["return_only"] = True
+    out["rotation"] = dict(
+        out_of=names, balancers=list(balancers), would_drain=False, drained=False, left_as_found={}, returned=names,
+        would_return=check_mode,
+        found={n: (records[n].get("found", "UP") if isinstance(records[n], t.Mapping) else "UP") for n in names})
+    return out

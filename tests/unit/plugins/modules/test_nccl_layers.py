@@ -1,0 +1,59 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""nccl_layers: both layers in one call, real files in tmp_path; the interpreter that imports the sitecustomize is
+this test's own (probe_env PYTHONPATH). The roles' runs against real hosts are in tests/nccl and tests/rollout."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.modules import nccl_layers
+
+ENV = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}
+
+
+@pytest.fixture
+def args(tmp_path):
+    site = dict(path=str(tmp_path / "sitecustomize.py"), interpreters=[sys.executable],
+                probe_env={"PYTHONPATH": str(tmp_path)}, env=dict(ENV))
+    return dict(sitecustomize=site, nccl_conf=dict(path=str(tmp_path / "nccl.conf"), env=dict(ENV)))
+
+
+def test_both_layers_are_written_once_and_check_mode_predicts_it(run_module, args, tmp_path):
+    check = run_module(nccl_layers.main, args, check_mode=True)
+    assert check["changed"] and not (tmp_path / "sitecustomize.py").exists() and not (tmp_path / "nccl.conf").exists()
+    real = run_module(nccl_layers.main, args)
+    assert real["changed"] and real["sitecustomize"]["changed"] and real["nccl_conf"]["changed"]
+    assert real["sitecustomize"]["effective_env"][sys.executable] == ENV
+    assert "NCCL_PROTO=LL" in (tmp_path / "nccl.conf").read_text()
+    again = run_module(nccl_layers.main, args)
+    assert not again["changed"] and not again["sitecustomize"]["changed"] and not again["nccl_conf"]["changed"]
+
+
+def test_one_layer_alone_leaves_the_other_alone(run_module, args, tmp_path):
+    res = run_module(nccl_layers.main, dict(nccl_conf=args["nccl_conf"]))
+    assert res["changed"] and "sitecustomize" not in res and not (tmp_path / "sitecustomize.py").exists()
+
+
+def test_a_value_nccl_conf_refuses_leaves_both_layers_untouched(run_module, args, tmp_path):
+    bad = {"NCCL_SOCKET_IFNAME": " eth0"}  # edge whitespace: sitecustomize would take it, nccl.conf cannot
+    res = run_module(nccl_layers.main, dict(sitecustomize=dict(args["sitecustomize"], env=bad),
+                                            nccl_conf=dict(args["nccl_conf"], env=bad)))
+    assert res["failed"] and res["failed_layer"] == "nccl_conf" and "nothing was changed" in res["msg"]
+    assert not (tmp_path / "sitecustomize.py").exists() and not (tmp_path / "nccl.conf").exists()
+
+
+@pytest.mark.parametrize("layer, extra, says", [
+    ("sitecustomize", {"no_such_option": 1}, "no_such_option"),
+    ("nccl_conf", {"state": "sideways"}, "state"),
+    ("nccl_conf", {"backup": True}, "set backup on the task"),
+])
+def test_invalid_layer_options_are_refused_naming_the_layer(run_module, args, tmp_path, layer, extra, says):
+    res = run_module(nccl_layers.main, dict(args, **{layer: dict(args[layer], **extra)}))
+    assert res["failed"] and res["failed_layer"] == layer and res["msg"].startswith(layer + ": ") and says in res["msg"]
+    assert not (tmp_path / "sitecustomize.py").exists() and not (tmp_path / "nccl.conf").exists()
+
+
+def test_no_layer_is_refused(run_module):
+    res = run_module(nccl_layers.main, {})
+    assert res["failed"] and "sitecustomize" in res["msg"] and "nccl_conf" in res["msg"]

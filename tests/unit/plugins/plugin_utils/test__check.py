@@ -1,0 +1,122 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The gpu_server role's decision after its check (plugin_utils/_check.py, run by the server_state action with
+O(decide)); the real plays that take each branch are in tests/rollout (drain, tags) and tests/reliability (locks)."""
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.plugin_utils import _check
+
+WORKERS = [dict(pid=10, holds_gpu=False), dict(pid=11, holds_gpu=True), dict(pid=12, holds_gpu=True)]
+
+
+def check(**over):
+    res = dict(needs_restart=False, reasons=[], running=True, workers=WORKERS, env_problems={})
+    res.update(over)
+    return res
+
+
+def test_an_up_to_date_host_is_kept_and_its_gpu_holding_workers_count():
+    d = _check.decide(check(), force=False, balancers=[], locked_run=True, check_mode=False)
+    assert d == dict(do_restart=False, return_only=False, rotation={},
+                     result=dict(restarted=False, reasons=[], workers=3, workers_verified=2, record_missing=""))
+
+
+def test_a_worker_with_an_env_problem_is_not_verified_and_a_stopped_server_verifies_none():
+    d = _check.decide(check(needs_restart=True, reasons=["workers lack the expected environment: pid 12: X"],
+                            env_problems={"12": ["X"]}), False, [], True, False)
+    assert d["do_restart"] is True and d["result"]["workers_verified"] == 1
+    assert d["result"]["reasons"] == ["workers lack the expected environment: pid 12: X"]
+    d = _check.decide(check(running=False, needs_restart=True, reasons=["server is not running"]), False, [], True, False)
+    assert d["result"]["workers_verified"] == 0 and d["result"]["workers"] == 3
+
+
+def test_a_forced_restart_says_forced_whatever_the_check_found():
+    d = _check.decide(check(needs_restart=True, reasons=["server is not running"]), True, [], True, False)
+    assert d["do_restart"] is True and d["result"]["reasons"] == ["forced"] and not d["return_only"]
+    assert d["rotation"] == {}  # no balancers: the summary shows none
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_a_restart_behind_balancers_starts_its_drain_in_rotation_whatever_the_record_says(check_mode):
+    # The drain (drain.yml) reads the check's records itself: the entries the record names are not "out" yet.
+    d = _check.decide(check(needs_restart=True, reasons=["r"], drain_records=RECORDS), False, ["lb-a", "lb-c"], True,
+                      check_mode)
+    assert d["do_restart"] is True and d["return_only"] is False and "error" not in d
+    assert d["rotation"] == dict(out_of=[], balancers=["lb-a", "lb-c"], would_drain=check_mode, drained=False, found={},
+                                 left_as_found={}, renamed={})
+
+
+def test_the_record_of_a_kept_server_that_cannot_be_written_is_in_the_row():
+    d = _check.decide(check(record_missing="no room"), False, [], True, False)
+    assert d["result"]["record_missing"] == "no room"
+
+
+RECORDS = {"lb-b": dict(run="ctl:42:x", found="DRAIN"), "lb-a": dict(run="ctl:42:x"), "gone": dict(run="old")}
+
+
+@pytest.mark.parametrize("check_mode, said", [(False, "put back"), (True, "would be put back")])
+def test_an_up_to_date_host_left_drained_goes_back_into_the_entries_its_record_names_only(check_mode, said):
+    d = _check.decide(check(drain_records=RECORDS), False, ["lb-a", "lb-b", "lb-c"], True, check_mode)
+    assert d["do_restart"] is False and d["return_only"] is True
+    assert d["result"]["reasons"] == ["out of rotation on lb-a, lb-b since run ctl:42:x (drain record): %s, "
+                                      "no restart needed" % said]
+    # The entries' order; lb-c is not named by the record, "gone" is no entry of this host now.
+    assert d["rotation"] == dict(out_of=["lb-a", "lb-b"], balancers=["lb-a", "lb-b", "lb-c"], would_drain=False,
+                                 drained=False, left_as_found={}, returned=["lb-a", "lb-b"], would_return=check_mode,
+                                 found={"lb-a": "UP", "lb-b": "DRAIN"})
+
+
+@pytest.mark.parametrize("kw", [dict(force=True), dict(locked_run=False), dict(balancers=[])])
+def test_no_return_plan_for_a_restart_the_read_only_audit_or_a_host_without_balancers(kw):
+    args = dict(force=False, balancers=["lb-a"], locked_run=True, check_mode=False)
+    args.update(kw)
+    d = _check.decide(check(drain_records=RECORDS), **args)
+    assert d["return_only"] is False and "returned" not in d["rotation"] and "error" not in d
+    if not kw.get("force"):
+        assert d["rotation"] == {}
+
+
+def test_a_record_naming_no_entry_of_the_host_plans_nothing():
+    d = _check.decide(check(drain_records={"other": {}}), False, ["lb-a"], True, False)
+    assert d["return_only"] is False and d["result"]["reasons"] == []
+
+
+def test_an_unreadable_drain_record_fails_a_host_it_would_drain_or_put_back():
+    d = _check.decide(check(drain_record_error="drain record /x: not JSON"), False, ["lb-a"], True, False)
+    assert d["error"] == "drain record /x: not JSON"
+    assert _check.decide(check(needs_restart=True, reasons=["r"], drain_record_error="e"),
+                         False, ["lb-a"], True, False)["error"] == "e"
+    # Check mode drains nothing; the audit and a host without balancers never read it.
+    assert "error" not in _check.decide(check(needs_restart=True, reasons=["r"], drain_record_error="e"),
+                                        False, ["lb-a"], True, True)
+    assert "error" not in _check.decide(check(drain_record_error="e"), False, ["lb-a"], False, False)
+    assert "error" not in _check.decide(check(drain_record_error="e"), False, [], True, False)
+
+
+LAYERS = {"up_to_date": False, "sitecustomize": {"up_to_date": False}, "nccl_conf": {"up_to_date": True},
+          "extra": {"error": "unreadable"}}
+
+
+def test_a_restart_onto_layers_this_run_did_not_apply_is_refused_naming_them():
+    msg = _check.refusal(check(needs_restart=True, nccl_layers=LAYERS), False, True, "pcie_only")
+    assert msg == ("the NCCL layers on this host are not what gpufleet_nccl_profile pcie_only asks for (sitecustomize, "
+                   "extra would change), and this run left the nccl_tuning role out (--tags/--skip-tags): a restart now "
+                   "would launch workers without the tuning. Run with the nccl_tuning tag too.")
+    assert _check.refusal(check(nccl_layers=LAYERS), True, True, "nvlink") is not None  # forced
+
+
+@pytest.mark.parametrize("res, force, locked_run", [
+    (check(nccl_layers=LAYERS), False, True),  # no restart needed: nothing to refuse
+    (check(needs_restart=True, nccl_layers=LAYERS), False, False),  # the read-only audit reports the drift itself
+    (check(needs_restart=True, nccl_layers=dict(LAYERS, up_to_date=True)), False, True),
+    (check(needs_restart=True), True, True),  # the layers were not checked (the role applied them)
+])
+def test_no_refusal(res, force, locked_run):
+    assert _check.refusal(res, force, locked_run, "pcie_only") is None
+
+
+def test_the_unknown_profile_refusal_names_the_profile_and_the_way_out():
+    msg = _check.unknown_nccl_refusal("auto")
+    assert msg.startswith("gpufleet_nccl_profile is auto but this run does not know its NCCL variables")
+    assert "Include the gpufleet.serving.nccl_tuning role before gpu_server" in msg
