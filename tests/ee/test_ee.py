@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The execution environment (execution-environment.yml, scripts/build-ee): it builds with podman from a local base
 image, and the rollout run in it by `ansible-runner run --process-isolation --container-image` against the sandbox
-fleet gives the same exit code, summary and artifacts as the same rollout through ansible-runner outside it.
+fleet gives the same exit code, summary and artifacts as the same rollout through ansible-runner outside it; the
+rollout run in it by docs/ci.md's `ansible-navigator run ... --eei IMAGE --mode stdout` (AAP's command-line tool) gives
+ansible-playbook's exit status and the summary.
 
 How the container reaches the sandbox hosts: they live in network namespaces behind the fleet's hub namespace (the
 controller's ssh goes through `ip netns exec <hub> nc` as a ProxyCommand, which a container cannot run). The EE
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -203,3 +206,91 @@ def test_rollout_in_the_ee_matches_the_rollout_outside_it(ee_image, sandbox_flee
     assert out["status"] == ins["status"] == "failed"
     assert out["hosts"] == ins["hosts"], (out["hosts"], ins["hosts"])
     assert ins["hosts"]["host2"][0] == "unreachable" and ins["hosts"]["host1"][0] == "ok", ins["hosts"]
+
+
+# ansible-navigator, as AAP users run an EE (docs/ci.md): its own venv, as scripts/build-ee keeps ansible-builder out of
+# .venv; made on first use from the package index.
+NAVIGATOR = "ansible-navigator==26.10.0"
+
+
+def _navigator() -> Path:
+    venv = ROOT / ".cache" / "ee" / "navigator-venv"
+    exe = venv / "bin" / "ansible-navigator"
+    if not exe.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        p = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", NAVIGATOR],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, check=False)
+        assert p.returncode == 0, p.stdout[-3000:]
+    return exe
+
+
+def _ci_md_block(lang: str, first_line: str) -> str:
+    """The fenced block of docs/ci.md in LANG whose first line is FIRST_LINE (the Project's site.yml, ansible.cfg)."""
+    text = (ROOT / "docs" / "ci.md").read_text()
+    [body] = [b for b in text.split("```" + lang + "\n")[1:] if b.startswith(first_line + "\n")]
+    return body.split("```", 1)[0]
+
+
+def _ci_md_navigator_argv() -> t.List[str]:
+    """docs/ci.md's ansible-navigator command (section "ansible-navigator")."""
+    [line] = [x for x in (ROOT / "docs" / "ci.md").read_text().splitlines() if x.startswith("ansible-navigator run ")]
+    return shlex.split(line)
+
+
+def test_ansible_navigator_runs_the_rollout_in_the_ee(ee_image, sandbox_fleet, tmp_path):
+    """docs/ci.md's `ansible-navigator run site.yml -i inventory --eei IMAGE --mode stdout ...`, in the project docs/ci.md
+    shows (its site.yml and ansible.cfg): the rollout runs in the EE, the summary table ends the output, and the exit
+    status is ansible-playbook's (0, then 4 with a host that cannot be reached)."""
+    documented = _ci_md_navigator_argv()
+    assert documented[:3] == ["ansible-navigator", "run", "site.yml"], documented
+    assert {"--eei", "-i", "--mode"} <= set(documented) and documented[documented.index("--mode") + 1] == "stdout"
+    fleet = sandbox_fleet(hosts=2, gpus=2)
+    conf = _containers_conf(tmp_path)
+    nav = _navigator()
+    # ansible-navigator refuses podman without /dev/mqueue (POSIX message queues); a machine that is itself a
+    # container may lack it (this one did).
+    Path("/dev/mqueue").mkdir(exist_ok=True)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "site.yml").write_text(_ci_md_block("yaml", "# site.yml"))
+    (project / "ansible.cfg").write_text(_ci_md_block("ini", "# ansible.cfg"))
+    for h in HOSTS:
+        fleet.ssh(h, sandbox.stale_server_cmd(fleet.python), check=True)
+    _outside, inside = _inventories(fleet, tmp_path)
+    (tmp_path / "u").mkdir()
+    _outside_u, inside_u = _inventories(fleet, tmp_path / "u", unreachable=["host2"])
+    key = yaml.safe_load(fleet.inventory.read_text())["all"]["hosts"]["host1"]["ansible_ssh_private_key_file"]
+
+    def navigator(inventory: Path, summary: Path) -> subprocess.CompletedProcess:
+        # The documented command with this fleet's inventory and the test's image, then the sandbox's network (the
+        # hub's namespace), rootful podman's user and the fleet's key: the ansible-runner options above, in
+        # ansible-navigator's words. The summary files go to the project directory, which ansible-navigator mounts
+        # into the container at the same path.
+        argv = [str(nav)] + documented[1:]
+        argv[argv.index("-i") + 1] = str(inventory)
+        argv[argv.index("--eei") + 1] = IMAGE
+        argv += ["--container-engine", "podman", "--playbook-artifact-enable", "false",
+                 "--log-file", str(tmp_path / "navigator.log"),
+                 "--container-options=--network=ns:/run/netns/%s" % fleet.hub, "--container-options=--user=0",
+                 "--eev", "%s:%s:ro" % (key, key), "--senv", "GPUFLEET_SUMMARY_DIR=%s" % summary,
+                 "-e", json.dumps({"gpufleet_rollout_serial": ["100%"]})]
+        t0 = time.monotonic()
+        p = subprocess.run(argv, cwd=str(project), env=dict(os.environ, CONTAINERS_CONF=str(conf)),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, check=False)
+        print("ansible-navigator (%s): rc=%d in %.1fs" % (summary.name, p.returncode, time.monotonic() - t0))
+        return p
+
+    def hosts(summary: Path) -> t.Dict[str, t.Any]:
+        data = json.loads((summary / "rollout-summary.json").read_text())
+        return {h["host"]: (h["status"], h["restarted"], h.get("workers_verified")) for h in data["hosts"]}
+
+    p = navigator(inside, project / "summary")
+    assert p.returncode == 0, p.stdout[-6000:]
+    assert "GPUFLEET ROLLOUT SUMMARY" in p.stdout, p.stdout[-6000:]
+    assert hosts(project / "summary") == {h: ("ok", True, 2) for h in HOSTS}
+
+    p = navigator(inside_u, project / "summary-unreachable")
+    assert p.returncode == 4, p.stdout[-6000:]
+    assert "GPUFLEET ROLLOUT SUMMARY" in p.stdout, p.stdout[-6000:]
+    got = hosts(project / "summary-unreachable")
+    assert got["host2"][0] == "unreachable" and got["host1"][0] == "ok", got
