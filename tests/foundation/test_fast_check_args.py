@@ -31,7 +31,7 @@ def test_the_apply_takes_each_layer_from_the_dict_the_check_passes():
     assert "{'sitecustomize': _gpufleet_nccl_sitecustomize_args}" in desired
     assert "{'nccl_conf': _gpufleet_nccl_conf_args}" in desired
     # The rollout's write under the host lock (explicit profiles) takes the very dicts the check took.
-    main = ROLE.parent / "gpu_server" / "tasks" / "main.yml"
+    main = ROLE.parent / "gpu_server" / "tasks" / "lifecycle.yml"
     block = next(t for t in yaml.safe_load(main.read_text()) if "block" in t)["block"]
     write = next(t for t in block if t.get("name") == "Write the NCCL layers under the host lock")
     assert write["gpufleet.serving.nccl_layers"] == {

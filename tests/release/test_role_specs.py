@@ -82,13 +82,24 @@ def _tasks_from_uses():
 # and whether each host has balancers.
 READ_ONLY_UNVALIDATED = {("nccl_tuning", "desired"), ("gpu_server", "up_to_date"), ("gpu_server", "batch_begin"),
                          ("gpu_server", "batch_end"), ("gpu_server", "capacity")}
+# The rollout playbook's entry into the lifecycle (gpu_server tasks/rollout.yml) comes after its pre-tasks validated
+# every host with the preflight entry point (the same specs as main's): validating again would cost every host a task
+# execution (issue 25). The test below checks that order in the playbook.
+VALIDATED_BEFORE = {("gpu_server", "rollout"): ("playbooks/rollout.yml", "tasks_from: preflight")}
 
 
 def test_tasks_from_entry_points_are_validated():
     uses = _tasks_from_uses()
     assert ("gpu_server", "audit") in uses  # playbooks/audit.yml
     assert READ_ONLY_UNVALIDATED <= set(uses)
+    for (role, entry), (playbook, validation) in VALIDATED_BEFORE.items():
+        assert entry not in _specs(role)
+        text = (ROOT / playbook).read_text()
+        assert validation in text and text.index(validation) < text.index("tasks_from: %s\n" % entry), (role, entry)
+        assert _specs(role)["preflight"]["options"] == _specs(role)["main"]["options"]
     for role, entry in uses:
+        if (role, entry) in VALIDATED_BEFORE:
+            continue
         if (role, entry) in READ_ONLY_UNVALIDATED:
             assert entry not in _specs(role), "%s/%s is validated now: drop it from READ_ONLY_UNVALIDATED" % (role, entry)
             continue

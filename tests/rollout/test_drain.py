@@ -624,6 +624,31 @@ def test_never_draining_server_times_out_and_stays_out(df):
         time.sleep(0.2)
 
 
+def test_drain_on_timeout_proceed_says_so_and_restarts_the_host(df):
+    """The same never-ending request with gpufleet_server_drain_on_timeout: proceed: the drain times out, the run says
+    so and goes on (the request is cut by the kill), the host is restarted, verified and back in every balancer."""
+    before = _pids(df)
+    stuck = subprocess.Popen(["ip", "netns", "exec", df.fleet.hub, "curl", "-s", "-m", "120", "-XPOST",
+                              "http://%s:30000/generate" % df.fleet.addr("host1"), "-d",
+                              json.dumps({"text": "stuck", "delay": 110})],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        r = df.playbook("rollout", "--limit", "host1", extra_vars={"gpufleet_server_force_restart": True},
+                        vars_override=dict(df.server_vars(), gpufleet_server_drain_timeout=2,
+                                           gpufleet_server_drain_on_timeout="proceed"))
+        assert r.rc == 0, r.tail()
+        out = " ".join(r.out.split())
+        assert "request(s) still in flight after 2s" in out and "going on (gpufleet_server_drain_on_timeout: proceed)" in out
+        h = r.summary["host1"]
+        assert h["status"] == "ok" and h["restarted"] and h["out_of_rotation"] == [], h
+        assert _pids(df)["host1"] != before["host1"]
+    finally:
+        stuck.kill()
+        stuck.wait()
+    _wait_in_rotation(df, "host1", timeout=30)
+
+
 class _Recorder:
     """An HTTP balancer API on the controller (127.0.0.1): records each call; answers `add_status` to PUT."""
 
