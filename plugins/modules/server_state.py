@@ -174,8 +174,8 @@ options:
       balancers:
         description:
           - Names of the host's balancer entries. With O(owner) and no restart needed, the entries the host's drain
-            record (O(rotation_file)) names are the ones an earlier run left it out of; RV(decision.return_only) and
-            RV(decision.rotation) then say how it goes back. An unreadable record fails the host.
+            record (O(rotation_file)) names are the ones an earlier run left it out of; RV(decision) then says how it
+            goes back (C(return_only), C(rotation)). An unreadable record fails the host.
         type: list
         elements: str
         default: []
