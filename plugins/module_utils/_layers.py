@@ -48,7 +48,9 @@ def apply(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False
         try:
             _ncclconf.run(dict(asked[1][1], nccl_names="ignore", backup=False), check_mode=True)
         except StepError as e:
-            raise StepError("nccl_conf: %s; nothing was changed" % e, **dict(e.details, failed_layer="nccl_conf")) from None
+            said = str(e).rstrip(".")
+            raise StepError("nccl_conf: %s" % (said if said.endswith("nothing was changed") else said + "; nothing was changed"),
+                            **dict(e.details, failed_layer="nccl_conf")) from None
     result: t.Dict[str, t.Any] = dict(changed=False, access_fixes=[])
     diffs: t.List[t.Any] = []
     for key, params in asked:

@@ -57,3 +57,13 @@ def test_invalid_layer_options_are_refused_naming_the_layer(run_module, args, tm
 def test_no_layer_is_refused(run_module):
     res = run_module(nccl_layers.main, {})
     assert res["failed"] and "sitecustomize" in res["msg"] and "nccl_conf" in res["msg"]
+
+
+def test_a_refusal_that_says_nothing_was_changed_says_it_once(run_module, args, tmp_path):
+    # NCCL takes the first line for a name: a variable set above gpufleet's block would shadow the block's line.
+    conf = tmp_path / "nccl.conf"
+    conf.write_text("NCCL_PROTO=Simple\n")
+    res = run_module(nccl_layers.main, args)
+    assert res["failed"] and res["failed_layer"] == "nccl_conf", res
+    assert "NCCL_PROTO (line 1)" in res["msg"] and res["msg"].count("nothing was changed") == 1, res["msg"]
+    assert conf.read_text() == "NCCL_PROTO=Simple\n" and not (tmp_path / "sitecustomize.py").exists()
