@@ -275,7 +275,11 @@ def test_ansible_navigator_runs_the_rollout_in_the_ee(ee_image, sandbox_fleet, t
                  "--eev", "%s:%s:ro" % (key, key), "--senv", "GPUFLEET_SUMMARY_DIR=%s" % summary,
                  "-e", json.dumps({"gpufleet_rollout_serial": ["100%"]})]
         t0 = time.monotonic()
-        p = subprocess.run(argv, cwd=str(project), env=dict(os.environ, CONTAINERS_CONF=str(conf)),
+        # A user's shell, not this test process's: other test files in this pytest worker set ANSIBLE_* variables
+        # (ANSIBLE_COLLECTIONS_PATH to a private copy on this machine), and ansible-navigator hands them to the EE,
+        # where that path does not exist and the collection is not found.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+        p = subprocess.run(argv, cwd=str(project), env=dict(env, CONTAINERS_CONF=str(conf)),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, check=False)
         print("ansible-navigator (%s): rc=%d in %.1fs" % (summary.name, p.returncode, time.monotonic() - t0))
         return p
