@@ -36,7 +36,9 @@ description:
     whether the real call would leave one behind (a restart is needed, or O(keep_lock=true)).
   - O(action=check) with O(launchable) first verifies that the server could be launched (its executable, user
     and working directory exist) and fails, before the lock, when it could not; a server that cannot be
-    relaunched must never be stopped.
+    relaunched must never be stopped. When a restart is wanted (the check finds one needed, or O(keep_lock=true)),
+    it also fails when the directories of O(launchable.files) or O(rotation_file) have no room left: the drain and
+    the restart that would follow must not start on a full disk (the message says nothing was stopped).
 author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
@@ -93,6 +95,14 @@ options:
         description: The server's working directory.
         type: path
         default: /
+      files:
+        version_added: 0.2.0
+        description:
+          - The files the restart writes after its kill (a label, shown in the message, to the path), checked for room
+            in their directories when a restart is wanted, as M(gpufleet.serving.server_restart)'s preflight checks
+            them; O(rotation_file) is checked with them.
+        type: dict
+        default: {}
   gpus:
     description: GPUs the server uses. Empty means all.
     type: list
@@ -549,7 +559,7 @@ def take_lock(module: AnsibleModule) -> dict:
     except _server.ServerError as e:
         module.fail_json(msg=str(e), **e.details)
     except OSError as e:  # a full or read-only run directory: the error names the lock file; nothing was left there
-        module.fail_json(msg="cannot take the host lock: %s" % (e.strerror or e), path=p["lock_file"])
+        module.fail_json(msg="cannot take the host lock: %s; nothing was stopped" % (e.strerror or e), path=p["lock_file"])
     if res.get("broke_stale"):
         module.warn("broke a stale lock: %s" % res["broke_stale"])
     if res.get("waited"):
@@ -558,6 +568,15 @@ def take_lock(module: AnsibleModule) -> dict:
                     "(lock_wait %.0f s)" % (res["waited"]["s"], res["waited"]["for"],
                                             _runid.started_text(res["waited"]["for"]), p["lock_wait"]))
     return res
+
+
+def restart_space_problems(p: t.Mapping[str, t.Any]) -> t.List[str]:
+    """Room for what the drain and the restart write (O(launchable.files), the drain record), checked in the check
+    so that a restart sure to be refused for a full disk neither drains the host nor reaches its kill."""
+    files = dict(p["launchable"]["files"] or {})
+    if p["rotation_file"]:
+        files.setdefault("rotation_file", p["rotation_file"])
+    return _server.space_problems({str(k): str(v) if v else None for k, v in files.items()})
 
 
 def check(module: AnsibleModule) -> dict:
@@ -592,6 +611,11 @@ def check(module: AnsibleModule) -> dict:
         if p["nccl_layers"]:
             res["nccl_layers"] = _layercheck.up_to_date(p["nccl_layers"], module.warn)
             res["up_to_date"] = res["up_to_date"] and res["nccl_layers"]["up_to_date"]
+        if p["launchable"] and (res["needs_restart"] or p["keep_lock"]):
+            space = restart_space_problems(p)
+            if space:
+                raise StepError("cannot run this server, nothing was stopped: %s" % "; ".join(space),
+                                phase="preflight", launch_problems=space)
     except BaseException:
         if locking and not held_before:
             _server.release_lock(p["lock_file"], p["owner"])
@@ -831,6 +855,7 @@ def main() -> None:
                 command=dict(type="str", required=True),
                 user=dict(type="str", default="root"),
                 workdir=dict(type="path", default="/"),
+                files=dict(type="dict", default={}),
             )),
             gpus=dict(type="list", elements="int", default=[]),
             require_gpu_holders=dict(type="bool", default=True),

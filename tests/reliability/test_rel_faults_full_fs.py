@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 
-from rollout_helpers import RolloutFleet  # noqa: E402
+from rollout_helpers import BalancerRecorder, RolloutFleet  # noqa: E402
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
@@ -90,6 +90,36 @@ def test_a_full_state_or_run_filesystem_fails_before_the_kill_and_leaves_nothing
         assert _ls(rf, RUN_DIR) == ["filler"]  # no 0-byte demo.lock, no demo.lock.<pid>.tmp
     finally:
         rf.fleet.ssh(H, "umount %s" % RUN_DIR, check=True)
+
+
+@pytest.mark.reliability(
+    section="fault", case="Full state filesystem before a restart behind a balancer",
+    provoked="a 64 KiB tmpfs over /var/lib/gpufleet, filled with dd, under a running verified server in rotation in an "
+             "`http` balancer (a recording HTTP API on the controller); gpufleet.serving.restart (forced)",
+    outcome="the check refuses before the drain: 'cannot run this server, nothing was stopped: directory "
+            "/var/lib/gpufleet (record.state_file, rotation_file) has 0 bytes free', phase preflight, the balancer "
+            "got no call (the host never left rotation), out of rotation: none, the server untouched (same processes), "
+            "no drain record and no temp file left")
+def test_a_full_disk_refuses_a_restart_behind_a_balancer_before_its_drain(rf):
+    before = _server(rf.snapshot())
+    rec = BalancerRecorder(add_status=204)
+    http = {"type": "http", "name": "lb-api", "remove": {"url": rec.url, "method": "DELETE"},
+            "add": {"url": rec.url, "method": "PUT", "body": "{}"}}
+    _mount_small(rf, STATE_DIR, fill=True)
+    try:
+        run = rf.playbook("restart", vars_override=dict(rf.server_vars(), gpufleet_server_balancers=[http]))
+        assert run.rc == 2, run.tail()
+        row = run.summary[H]
+        assert row["phase"] == "preflight" and row["restart"] == "no", row
+        assert ("cannot run this server, nothing was stopped: directory /var/lib/gpufleet (record.state_file, "
+                "rotation_file) has 0 bytes free") in row["failure"], row
+        assert not row["out_of_rotation"], row
+        assert rec.calls == [], rec.calls
+        assert _server(rf.snapshot()) == before
+        assert _ls(rf, STATE_DIR) == ["filler"]
+    finally:
+        rec.close()
+        rf.fleet.ssh(H, "umount %s" % STATE_DIR, check=True)
 
 
 # Fills /var/lib/gpufleet once the restart has written its new pidfile: after the preflight and the launch, before

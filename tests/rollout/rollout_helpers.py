@@ -19,9 +19,11 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import typing as t
 from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -337,3 +339,31 @@ def workers(snap: Snapshot, host: str) -> t.List[t.Dict[str, t.Any]]:
 
 def nccl(env: t.Mapping[str, str]) -> t.Dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith("NCCL_")}
+
+
+class BalancerRecorder:
+    """An HTTP balancer API on the controller (127.0.0.1), for an `http` balancer entry without delegate_to: records
+    each call (method, path); answers `add_status` to PUT, 204 to DELETE."""
+
+    def __init__(self, add_status: int) -> None:
+        calls = self.calls = []  # type: t.List[t.Tuple[str, str]]
+
+        class H(BaseHTTPRequestHandler):
+            def _any(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                calls.append((self.command, self.path))
+                self.send_response(add_status if self.command == "PUT" else 204)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            do_PUT = do_DELETE = _any
+
+            def log_message(self, *a: t.Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = "http://127.0.0.1:%d/members/{{ inventory_hostname }}" % self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

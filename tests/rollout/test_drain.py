@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rollout_helpers import ROOT, RolloutFleet, Run, sandbox  # noqa: E402
+from rollout_helpers import ROOT, BalancerRecorder, RolloutFleet, Run, sandbox  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests" / "sandbox"))
 import balancer as _balancer  # noqa: E402
@@ -649,41 +649,12 @@ def test_drain_on_timeout_proceed_says_so_and_restarts_the_host(df):
     _wait_in_rotation(df, "host1", timeout=30)
 
 
-class _Recorder:
-    """An HTTP balancer API on the controller (127.0.0.1): records each call; answers `add_status` to PUT."""
-
-    def __init__(self, add_status: int) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-        calls = self.calls = []  # type: t.List[t.Tuple[str, str]]
-
-        class H(BaseHTTPRequestHandler):
-            def _any(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                calls.append((self.command, self.path))
-                self.send_response(add_status if self.command == "PUT" else 204)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-            do_PUT = do_DELETE = _any
-
-            def log_message(self, *a: t.Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = "http://127.0.0.1:%d/members/{{ inventory_hostname }}" % self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_a_host_its_balancer_will_not_take_back_is_taken_out_again_and_reported_restarted(df):
     """The balancer refuses the add (HTTP 500) after a verified restart of host3: the host fails, is taken out again
     (never left in rotation unconfirmed), and the summary says its server was restarted. The entry has no delegate_to
     (default localhost), and gpufleet_rollout_min_in_service 3 with --limit host3 counts the other hosts of the group
     as serving."""
-    rec = _Recorder(add_status=500)
+    rec = BalancerRecorder(add_status=500)
     try:
         http = {"type": "http", "name": "lb-api", "remove": {"url": rec.url, "method": "DELETE"},
                 "add": {"url": rec.url, "method": "PUT", "body": "{}"}}
