@@ -66,6 +66,17 @@ def shown_url(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
+def scrub(text: str, url: str) -> str:
+    """`text` (an error, a server's answer) with `url` shown as shown_url does, and its query string and password
+    replaced wherever they appear alone (a server may echo the path it was asked for)."""
+    parts = urlsplit(url)
+    text = text.replace(url, shown_url(url))
+    for secret in (parts.query, parts.password):
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
 def field_names(api: str) -> t.List[str]:
     """The fields an answer's output token count is read from, in the order tried."""
     return [".".join(TOKEN_FIELDS[a]) for a in (("sglang", "openai") if api == "auto" else (api,))]
@@ -164,11 +175,12 @@ def attempt(send: Send, api: str, need_tokens: bool, url: str, timeout: float,
         if isinstance(reason, TimeoutError) or "timed out" in str(reason):
             why = "no answer within the timeout of %s s" % timeout
         else:
-            why = "the request failed: %s" % str(reason).replace(url, shown_url(url))
+            why = "the request failed: %s" % scrub(str(reason), url)
         return Outcome(False, latency, None, error=why)
     latency = clock() - t0
     if not 200 <= status < 300:
-        excerpt = text[:EXCERPT] + ("..." if len(text) > EXCERPT else "")
+        excerpt = scrub(text, url)
+        excerpt = excerpt[:EXCERPT] + ("..." if len(excerpt) > EXCERPT else "")
         return Outcome(False, latency, None, status, "HTTP %d (answer: %s)" % (status, excerpt.strip() or "empty"))
     try:
         answer = json.loads(text)

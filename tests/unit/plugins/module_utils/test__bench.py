@@ -224,6 +224,14 @@ def test_a_connection_error_names_no_credentials_and_a_timeout_says_so():
     assert out.error == "no answer within the timeout of 7.0 s"
 
 
+def test_an_answer_echoing_the_query_string_or_password_shows_neither():
+    url = "http://bench:pw-4242@h:1/generate?api_key=sk-777"
+    out = _bench.attempt(lambda: (404, "no route for /generate?api_key=sk-777 (user bench:pw-4242)"), "auto", True,
+                         url, 5.0)
+    assert out.error == "HTTP 404 (answer: no route for /generate?*** (user bench:***))"
+    assert _bench.scrub("GET %s failed" % url, url) == "GET http://h:1/generate failed"
+
+
 def test_the_plan_says_what_would_be_measured_and_against_what():
     p = params(request={"url": "http://u:pw@h:1/generate?key=s"})
     req = _bench.check_input(p)
