@@ -37,7 +37,7 @@ description:
   - O(action=check) with O(launchable) first verifies that the server could be launched (its executable, user
     and working directory exist) and fails, before the lock, when it could not; a server that cannot be
     relaunched must never be stopped. When a restart is wanted (the check finds one needed, or O(keep_lock=true)),
-    it also fails when the directories of O(launchable.files) or O(rotation_file) have no room left: the drain and
+    it also fails when the directories of O(launchable.files) or O(rotation_file) have no room left; the drain and
     the restart that would follow must not start on a full disk (the message says nothing was stopped).
 author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
