@@ -19,8 +19,9 @@ description:
     that nothing was compared.
   - A request that fails (an HTTP status other than 2xx, a connection error, no answer within O(timeout), or with
     O(metric=output_tokens_per_s) an answer without a token count) fails the module, naming the status and the URL
-    (without its user, password and query string) and how many requests had succeeded. Header and body values are
-    never shown.
+    (without its user, password and query string) and how many requests had succeeded. Header values are never shown
+    (C(no_log)), and no message or result key holds the body. The task's invocation (C(-vvv)) shows the URL and the
+    body as given, as it shows any option, so put a token in O(request.headers), not in the URL or the body.
   - The answer must be one JSON document (not streamed); the output token count is read from it as O(api) says.
     Each request opens its own connection, without a proxy.
   - The module changes nothing on the host, but the requests it sends load the server (send it to a server out of
@@ -38,7 +39,7 @@ attributes:
   idempotent:
     support: full
     details:
-      - It never changes anything, but each run measures anew: the numbers differ from run to run.
+      - It never changes anything, but each run measures anew, so the numbers differ from run to run.
 options:
   request:
     description: The request to time, sent as is (one request of the load to measure).
