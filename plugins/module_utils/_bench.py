@@ -202,7 +202,7 @@ def run_batch(pool: ThreadPoolExecutor, one: t.Callable[[], Outcome], n: int,
     """`n` requests through `pool` (its threads are the concurrency): their outcomes and the wall time of all. After a
     failure the requests not yet sent are cancelled; those in flight are waited for."""
     t0 = clock()
-    futures = [pool.submit(one) for _ in range(n)]
+    futures = [pool.submit(one) for _n in range(n)]
     outcomes = []
     for f in as_completed(futures):
         if f.cancelled():

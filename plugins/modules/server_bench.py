@@ -303,7 +303,8 @@ def main() -> None:
     try:
         result.update(_bench.measure(_bench.sender(req, p["timeout"]), p, result["url"]))
     except StepError as e:
-        fail(module, e, **dict(result, passed=False))
+        result["passed"] = False
+        fail(module, e, **result)
     ratio, passed, msg = _bench.compare(result["median"], p["baseline"], p["min_ratio"], p["metric"], result["rounds"])
     result.update(ratio=ratio, passed=passed)
     if not passed:
