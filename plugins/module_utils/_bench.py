@@ -175,7 +175,7 @@ def attempt(send: Send, api: str, need_tokens: bool, url: str, timeout: float,
         if isinstance(reason, TimeoutError) or "timed out" in str(reason):
             why = "no answer within the timeout of %s s" % timeout
         else:
-            why = "the request failed: %s" % scrub(str(reason), url)
+            why = "connection error: %s" % scrub(str(reason), url)
         return Outcome(False, latency, None, error=why)
     latency = clock() - t0
     if not 200 <= status < 300:
@@ -257,8 +257,9 @@ def measure(send: Send, p: t.Mapping[str, t.Any], url: str,
             succeeded += sum(1 for o in outcomes if o.ok)
             failed = [o for o in outcomes if not o.ok]
             if failed:
-                raise StepError("a request to %s failed in the %s: %s; %d request(s) succeeded, %d failed"
-                                % (url, phase, failed[0].error, succeeded, len(failed)),
+                raise StepError("a request to %s failed in %s: %s; %d request(s) succeeded, %d failed"
+                                % (url, "the warm-up" if phase == "warm-up" else phase, failed[0].error, succeeded,
+                                   len(failed)),
                                 phase=phase, status=failed[0].status, succeeded=succeeded, failed_requests=len(failed),
                                 rounds=[sig(v) for v in values])
             if phase == "warm-up":

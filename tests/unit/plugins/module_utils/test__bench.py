@@ -190,7 +190,7 @@ def test_a_failed_request_fails_the_measurement_with_what_failed(answer, metric,
     with pytest.raises(StepError) as e:
         _bench.measure(lambda: answer, params(metric=metric, warmup=0, requests=2, concurrency=1, rounds=2),
                        "http://h:1/generate")
-    assert str(e.value) == ("a request to http://h:1/generate failed in the round 1 of 2: %s; 0 request(s) succeeded, "
+    assert str(e.value) == ("a request to http://h:1/generate failed in round 1 of 2: %s; 0 request(s) succeeded, "
                             "1 failed" % error)
     assert e.value.details == {"phase": "round 1 of 2", "status": answer[0], "succeeded": 0, "failed_requests": 1,
                                "rounds": []}
@@ -219,7 +219,7 @@ def test_a_connection_error_names_no_credentials_and_a_timeout_says_so():
         raise TimeoutError("timed out")
 
     out = _bench.attempt(refused, "auto", True, "http://u:pw@h:1/g?k=v", 7.0)
-    assert not out.ok and out.status is None and out.error == "the request failed: [Errno 111] Connection refused"
+    assert not out.ok and out.status is None and out.error == "connection error: [Errno 111] Connection refused"
     out = _bench.attempt(slow, "auto", True, "http://h:1/g", 7.0)
     assert out.error == "no answer within the timeout of 7.0 s"
 

@@ -208,7 +208,7 @@ def test_a_500_answer_fails_naming_the_status_and_the_url_without_its_secrets(ti
     a["request"] = dict(a["request"], url=url, body={"prompt": "hi", "key": "body-secret-4242"})
     r = run_module(server_bench.main, a)
     assert r["failed"] is True and r["passed"] is False and r["status"] == 500 and r["phase"] == "round 1 of 2", r
-    assert r["msg"].startswith("a request to %s/v1/completions failed in the round 1 of 2: HTTP 500 (answer: "
+    assert r["msg"].startswith("a request to %s/v1/completions failed in round 1 of 2: HTTP 500 (answer: "
                                '{"error": "CUDA out of memory"}); 0 request(s) succeeded, ' % tiny.url), r["msg"]
     assert r["url"] == tiny.url + "/v1/completions" and r["succeeded"] == 0 and r["failed_requests"] >= 1
     assert r["rounds"] == [] and "median" not in r
@@ -227,7 +227,7 @@ def test_a_server_that_refuses_fails_naming_the_cause_and_no_success(run_module)
         url = "http://127.0.0.1:%d" % s.getsockname()[1]
     r = run_module(server_bench.main, openai_args(url))
     assert r["failed"] is True and r["status"] is None and r["succeeded"] == 0 and r["phase"] == "warm-up", r
-    assert r["msg"].startswith("a request to %s/v1/completions failed in the warm-up: the request failed: " % url)
+    assert r["msg"].startswith("a request to %s/v1/completions failed in the warm-up: connection error: " % url)
     assert "refused" in r["msg"].lower() and "sk-bench-secret" not in json.dumps(r)
 
 
