@@ -518,7 +518,7 @@ def ready_input_error(health_url: str, request: t.Mapping[str, t.Any], timeout: 
     if request and not request.get("url"):
         return "request.url is required when request is set"
     for what, url in (("health_url", health_url), ("request.url", (request or {}).get("url"))):
-        if url and not _http_url(url):
+        if url and not is_http_url(url):
             return "%s must be an http:// or https:// URL with a host (and a valid port), got %r" % (what, url)
     if request and request.get("method") and not re.fullmatch(r"[A-Z]+", str(request["method"])):
         return "request.method must be an HTTP method such as GET or POST, got %r" % request["method"]
@@ -530,7 +530,8 @@ def ready_input_error(health_url: str, request: t.Mapping[str, t.Any], timeout: 
     return None
 
 
-def _http_url(url: str) -> bool:
+def is_http_url(url: str) -> bool:
+    """Whether `url` is http:// or https:// with a host and a valid port (server_ready's and server_bench's URLs)."""
     u = urlparse(url)
     try:
         u.port  # pylint: disable=pointless-statement  # raises on a port out of 0-65535

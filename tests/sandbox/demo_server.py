@@ -6,6 +6,8 @@
         [--startup-delay S] [--fail-at-startup] [--hang-after-health] [--ignore-term] [--model NAME] [--log FILE]
         [--generate-delay S] [--drain-timeout S] [--startup-gate FILE]
 
+    --port 0 binds a free port; launcher.json (in the state dir) and the "fired up" log line name the port bound.
+
 - The launcher starts one worker per TP rank with multiprocessing's 'spawn' context (like sglang's
   schedulers). Workers are non-daemonic and get no parent-death signal: when the launcher dies by
   SIGKILL they live on as orphans that still hold their GPU memory (sglang#23627, vllm#55510).
@@ -15,7 +17,14 @@
 - HTTP (threaded http.server): GET /health -> 200 once all workers are up (503 while loading);
   POST /generate {"text": ..., "max_new_tokens": N} -> JSON computed by a round trip through every
   worker (a hung worker hangs the request); GET /health_generate = a tiny /generate;
-  GET /get_model_info; GET /workers -> the workers' records (pid, gpu, recorded env).
+  GET /get_model_info; GET /workers -> the workers' records (pid, gpu, recorded env). The /generate answer is
+  SGLang's: {"text": ..., "meta_info": {"completion_tokens": N, "prompt_tokens": ..., "id": ..., "workers": [...]}}
+  with N = max_new_tokens (default 8), the count server_bench reads.
+- `GPUFLEET_DEMO_TOKEN_DELAY_S` (read by each worker from its environment; default 0): seconds each worker sleeps per
+  generated token (max_new_tokens of the request) before it answers. A STAND-IN for a slower server (a slower GPU,
+  a worse NCCL setting, a regressed build), so server_bench can measure a throughput drop without a GPU: nothing is
+  generated. The TP group serves one request at a time (its round trip is serialised, as it always was here), so
+  with a delay D the server gives at most 1/D output tokens per second, whatever the client's concurrency.
 - Like SGLang and vLLM behind a balancer: POST /generate takes `--generate-delay` seconds (or the request's own
   `"delay"`, in seconds) besides the worker round trip, so requests are in flight when a drain starts; GET /metrics
   answers in Prometheus text format with SGLang's gauges `sglang:num_running_reqs` (requests being generated) and
@@ -57,6 +66,7 @@ import typing as t
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 RECORDED_PREFIXES = ("NCCL_", "GPUFLEET_")
+TOKEN_DELAY_VAR = "GPUFLEET_DEMO_TOKEN_DELAY_S"  # the stand-in for a slower server (module docstring)
 # NCCL's own debug knobs are not parameters it reports as "set by environment".
 NCCL_NOT_REPORTED = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
 NCCL_VERSION = "2.21.5+cuda12.4"
@@ -97,11 +107,21 @@ def nccl_info_lines(rank: int, env: t.Mapping[str, str]) -> t.List[str]:
     return lines
 
 
+def token_delay() -> float:
+    """Seconds per generated token, from TOKEN_DELAY_VAR (0 when unset; a bad value fails the worker at start)."""
+    raw = os.environ.get(TOKEN_DELAY_VAR, "").strip()
+    delay = float(raw) if raw else 0.0
+    if not delay >= 0:
+        raise ValueError("%s must be a number of seconds >= 0, got %r" % (TOKEN_DELAY_VAR, raw))
+    return delay
+
+
 def worker_main(rank: int, gpu: int, mib: int, state_dir: str, requests: t.Any, replies: t.Any, ready: t.Any,
                 startup_delay: float, ignore_term: bool, hang: bool, gate: t.Optional[str] = None) -> None:
     if ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     env = recorded_env()
+    per_token = token_delay()
     for line in nccl_info_lines(rank, env):
         sys.stderr.write(line + "\n")
     sys.stderr.flush()
@@ -129,6 +149,8 @@ def worker_main(rank: int, gpu: int, mib: int, state_dir: str, requests: t.Any, 
             break  # launcher gone: live on as an orphan, still holding the GPU
         if hang:
             break  # sglang#22779: healthy on /health, never answers a real request
+        if per_token > 0:
+            time.sleep(per_token * max(0, int(req.get("tokens", 1))))  # the stand-in for generation time
         digest = hashlib.sha256(("%d:%s" % (rank, req["text"])).encode()).hexdigest()[:8]
         replies.put({"id": req["id"], "rank": rank, "pid": os.getpid(), "gpu": gpu, "digest": digest})
     while True:
@@ -243,7 +265,7 @@ class Server:
             self.next_id += 1
             rid = self.next_id
             for q in self.requests:
-                q.put({"id": rid, "text": text})
+                q.put({"id": rid, "text": text, "tokens": max_new_tokens})
             parts = []
             while len(parts) < len(self.requests):
                 r = self.replies.get()  # no timeout: a hung worker hangs the request
@@ -251,7 +273,7 @@ class Server:
                     parts.append(r)
         parts.sort(key=lambda r: r["rank"])
         words = [p["digest"] for p in parts][:max(1, max_new_tokens)]
-        meta = {"id": rid, "prompt_tokens": len(text.split()), "completion_tokens": len(words),
+        meta = {"id": rid, "prompt_tokens": len(text.split()), "completion_tokens": max(0, max_new_tokens),
                 "workers": [{k: p[k] for k in ("rank", "pid", "gpu")} for p in parts]}
         return {"text": " ".join(words), "meta_info": meta}
 
@@ -398,6 +420,7 @@ def main(argv: t.Optional[t.Sequence[str]] = None) -> int:
             os.unlink(os.path.join(a.state_dir, n))
     server = Server(a)
     httpd = ThreadingHTTPServer((a.host, a.port), make_handler(server))
+    a.port = httpd.server_address[1]  # the port bound (--port 0: a free one)
     httpd.daemon_threads = True
     server.httpd = httpd
     if not a.ignore_term:
