@@ -35,7 +35,8 @@ description:
   - When O(summary_dir) is set it also writes C(rollout-summary.json) and C(rollout-summary.md) there.
   - A host whose verified server was kept although its record still cannot be written (a full state filesystem after a
     record that failed; RV(gpufleet.serving.server_state#module:record_missing)) is named after the table (C(record
-    still missing, server kept)), with the file and the error, and its row has C(record_missing).
+    still missing, server kept)), with the file and the error, and its row has C(record_missing). A row has C(gate),
+    the performance gate's numbers (metric, median, baseline, ratio, min_ratio, passed, msg), when the restart ran one.
   - Hosts the role left out of their load balancers (C(gpufleet_server_balancers), a host that failed after its
     drain began) are named after the table (C(left out of rotation)) and in the JSON's C(out_of_rotation); each row
     has C(out_of_rotation) (balancer names) and C(would_drain) (check mode).
@@ -205,6 +206,14 @@ def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.
     notes.append(returned(rows))
     notes.append(record_missing(rows))
     return [n for n in notes if n]
+
+
+def gate_cell(g: t.Any) -> t.Optional[t.Dict[str, t.Any]]:
+    """The performance gate's numbers for the JSON summary (server_restart's RV(gpufleet.serving.server_restart#module:gate)),
+    None when no gate ran."""
+    if not isinstance(g, t.Mapping):
+        return None
+    return {k: g.get(k) for k in ("metric", "median", "baseline", "ratio", "min_ratio", "passed", "msg")}
 
 
 def record_missing(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
@@ -385,6 +394,7 @@ class CallbackModule(CallbackBase):
                 "left_as_found": dict((h.get("rotation") or {}).get("left_as_found") or {}),
                 "returned_to_service": list((h.get("rotation") or {}).get("returned") or []),
                 "record_missing": h.get("record_missing") or None,
+                "gate": gate_cell(h.get("gate")),
                 "would_return": bool((h.get("rotation") or {}).get("would_return")),
             })
         return out

@@ -11,6 +11,7 @@ rounds at a fixed concurrency, and the median's comparison with a baseline."""
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import math
@@ -292,3 +293,63 @@ def compare(median: float, baseline: t.Optional[float], min_ratio: float, metric
             % (metric, ratio, median, baseline, min_ratio, shown))
     return round(ratio, 4), True, "%s median %g is %.4g of the baseline %g, at least min_ratio %g (rounds: %s)" % (
         metric, median, ratio, baseline, min_ratio, shown)
+
+
+def argument_spec() -> t.Dict[str, t.Any]:
+    """The measurement's options (server_bench's, and server_restart's O(gate) without the baseline it reads itself)."""
+    return dict(
+        request=dict(type="dict", required=True, options=dict(
+            url=dict(type="str", required=True),
+            method=dict(type="str", default="POST"),
+            body=dict(type="raw"),
+            # Secret (an Authorization token): masked in every result (_nolog.NoLogModule), never shown.
+            headers=dict(type="dict", default={}, no_log=True),
+            validate_certs=dict(type="bool", default=True),
+        )),
+        api=dict(type="str", choices=list(APIS), default="auto"),
+        metric=dict(type="str", choices=list(METRICS), default="output_tokens_per_s"),
+        warmup=dict(type="int", default=2),
+        requests=dict(type="int", default=16),
+        concurrency=dict(type="int", default=4),
+        rounds=dict(type="int", default=3),
+        timeout=dict(type="float", default=120.0),
+        min_ratio=dict(type="float", default=0.9),
+    )
+
+
+def gate_key(g: t.Mapping[str, t.Any]) -> str:
+    """What makes two measurements comparable: the metric, the request (URL, method, body; not its secret headers)
+    and the load. A gate whose benchmark changed has no baseline until it passed once with the new one."""
+    shape = [g["metric"], g["api"], g["request"]["method"], g["request"]["url"],
+             json.dumps(g["request"].get("body"), sort_keys=True, default=str), g["requests"], g["concurrency"],
+             g["warmup"]]
+    return hashlib.sha256(json.dumps(shape).encode("utf-8")).hexdigest()[:16]
+
+
+def gate_baseline(recorded: t.Optional[t.Mapping[str, t.Any]], g: t.Mapping[str, t.Any]) -> t.Optional[float]:
+    """The host's last known good measurement of this benchmark (a record's `gate`), or None."""
+    if not isinstance(recorded, t.Mapping) or recorded.get("key") != gate_key(g):
+        return None
+    value = recorded.get("median")
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def gate(g: t.Mapping[str, t.Any], baseline: t.Optional[float]) -> t.Dict[str, t.Any]:
+    """Measure and compare (the restart's performance gate). Returns the measurement with `passed`, `ratio`, `msg`
+    and `key`; raises StepError (phase gate) when a request fails or the median falls below min_ratio."""
+    p = dict(g, baseline=baseline)
+    req = check_input(p)
+    url = shown_url(req.url)
+    try:
+        out = measure(sender(req, p["timeout"]), p, url)
+    except StepError as e:
+        raise StepError("performance gate: %s" % e, phase="gate", gate=dict(e.details, passed=False)) from None
+    ratio, passed, msg = compare(out["median"], baseline, p["min_ratio"], p["metric"], out["rounds"])
+    if baseline is None:
+        msg = "%s median %g (rounds: %s); no baseline for this benchmark on this host yet: recorded as the host's " \
+              "baseline" % (p["metric"], out["median"], ", ".join("%g" % v for v in out["rounds"]))
+    out.update(metric=p["metric"], baseline=baseline, min_ratio=p["min_ratio"], ratio=ratio, passed=passed, msg=msg,
+               key=gate_key(g), url=url)
+    if not passed:
+        raise StepError("performance gate: %s" % msg, phase="gate", gate=out)
+    return out

@@ -30,7 +30,7 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _envcheck, _gpumod, _gpuwait, _killmod, _listener, _nvml, _proc, _select, _server, _systemd)
+    _bench, _envcheck, _gpumod, _gpuwait, _killmod, _listener, _nvml, _proc, _select, _server, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 
@@ -86,6 +86,7 @@ def argument_spec() -> t.Dict[str, t.Any]:
             lock_file=dict(type="path", required=True),
             owner=dict(type="str", required=True),
         )),
+        gate=dict(type="dict", options=_bench.argument_spec()),
     )
     return spec
 
@@ -130,6 +131,13 @@ def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     err = _killmod.kill_input_error(p["kill"])
     if err:
         return "kill: " + err
+    if p["gate"]:
+        if p["stop_only"]:
+            return "gate: a stop (stop_only) starts no server to measure"
+        try:
+            _bench.check_input(dict(p["gate"], baseline=None))
+        except StepError as e:
+            return "gate: %s" % e
     if not p["wait_ready"] and not p["stop_only"]:
         return "wait_ready: set health_url or request (a restart ends with a server that answers)"
     b = p["wait_busy"]
@@ -389,6 +397,9 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
     t0 = time.monotonic()
     result["phase"] = "preflight"
     preflight(p)
+    # The host's last known good measurement, read before this launch marks the record unverified.
+    baseline = (_bench.gate_baseline(_server.read_state(p["record"]["state_file"]).get("gate"), p["gate"])
+                if p["gate"] and p["record"] else None)
     if p["release_lock"] and not module.check_mode:
         # If the controller dies now, this cycle still runs to its end here; a takeover waits for this process.
         me = _proc.read_proc(os.getpid())
@@ -505,11 +516,23 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
                       require_confirmed=False)
         result["env"] = _envcheck.run(params)
 
+    if p["gate"]:
+        # After every other check, before the record: a server that answers and carries the tuning but is slower
+        # than this host's last known good (its record's measurement of the same benchmark) fails the host.
+        result["phase"] = "gate"
+        t_gate = time.monotonic()
+        result["gate"] = _bench.gate(p["gate"], baseline)
+        timings["gate_s"] = round(time.monotonic() - t_gate, 3)
+
     if p["record"]:
         result["phase"] = "record"
+        kept = {"key", "metric", "median", "rounds", "url"}
+        measured = dict({k: v for k, v in result["gate"].items() if k in kept},
+                        measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")) if result.get("gate") else None
         try:
             _changed, result["state"] = _server.record_state(p["record"]["state_file"], p["name"],
-                                                             p["record"]["fingerprint"], p["pidfile"], timings)
+                                                             p["record"]["fingerprint"], p["pidfile"], timings,
+                                                             gate=measured)
         except OSError as e:
             # The server is up and verified; only the record is missing. The launch carries the fingerprint
             # (launch_env), so the next check sees this server as up to date and rewrites the record instead of
@@ -736,8 +759,9 @@ def fail_result(result: t.Dict[str, t.Any], e: StepError) -> t.Dict[str, t.Any]:
             out["timings"] = dict(out.get("timings") or {}, kill_s=details["elapsed_s"])
     out["phase"] = details.get("phase") or phase
     # The host's verified workers for the rollout summary (the gpu_server role's rescue): after a kill, those this
-    # restart verified (only a failed record comes after the verify), else none; a restart refused before its kill
+    # restart verified (only the performance gate and the record come after the verify), else none; a restart refused before its kill
     # leaves the count out, so the check's stands (the old server still serves).
-    if out.get("killed", 0) > 0 or out["phase"] == "record":
-        out["workers_verified"] = len((out.get("env") or {}).get("processes") or []) if out["phase"] == "record" else 0
+    if out.get("killed", 0) > 0 or out["phase"] in ("record", "gate"):
+        verified = out["phase"] in ("record", "gate")  # only the gate and the record come after the verify
+        out["workers_verified"] = len((out.get("env") or {}).get("processes") or []) if verified else 0
     return out

@@ -672,12 +672,19 @@ STATE_MODE = 0o600
 
 
 def record_state(state_file: str, name: str, fingerprint: str, pidfile: str, timings: t.Mapping[str, t.Any],
-                 check_mode: bool = False) -> t.Tuple[bool, t.Dict[str, t.Any]]:
-    """Write what was launched (fingerprint, pid, start time, timings); changed when the launch identity differs."""
+                 check_mode: bool = False,
+                 gate: t.Optional[t.Mapping[str, t.Any]] = None) -> t.Tuple[bool, t.Dict[str, t.Any]]:
+    """Write what was launched (fingerprint, pid, start time, timings); changed when the launch identity differs.
+    `gate`: the performance gate's passing measurement (the host's new baseline); without one, the record keeps the
+    measurement it had (a restart without the gate does not forget the last known good)."""
     ident = pidfile_identity(pidfile)
     new = {"fingerprint": fingerprint, "pid": ident[0] if ident else None,
            "start_time": ident[1] if ident else None, "name": name, "timings": dict(timings)}
     old = read_state(state_file)
+    if gate is not None:
+        new["gate"] = dict(gate, fingerprint=fingerprint)
+    elif isinstance(old.get("gate"), dict):
+        new["gate"] = old["gate"]
     keys = ("fingerprint", "pid", "start_time")
     changed = {k: old.get(k) for k in keys} != {k: new[k] for k in keys} or old.get("verified") is False
     new["recorded_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

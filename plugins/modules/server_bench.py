@@ -266,25 +266,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._errors import St
 
 def main() -> None:
     module = _nolog.NoLogModule(
-        argument_spec=dict(
-            request=dict(type="dict", required=True, options=dict(
-                url=dict(type="str", required=True),
-                method=dict(type="str", default="POST"),
-                body=dict(type="raw"),
-                # Secret (an Authorization token): masked in every result (_nolog.NoLogModule), never shown.
-                headers=dict(type="dict", default={}, no_log=True),
-                validate_certs=dict(type="bool", default=True),
-            )),
-            api=dict(type="str", choices=list(_bench.APIS), default="auto"),
-            metric=dict(type="str", choices=list(_bench.METRICS), default="output_tokens_per_s"),
-            warmup=dict(type="int", default=2),
-            requests=dict(type="int", default=16),
-            concurrency=dict(type="int", default=4),
-            rounds=dict(type="int", default=3),
-            timeout=dict(type="float", default=120.0),
-            baseline=dict(type="float"),
-            min_ratio=dict(type="float", default=0.9),
-        ),
+        argument_spec=dict(_bench.argument_spec(), baseline=dict(type="float")),
         supports_check_mode=True,
     )
     p = module.params

@@ -373,6 +373,91 @@ options:
         description: This run's owner id.
         type: str
         required: true
+  gate:
+    version_added: 0.2.0
+    description:
+      - The performance gate, after the workers' environment is verified and before the record - the options of
+        M(gpufleet.serving.server_bench) without O(gpufleet.serving.server_bench#module:baseline). The median is
+        compared with this host's last known good measurement of the same benchmark (the record's, O(record.state_file));
+        below O(gate.min_ratio) of it the host fails in phase C(gate) (RV(phase)). A passing measurement is recorded
+        as the host's new baseline; with no baseline yet (a first run, or a benchmark that changed) it is recorded and
+        passes, and RV(gate) says so. A server that failed the gate keeps running (it was verified); its record
+        stays unverified, so the next run restarts it.
+      - Check mode sends no request.
+    type: dict
+    suboptions:
+      request:
+        description: The request to time, sent as is (one request of the load to measure).
+        type: dict
+        required: true
+        suboptions:
+          url:
+            description: URL of the request, C(http://) or C(https://).
+            type: str
+            required: true
+          method:
+            description: HTTP method.
+            type: str
+            default: POST
+          body:
+            description:
+              - Request body. A dict or a list is sent as JSON (with C(Content-Type application/json) unless O(gate.request.headers)
+                sets one); a string is sent as it is.
+              - For O(gate.metric=output_tokens_per_s), ask for a fixed number of tokens that the server cannot stop early
+                (SGLang C(sampling_params) C(max_new_tokens) with C(ignore_eos), OpenAI C(max_tokens)), so that every
+                round generates the same work.
+            type: raw
+          headers:
+            description:
+              - Request headers.
+              - The values are secret (C(no_log)), so an C(Authorization) header may hold a token.
+            type: dict
+            default: {}
+          validate_certs:
+            description: Check the server's certificate for an C(https://) URL.
+            type: bool
+            default: true
+      api:
+        description:
+          - Where the output token count is read from each JSON answer. V(sglang) reads C(meta_info.completion_tokens)
+            (SGLang's C(/generate)); V(openai) reads C(usage.completion_tokens) (the OpenAI-compatible C(/v1/completions)
+            and C(/v1/chat/completions) of vLLM and SGLang); V(auto) tries C(meta_info) first, then C(usage).
+          - A JSON list (SGLang's answer to a batch of prompts) counts the sum of its items.
+        type: str
+        choices: [auto, sglang, openai]
+        default: auto
+      metric:
+        description:
+          - What is measured. V(output_tokens_per_s) counts the output tokens of each round's answers; V(requests_per_s)
+            counts its requests (the answers need no token count then).
+        type: str
+        choices: [output_tokens_per_s, requests_per_s]
+        default: output_tokens_per_s
+      warmup:
+        description: Requests sent first, at O(gate.concurrency), and not measured (a first request can be slower). V(0) sends none.
+        type: int
+        default: 2
+      requests:
+        description: Requests per round. At least V(1).
+        type: int
+        default: 16
+      concurrency:
+        description: Requests in flight at a time (one client thread each), from V(1) to V(4096).
+        type: int
+        default: 4
+      rounds:
+        description: Measured rounds; C(median) is their median. At least V(1).
+        type: int
+        default: 3
+      timeout:
+        description: Seconds each request may wait for the server (for the connection, and between the bytes of the answer).
+        type: float
+        default: 120
+      min_ratio:
+        description: With the host's last known good, the module fails when C(median) divided by the host's last known good is below this. Greater than 0 and
+          at most 1.
+        type: float
+        default: 0.9
 notes:
   - Reading other users' C(/proc/PID/environ) needs root; use C(become).
 seealso:
@@ -409,6 +494,14 @@ EXAMPLES = r"""
     record:
       state_file: /var/lib/gpufleet/sglang.json
       fingerprint: "{{ fingerprint }}"
+    # Fail the host when the new server is below 90% of this host's last known good output tokens per second.
+    gate:
+      request:
+        url: http://127.0.0.1:30000/generate
+        body: {text: "Explain NCCL rings in one paragraph.", sampling_params: {max_new_tokens: 256, temperature: 0}}
+      requests: 32
+      concurrency: 8
+      min_ratio: 0.9
   become: true
 
 - name: Restart the systemd unit the gpu_server role installed, with the same checks
@@ -429,13 +522,21 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+gate:
+  version_added: 0.2.0
+  description:
+    - The performance gate's measurement (O(gate)) - C(metric), C(rounds), C(median), C(tokens), C(latency_s),
+      C(baseline) (this host's last known good, or V(null)), C(ratio), C(min_ratio), C(passed), C(msg) and C(key)
+      (what makes two measurements comparable); on a failed request, what failed and the rounds measured so far.
+  returned: when the gate ran
+  type: dict
 workers_verified:
   version_added: 0.2.0
   description:
     - On a failure after the kill, the GPU-holding workers whose environment is verified now - those of the verify
-      when only the record failed after it, else V(0). Absent when the restart was refused before its kill (the old
+      when only the performance gate or the record failed after it, else V(0). Absent when the restart was refused before its kill (the old
       server still serves).
-  returned: on failure, after the kill or in the record step
+  returned: on failure, after the kill or in the gate or record step
   type: int
 kill:
   description:
@@ -604,7 +705,8 @@ phase:
   description: The step that failed - V(preflight) (nothing stopped), V(kill), V(strays), V(clean) (nothing launched;
     nothing stopped either when RV(clean) has C(before_kill)), V(launch), V(startup) (the server died; stopped unless
     O(keep_failed)), V(ready) (timeout; stopped unless O(keep_failed)), V(busy) (a GPU stayed idle, or the launcher
-    died after it was ready), V(verify_env) or V(record).
+    died after it was ready), V(verify_env), V(gate) (the performance gate, slower than this host's last known good,
+    or a benchmark request failed; the server keeps running) or V(record).
   returned: failure
   type: str
 """

@@ -1,0 +1,75 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The restart's performance gate (issue 26, first part): gpufleet_server_gate on a sandbox host running the demo server,
+whose speed a documented stand-in variable slows down (GPUFLEET_DEMO_TOKEN_DELAY_S: seconds per generated token)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
+
+from rollout_helpers import RolloutFleet  # noqa: E402
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
+
+H = "host1"
+GATE = {"request": {"url": "http://127.0.0.1:30000/generate", "body": {"text": "bench", "max_new_tokens": 16}},
+        "warmup": 1, "requests": 6, "concurrency": 2, "rounds": 3, "timeout": 30,
+        # Far below 1: the sandbox shares 2 cores with other tests, and the slowed server is ~50x slower.
+        "min_ratio": 0.4}
+
+
+@pytest.fixture(scope="module")
+def rf(sandbox_fleet_module, tmp_path_factory):
+    fleet = sandbox_fleet_module(hosts=1, gpus=2)
+    r = RolloutFleet(fleet, tmp_path_factory.mktemp("gate"))
+    r.rolled_out()
+    yield r
+    r.reset()
+
+
+def _vars(rf, **env):
+    v = dict(rf.server_vars(), gpufleet_server_gate=GATE)
+    v["gpufleet_server_env"] = dict(v["gpufleet_server_env"], **env)
+    return v
+
+
+def _record(rf) -> dict:
+    return json.loads(rf.fleet.ssh(H, "cat /var/lib/gpufleet/demo.json", check=True).stdout)
+
+
+@pytest.mark.reliability(
+    section="fault", case="A new server slower than the host's last known good (the performance gate)",
+    provoked="gpufleet_server_gate (the demo's /generate, 16 tokens, 3 rounds of 6 at concurrency 2, min_ratio 0.4): a "
+             "forced restart (no baseline yet), then a definition whose server is ~50x slower (the demo's stand-in "
+             "GPUFLEET_DEMO_TOKEN_DELAY_S=0.02), then the first definition again",
+    outcome="the first gate passes and records the host's baseline (summary: 'no baseline ... recorded as the host's "
+            "baseline'); the slow server fails the host in phase gate ('performance gate: output_tokens_per_s fell to "
+            "... of the baseline'), rc 2, workers_verified 2, the baseline kept; the first definition again is "
+            "restarted (the failed one's record is unverified) and passes against the baseline")
+def test_a_slower_server_fails_the_gate_and_the_baseline_is_kept(rf):
+    run = rf.playbook("rollout", vars_override=_vars(rf), extra_vars={"gpufleet_server_force_restart": True})
+    assert run.rc == 0, run.tail()
+    g = run.summary[H]["gate"]
+    assert g["passed"] is True and g["baseline"] is None and "recorded as the host's baseline" in g["msg"], g
+    first = _record(rf)["gate"]
+    assert first["median"] == g["median"] > 0 and first["metric"] == "output_tokens_per_s", first
+
+    run = rf.playbook("rollout", vars_override=_vars(rf, GPUFLEET_DEMO_TOKEN_DELAY_S="0.02"))
+    assert run.rc == 2, run.tail()
+    row = run.summary[H]
+    assert row["phase"] == "gate" and row["restarted"] and row["workers_verified"] == 2, row
+    assert "performance gate: output_tokens_per_s fell to" in row["failure"], row
+    assert row["gate"]["passed"] is False and row["gate"]["baseline"] == first["median"], row["gate"]
+    assert row["gate"]["ratio"] < GATE["min_ratio"], row["gate"]
+    rec = _record(rf)
+    assert rec["gate"] == first and rec.get("verified") is False, rec  # the last known good stays the baseline
+
+    run = rf.playbook("rollout", vars_override=_vars(rf))
+    assert run.rc == 0, run.tail()
+    row = run.summary[H]
+    assert row["restarted"] and row["gate"]["passed"] is True and row["gate"]["baseline"] == first["median"], row
+    assert row["gate"]["ratio"] >= GATE["min_ratio"], row["gate"]
