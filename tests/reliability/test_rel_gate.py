@@ -18,8 +18,9 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 H = "host1"
 GATE = {"request": {"url": "http://127.0.0.1:30000/generate", "body": {"text": "bench", "max_new_tokens": 16}},
         "warmup": 1, "requests": 6, "concurrency": 2, "rounds": 3, "timeout": 30,
-        # Far below 1: the sandbox shares 2 cores with other tests, and the slowed server is ~50x slower.
-        "min_ratio": 0.4}
+        # Far below 1: the sandbox shares 2 cores with other tests (the fast server's rounds vary up to 3x there), and the
+        # slowed server is ~50x slower.
+        "min_ratio": 0.15}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def _record(rf) -> dict:
 
 @pytest.mark.reliability(
     section="fault", case="A new server slower than the host's last known good (the performance gate)",
-    provoked="gpufleet_server_gate (the demo's /generate, 16 tokens, 3 rounds of 6 at concurrency 2, min_ratio 0.4): a "
+    provoked="gpufleet_server_gate (the demo's /generate, 16 tokens, 3 rounds of 6 at concurrency 2, min_ratio 0.15): a "
              "forced restart (no baseline yet), then a definition whose server is ~50x slower (the demo's stand-in "
              "GPUFLEET_DEMO_TOKEN_DELAY_S=0.02), then the first definition again",
     outcome="the first gate passes and records the host's baseline (summary: 'no baseline ... recorded as the host's "
