@@ -30,7 +30,7 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _bench, _envcheck, _gpumod, _gpuwait, _killmod, _listener, _nvml, _proc, _select, _server, _systemd)
+    _bench, _envcheck, _gpumod, _lastgood, _gpuwait, _killmod, _listener, _nvml, _proc, _select, _server, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 
@@ -81,6 +81,8 @@ def argument_spec() -> t.Dict[str, t.Any]:
         record=dict(type="dict", options=dict(
             state_file=dict(type="path", required=True),
             fingerprint=dict(type="str", required=True),
+            generations=dict(type="int", default=3),
+            layers=dict(type="dict"),
         )),
         release_lock=dict(type="dict", options=dict(
             lock_file=dict(type="path", required=True),
@@ -131,6 +133,8 @@ def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     err = _killmod.kill_input_error(p["kill"])
     if err:
         return "kill: " + err
+    if p["record"] and p["record"]["generations"] < 0:
+        return "record.generations must be >= 0, got %d" % p["record"]["generations"]
     if p["gate"]:
         if p["stop_only"]:
             return "gate: a stop (stop_only) starts no server to measure"
@@ -548,6 +552,15 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
                                "the next run keeps this server and writes the record once there is room" if keeps
                                else "the next run restarts it (nothing on the host tells it from an unverified launch)"),
                             path=p["record"]["state_file"])
+        if p["record"]["generations"] > 0:
+            # The server passed every check and is recorded: it is this host's newest last known good.
+            lkg = _lastgood.path_for(p["record"]["state_file"])
+            try:
+                result["last_good"] = _lastgood.summary(_lastgood.keep(
+                    lkg, _lastgood.generation(p, p["record"]["fingerprint"], measured, p["record"]["layers"]),
+                    p["record"]["generations"]))
+            except OSError as e:  # the server is up, verified and recorded: a warning, not a failed host
+                module.warn("the last known good definitions could not be written to %s: %s" % (lkg, e.strerror or e))
     result.pop("phase")
 
 

@@ -361,6 +361,20 @@ options:
         description: Hash of the desired state.
         type: str
         required: true
+      generations:
+        version_added: 0.2.0
+        description:
+          - After the record, keep this server's definition (launcher, command, environment, user, workdir, umask,
+            the systemd unit's name), O(record.layers) and the gate's measurement as the newest last known good
+            generation in C(STATE.last_good.json) beside O(record.state_file), root-only (0600, the environment's
+            values are secret), and keep this many generations (a generation of the same fingerprint gives way to
+            the new one). V(0) keeps none and leaves the file alone.
+        type: int
+        default: 3
+      layers:
+        version_added: 0.2.0
+        description: The NCCL layers this run applied (as the caller computed them), kept with the generation.
+        type: dict
   release_lock:
     description: Release this run's host lock at the end, also when a step failed.
     type: dict
@@ -522,6 +536,14 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+last_good:
+  version_added: 0.2.0
+  description:
+    - The last known good generations after the record (newest first) - C(fingerprint), C(recorded_at) and
+      C(gate_median) of each; never their definitions.
+  returned: when the record was written and O(record.generations) is above 0
+  type: list
+  elements: dict
 gate:
   version_added: 0.2.0
   description:

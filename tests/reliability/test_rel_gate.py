@@ -42,15 +42,25 @@ def _record(rf) -> dict:
     return json.loads(rf.fleet.ssh(H, "cat /var/lib/gpufleet/demo.json", check=True).stdout)
 
 
+def _last_good(rf) -> tuple:
+    """(mode, generations) of the host's last known good file."""
+    out = rf.fleet.ssh(H, "stat -c %a /var/lib/gpufleet/demo.last_good.json && cat /var/lib/gpufleet/demo.last_good.json",
+                       check=True).stdout
+    mode, _sep, text = out.partition("\n")
+    return mode, json.loads(text)["generations"]
+
+
 @pytest.mark.reliability(
     section="fault", case="A new server slower than the host's last known good (the performance gate)",
     provoked="gpufleet_server_gate (the demo's /generate, 16 tokens, 3 rounds of 6 at concurrency 2, min_ratio 0.15): a "
              "forced restart (no baseline yet), then a definition whose server is ~50x slower (the demo's stand-in "
              "GPUFLEET_DEMO_TOKEN_DELAY_S=0.02), then the first definition again",
     outcome="the first gate passes and records the host's baseline (summary: 'no baseline ... recorded as the host's "
-            "baseline'); the slow server fails the host in phase gate ('performance gate: output_tokens_per_s fell to "
+            "baseline') and the server as its newest last known good (demo.last_good.json, 0600, its definition, "
+            "layers and measurement); the slow server fails the host in phase gate ('performance gate: output_tokens_per_s fell to "
             "... of the baseline'), rc 2, workers_verified 2, the baseline kept; the first definition again is "
-            "restarted (the failed one's record is unverified) and passes against the baseline")
+            "restarted (the failed one's record is unverified) and passes against the baseline; the failed definition never "
+            "became a last known good generation")
 def test_a_slower_server_fails_the_gate_and_the_baseline_is_kept(rf):
     run = rf.playbook("rollout", vars_override=_vars(rf), extra_vars={"gpufleet_server_force_restart": True})
     assert run.rc == 0, run.tail()
@@ -58,6 +68,13 @@ def test_a_slower_server_fails_the_gate_and_the_baseline_is_kept(rf):
     assert g["passed"] is True and g["baseline"] is None and "recorded as the host's baseline" in g["msg"], g
     first = _record(rf)["gate"]
     assert first["median"] == g["median"] > 0 and first["metric"] == "output_tokens_per_s", first
+    # The passing server is the host's newest last known good: its definition, root-only, with the measurement.
+    mode, gens = _last_good(rf)
+    good = _record(rf)["fingerprint"]
+    assert mode == "600" and gens[0]["fingerprint"] == good and gens[0]["gate"]["median"] == first["median"], gens
+    assert gens[0]["command"] == rf.server_vars()["gpufleet_server_command"] and gens[0]["launcher"] == "process"
+    assert gens[0]["env"]["NCCL_DEBUG"] == "INFO" and gens[0]["layers"]["sitecustomize"], gens[0]
+    assert [x["fingerprint"] for x in gens].count(good) == 1, gens
 
     run = rf.playbook("rollout", vars_override=_vars(rf, GPUFLEET_DEMO_TOKEN_DELAY_S="0.02"))
     assert run.rc == 2, run.tail()
@@ -68,9 +85,13 @@ def test_a_slower_server_fails_the_gate_and_the_baseline_is_kept(rf):
     assert row["gate"]["ratio"] < GATE["min_ratio"], row["gate"]
     rec = _record(rf)
     assert rec["gate"] == first and rec.get("verified") is False, rec  # the last known good stays the baseline
+    assert _last_good(rf)[1] == gens  # a server that failed its gate is no last known good
 
     run = rf.playbook("rollout", vars_override=_vars(rf))
     assert run.rc == 0, run.tail()
     row = run.summary[H]
     assert row["restarted"] and row["gate"]["passed"] is True and row["gate"]["baseline"] == first["median"], row
     assert row["gate"]["ratio"] >= GATE["min_ratio"], row["gate"]
+    mode, now = _last_good(rf)
+    assert mode == "600" and now[0]["fingerprint"] == good and len(now) == len(gens), now
+    assert now[0]["gate"]["median"] == row["gate"]["median"], now[0]
