@@ -36,7 +36,9 @@ description:
   - A host whose verified server was kept although its record still cannot be written (a full state filesystem after a
     record that failed; RV(gpufleet.serving.server_state#module:record_missing)) is named after the table (C(record
     still missing, server kept)), with the file and the error, and its row has C(record_missing). A row has C(gate),
-    the performance gate's numbers (metric, median, baseline, ratio, min_ratio, passed, msg), when the restart ran one.
+    the performance gate's numbers (metric, median, baseline, ratio, min_ratio, passed, msg), when the restart ran one,
+    and C(rolled_back) (fingerprint, pid, workers_verified, recorded_at) when a failed restart went back to the host's
+    last known good; its C(restarted) column then says C(killed, rolled back to FINGERPRINT).
   - Hosts the role left out of their load balancers (C(gpufleet_server_balancers), a host that failed after its
     drain began) are named after the table (C(left out of rotation)) and in the JSON's C(out_of_rotation); each row
     has C(out_of_rotation) (balancer names) and C(would_drain) (check mode).
@@ -369,6 +371,8 @@ class CallbackModule(CallbackBase):
             restarted = not stopped and (bool(h.get("restarted")) or (killed > 0 and not would))
             cell = ("would stop" if h.get("would_stop") else "stopped" if killed > 0 else "nothing to stop") if stopped else \
                 restart_cell(h.get("status"), restarted, would, h.get("phase"), h.get("new_server"))
+            if h.get("rolled_back"):
+                cell = "killed, rolled back to %s" % str(h["rolled_back"].get("fingerprint") or "")[:12]
             if h.get("restart_unknown"):
                 # No result came back: whether the old server was killed and a new one verified is not known here.
                 restarted, cell = None, UNKNOWN_RESTART
@@ -395,6 +399,7 @@ class CallbackModule(CallbackBase):
                 "returned_to_service": list((h.get("rotation") or {}).get("returned") or []),
                 "record_missing": h.get("record_missing") or None,
                 "gate": gate_cell(h.get("gate")),
+                "rolled_back": dict(h["rolled_back"]) if isinstance(h.get("rolled_back"), dict) else None,
                 "would_return": bool((h.get("rotation") or {}).get("would_return")),
             })
         return out

@@ -36,7 +36,24 @@ def generation(p: t.Mapping[str, t.Any], fingerprint: str, gate: t.Optional[t.Ma
     g: t.Dict[str, t.Any] = {k: p.get(k) for k in DEFINITION_KEYS}
     g.update(fingerprint=fingerprint, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
              systemd_unit=(p.get("systemd") or {}).get("unit"), layers=dict(layers) if layers else None,
-             gate=dict(gate) if gate else None)
+             gate=dict(gate) if gate else None,
+             # What its workers' environment was verified against, for the verify after a rollback to it.
+             expected_env=dict((p.get("verify_env") or {}).get("expected") or {}))
+    return g
+
+
+def rollback_target(gens: t.Sequence[t.Mapping[str, t.Any]], desired: str,
+                    launcher: str) -> t.Optional[t.Dict[str, t.Any]]:
+    """The generation a failed restart of `desired` goes back to: the newest, unless it is the definition that just
+    failed (then there is nothing better to go back to). The process launcher only (a systemd unit's definition is its
+    files, which a generation does not hold)."""
+    if not gens:
+        return None
+    g = dict(gens[0])
+    if g.get("fingerprint") == desired or launcher != "process" or g.get("launcher") != "process":
+        return None
+    if not isinstance(g.get("command"), list) or not g["command"]:
+        return None
     return g
 
 

@@ -30,7 +30,7 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _bench, _envcheck, _gpumod, _lastgood, _gpuwait, _killmod, _listener, _nvml, _proc, _select, _server, _systemd)
+    _bench, _envcheck, _gpumod, _lastgood, _layers, _gpuwait, _killmod, _listener, _nvml, _proc, _select, _server, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 
@@ -89,6 +89,7 @@ def argument_spec() -> t.Dict[str, t.Any]:
             owner=dict(type="str", required=True),
         )),
         gate=dict(type="dict", options=_bench.argument_spec()),
+        rollback=dict(type="bool", default=False),
     )
     return spec
 
@@ -135,6 +136,8 @@ def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
         return "kill: " + err
     if p["record"] and p["record"]["generations"] < 0:
         return "record.generations must be >= 0, got %d" % p["record"]["generations"]
+    if p["rollback"] and not p["record"]:
+        return "rollback needs record (the last known good generations lie beside its state_file)"
     if p["gate"]:
         if p["stop_only"]:
             return "gate: a stop (stop_only) starts no server to measure"
@@ -564,6 +567,71 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
     result.pop("phase")
 
 
+# Failures after the kill that a rollback answers: the new server never served, or was slower than the last known good.
+ROLLBACK_PHASES = ("launch", "ready", "busy", "verify_env", "gate")
+
+
+def run_or_roll_back(module: t.Any, result: t.Dict[str, t.Any]) -> None:
+    """run(); with O(rollback), a failure after the kill goes back to this host's last known good generation (read
+    before the kill) and still fails, saying so (StepError with `rolled_back`)."""
+    p = module.params
+    target = None
+    if p["rollback"] and p["record"] and not module.check_mode and not p["stop_only"] and not p["keep_failed"]:
+        target = _lastgood.rollback_target(_lastgood.read(_lastgood.path_for(p["record"]["state_file"])),
+                                           p["record"]["fingerprint"], p["launcher"])
+    try:
+        run(module, result)
+    except StepError as e:
+        if target is None or result.get("phase") not in ROLLBACK_PHASES:
+            raise
+        roll_back(module, result, target, e)
+
+
+def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any], cause: StepError) -> None:
+    """Stop what is left of the failed new server, put back the generation's NCCL layers, launch its definition, wait
+    until it is ready, verify its workers against what they were verified against then, and record it. Always raises:
+    the host failed its restart either way (the rollout halts), and the message says which way."""
+    p = module.params
+    fp = str(g["fingerprint"])
+    why = str(cause)
+    gate = dict(p["wait_clean"], gpus=p["gpus"], backend=p["backend"])
+    r = p["wait_ready"]
+    proc = None
+    try:
+        left = (cause.details.get("new_server") or {}) if result["phase"] == "ready" else {}
+        if not left.get("stopped") or left.get("error"):
+            left = stop_failed(module, p, result, gate)
+            if left.get("error"):
+                raise StepError(left["text"])
+        if g.get("layers"):
+            _layers.apply(dict(g["layers"], backup=False))
+        env = _server.validate_env(g.get("env") or {})
+        env[p["tag_name"] + _server.FINGERPRINT_SUFFIX] = fp  # the record below could fail: the launch says what it is
+        tail_since = _server.log_stamp(r["log_tail_path"]) if r["log_tail_path"] else None
+        proc = _server.start(p["name"], g["command"], env, g.get("env_passthrough") or [], g.get("user") or "root",
+                             g.get("workdir") or "/", p["log_path"], p["pidfile"], p["tag_name"], g.get("umask") or "0022")
+        _server.wait_ready((proc.pid, proc.start_time), r["health_url"], r["request"], r["timeout"], r["interval"],
+                           p["log_path"], r["log_tail_lines"], r["log_tail_path"], tail_since,
+                           tag=(p["tag_name"], p["name"]), check_listener=r["check_listener"])
+        verified = 0
+        if p["verify_env"] and g.get("expected_env"):
+            params = _selector(p, tag="%s=%s" % (p["tag_name"], p["name"]), exclude_regex=None)
+            params.update(expected=dict(g["expected_env"]), target=p["verify_env"]["target"], nccl_log=[],
+                          allow_empty=False, require_confirmed=False)
+            verified = len(_envcheck.run(params).get("processes") or [])
+        _server.record_state(p["record"]["state_file"], p["name"], fp, p["pidfile"], {})
+    except (StepError, _server.ServerError, OSError) as e:
+        if proc is not None:
+            stop_failed(module, p, result, gate)  # the rollback's server serves nobody either
+        result["rollback_failed"] = {"fingerprint": fp, "error": str(e)}
+        raise StepError("%s; the rollback to the last known good %s failed too: %s" % (why, fp[:12], e),
+                        **cause.details) from None
+    result["rolled_back"] = {"fingerprint": fp, "pid": proc.pid, "workers_verified": verified,
+                             "recorded_at": g.get("recorded_at")}
+    raise StepError("rolled back to the last known good %s (recorded %s): %s" % (fp[:12], g.get("recorded_at"), why),
+                    **cause.details)
+
+
 def stop_failed(module: t.Any, p: t.Mapping[str, t.Any], result: t.Mapping[str, t.Any],
                 gate: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
     """After a start-up or readiness failure: stop what is left of the new server (it serves nobody and holds the
@@ -777,4 +845,6 @@ def fail_result(result: t.Dict[str, t.Any], e: StepError) -> t.Dict[str, t.Any]:
     if out.get("killed", 0) > 0 or out["phase"] in ("record", "gate"):
         verified = out["phase"] in ("record", "gate")  # only the gate and the record come after the verify
         out["workers_verified"] = len((out.get("env") or {}).get("processes") or []) if verified else 0
+    if out.get("rolled_back"):
+        out["workers_verified"] = out["rolled_back"]["workers_verified"]  # the last known good's, now serving
     return out

@@ -472,6 +472,20 @@ options:
           at most 1.
         type: float
         default: 0.9
+  rollback:
+    version_added: 0.2.0
+    description:
+      - When the restart fails after its kill (the launch, the start-up, the readiness, the busy wait, the workers'
+        environment or the performance gate), go back to this host's newest last known good generation (read before
+        the kill from C(STATE.last_good.json), see O(record.generations)) - stop what is left of the failed server,
+        put back the generation's NCCL layers, launch its definition, wait until it is ready, verify its workers
+        against what they were verified against then, and record it. The module still fails (the restart did), with
+        a message that starts with C(rolled back to the last known good FINGERPRINT) and RV(rolled_back); a rollback
+        that fails too says both reasons (RV(rollback_failed)), and what it launched is stopped.
+      - Not when the newest generation is the definition that just failed, with O(keep_failed), with the systemd
+        launcher (a unit's definition is its files), or in check mode. Needs O(record).
+    type: bool
+    default: false
 notes:
   - Reading other users' C(/proc/PID/environ) needs root; use C(become).
 seealso:
@@ -536,6 +550,17 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+rolled_back:
+  version_added: 0.2.0
+  description: After a failure past the kill, the last known good this host went back to - C(fingerprint), C(pid),
+    C(workers_verified) and C(recorded_at) (when that generation was recorded).
+  returned: failure, when O(rollback) went back to a last known good
+  type: dict
+rollback_failed:
+  version_added: 0.2.0
+  description: The rollback's C(fingerprint) and C(error), when the rollback failed too.
+  returned: failure, when O(rollback) was tried and failed
+  type: dict
 last_good:
   version_added: 0.2.0
   description:
@@ -750,7 +775,7 @@ def main() -> None:
     failure: t.Optional[StepError] = None
     with _restart.shielded(not module.check_mode) as signals:
         try:
-            _restart.run(module, result)
+            _restart.run_or_roll_back(module, result)
         except StepError as e:
             failure = e
         except Exception as e:  # pylint: disable=broad-except

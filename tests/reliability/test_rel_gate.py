@@ -95,3 +95,46 @@ def test_a_slower_server_fails_the_gate_and_the_baseline_is_kept(rf):
     mode, now = _last_good(rf)
     assert mode == "600" and now[0]["fingerprint"] == good and len(now) == len(gens), now
     assert now[0]["gate"]["median"] == row["gate"]["median"], now[0]
+
+
+def _serves(rf) -> bool:
+    code = ("import json, urllib.request; r = urllib.request.urlopen(urllib.request.Request("
+            "'http://127.0.0.1:30000/generate', data=json.dumps({'text': 'x', 'max_new_tokens': 2}).encode(), "
+            "headers={'Content-Type': 'application/json'}), timeout=10); print(r.status)")
+    return rf.fleet.ssh(H, "%s -c \"%s\"" % (rf.python, code)).stdout.strip() == "200"
+
+
+@pytest.mark.reliability(
+    section="fault", case="Automatic rollback to the last known good (gpufleet_server_rollback)",
+    provoked="after a gated, verified rollout (the last known good A): with gpufleet_server_rollback, a definition "
+             "whose server is ~50x slower (fails the gate), then one whose server dies at start-up; then A again",
+    outcome="each failed restart goes back to A: the host fails (rc 2) with 'rolled back to the last known good "
+            "<A>: ...' and why the new one failed (the gate; the start-up), its restarted column says 'killed, rolled "
+            "back to <A>', the JSON row has rolled_back (fingerprint A, workers_verified 2); A's server serves "
+            "/generate again, its record says A (verified), no process carries the failed definition's variable; "
+            "the rollout with A is then a no-op (restart no)")
+def test_a_failed_restart_rolls_back_to_the_last_known_good_and_serves_again(rf):
+    run = rf.playbook("rollout", vars_override=_vars(rf))
+    assert run.rc == 0, run.tail()
+    good = _record(rf)["fingerprint"]
+    assert _last_good(rf)[1][0]["fingerprint"] == good
+
+    for bad, why in ((_vars(rf, GPUFLEET_DEMO_TOKEN_DELAY_S="0.02"), "performance gate: output_tokens_per_s fell to"),
+                     (dict(_vars(rf), gpufleet_server_command=rf.server_vars()["gpufleet_server_command"]
+                           + ["--fail-at-startup"]), "")):
+        run = rf.playbook("rollout", vars_override=dict(bad, gpufleet_server_rollback=True))
+        assert run.rc == 2, run.tail()
+        row = run.summary[H]
+        assert row["failure"].startswith("rolled back to the last known good %s" % good[:12]) and why in row["failure"], row
+        assert row["restart"] == "killed, rolled back to %s" % good[:12], row
+        assert row["rolled_back"]["fingerprint"] == good and row["workers_verified"] == 2, row
+        rec = _record(rf)
+        assert rec["fingerprint"] == good and rec.get("verified") is not False, rec
+        snap = rf.snapshot()
+        assert all("GPUFLEET_DEMO_TOKEN_DELAY_S" not in p["env"] for p in snap.procs(H)), snap.procs(H)
+        assert "--fail-at-startup" not in json.dumps(snap.procs(H))
+        assert _serves(rf)
+        assert _last_good(rf)[1][0]["fingerprint"] == good  # neither failed definition became one
+
+    run = rf.playbook("rollout", vars_override=_vars(rf))
+    assert run.rc == 0 and run.summary[H]["restart"] == "no", run.tail()
