@@ -693,3 +693,29 @@ def _wait_in_rotation(df: DrainFleet, host: str, timeout: float = 20) -> None:
     while not (df.haproxy_states().get(host) == "UP" and df.smg_workers().get(df.worker_url(host))):
         assert time.monotonic() < deadline, (df.haproxy_states(), df.smg_workers())
         time.sleep(0.2)
+
+
+def test_a_canary_that_never_gets_ready_is_rolled_back_and_serves_again_under_load(df):
+    """issue 26: with gpufleet_server_rollback, host1's new definition dies at start-up; the restart goes back to
+    host1's last known good (its forced restart just before), which goes back into both balancers; host1 fails, the
+    rollout halts before the later batches, and the traffic through HAProxy never fails."""
+    r = df.playbook("rollout", "--limit", "host1", extra_vars={"gpufleet_server_force_restart": True})
+    assert r.rc == 0, r.tail()
+    before = _pids(df)
+    load = df.load("haproxy", "haproxy-rollback")
+    bad = df.server_vars()["gpufleet_server_command"] + ["--fail-at-startup"]
+    r = df.playbook("rollout", extra_vars={"gpufleet_rollout_serial": [1, "25%"], "gpufleet_server_rollback": True},
+                    host_vars={"host1": {"gpufleet_server_command": bad}})
+    _wait_in_rotation(df, "host1")
+    res = load.stop()
+    assert r.rc != 0
+    h = r.summary["host1"]
+    assert h["status"] == "failed" and h["failure"].startswith("rolled back to the last known good "), h
+    assert h["restart"].startswith("killed, rolled back to ") and h["workers_verified"] == 2, h
+    assert h["out_of_rotation"] == [], h
+    assert df.haproxy_states()["host1"] == "UP" and df.smg_workers().get(df.worker_url("host1")), df.haproxy_states()
+    assert all(r.summary[x]["status"] == "not run" for x in ("host2", "host3", "host4")), r.summary
+    after = _pids(df)
+    assert after["host1"] != before["host1"] and all(after[x] == before[x] for x in ("host2", "host3", "host4"))
+    assert df.drain_record("host1") is None
+    assert res["failed"] == 0, res["failures"]
