@@ -131,22 +131,34 @@ def build_request(req: t.Mapping[str, t.Any]) -> Request:
     return Request(url, method, body, headers, bool(req.get("validate_certs", True)))
 
 
-def check_input(p: t.Mapping[str, t.Any]) -> Request:
-    """Refuse options that cannot give a measurement (before any request is sent); the request to send."""
+def input_problems(p: t.Mapping[str, t.Any]) -> t.List[str]:
+    """Every rule the options break (type-checked options, defaults applied), one sentence each; [] when none."""
+    out = []
     for name, low in (("requests", 1), ("concurrency", 1), ("rounds", 1), ("warmup", 0)):
         if p[name] < low:
-            raise StepError("%s must be >= %d, got %d" % (name, low, p[name]))
+            out.append("%s must be >= %d, got %d" % (name, low, p[name]))
     if p["concurrency"] > MAX_CONCURRENCY:
-        raise StepError("concurrency must be at most %d (one thread per request in flight), got %d"
-                        % (MAX_CONCURRENCY, p["concurrency"]))
+        out.append("concurrency must be at most %d (one thread per request in flight), got %d"
+                   % (MAX_CONCURRENCY, p["concurrency"]))
     # `not 0 < x` also refuses NaN (every comparison with it is false).
     if not 0 < p["timeout"] < math.inf:
-        raise StepError("timeout must be greater than 0 seconds, got %s" % p["timeout"])
+        out.append("timeout must be greater than 0 seconds, got %s" % p["timeout"])
     if not 0 < p["min_ratio"] <= 1:
-        raise StepError("min_ratio must be greater than 0 and at most 1, got %s" % p["min_ratio"])
+        out.append("min_ratio must be greater than 0 and at most 1, got %s" % p["min_ratio"])
     if p.get("baseline") is not None and not 0 < p["baseline"] < math.inf:
-        raise StepError("baseline must be greater than 0 (an earlier median of %s), got %s"
-                        % (p["metric"], p["baseline"]))
+        out.append("baseline must be greater than 0 (an earlier median of %s), got %s" % (p["metric"], p["baseline"]))
+    try:
+        build_request(p["request"])
+    except StepError as e:
+        out.append(str(e))
+    return out
+
+
+def check_input(p: t.Mapping[str, t.Any]) -> Request:
+    """Refuse options that cannot give a measurement (before any request is sent); the request to send."""
+    problems = input_problems(p)
+    if problems:
+        raise StepError("; ".join(problems))
     return build_request(p["request"])
 
 

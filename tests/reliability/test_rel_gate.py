@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 
-from rollout_helpers import RolloutFleet  # noqa: E402
+from rollout_helpers import BalancerRecorder, RolloutFleet  # noqa: E402
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
@@ -138,3 +138,33 @@ def test_a_failed_restart_rolls_back_to_the_last_known_good_and_serves_again(rf)
 
     run = rf.playbook("rollout", vars_override=_vars(rf))
     assert run.rc == 0 and run.summary[H]["restart"] == "no", run.tail()
+
+
+@pytest.mark.reliability(
+    section="bad_input", case="A bad performance gate (gpufleet_server_gate)",
+    provoked="gpufleet_server_gate with concurrency 0, an ftp:// URL and min_ratio 1.5, on an up-to-date host behind an "
+             "`http` balancer (a recording API on the controller), with and without a forced restart",
+    outcome="refused on the controller with the rest of the definition, before anything on the host: rc 2, one message "
+            "naming every broken rule ('gpu_server: invalid server definition: gpufleet_server_gate: concurrency must "
+            "be >= 1 ...'), the balancer got no call, the server untouched (same processes)")
+def test_a_bad_gate_is_refused_before_the_drain_naming_every_rule(rf):
+    rec = BalancerRecorder(add_status=204)
+    http = {"type": "http", "name": "lb-api", "remove": {"url": rec.url, "method": "DELETE"},
+            "add": {"url": rec.url, "method": "PUT", "body": "{}"}}
+    bad = dict(GATE, concurrency=0, min_ratio=1.5, request={"url": "ftp://127.0.0.1/generate"})
+    before = {(p["pid"], p["start"]) for p in rf.snapshot().tagged(H)}
+    try:
+        for force in (False, True):
+            run = rf.playbook("rollout", vars_override=dict(rf.server_vars(), gpufleet_server_gate=bad,
+                                                            gpufleet_server_balancers=[http]),
+                              extra_vars={"gpufleet_server_force_restart": force})
+            assert run.rc == 2, run.tail()
+            failure = run.summary[H]["failure"]
+            for rule in ("gpufleet_server_gate: concurrency must be >= 1, got 0",
+                         "gpufleet_server_gate: min_ratio must be greater than 0 and at most 1, got 1.5",
+                         "gpufleet_server_gate: request.url must be an http:// or https:// URL"):
+                assert rule in failure, failure
+            assert rec.calls == [], rec.calls
+            assert {(p["pid"], p["start"]) for p in rf.snapshot().tagged(H)} == before
+    finally:
+        rec.close()
