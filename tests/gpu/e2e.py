@@ -20,7 +20,10 @@ Steps (each recorded in DIR/e2e.json, the playbook outputs in DIR/*.log):
     GPU-holding spawn workers and the NCCL log check;
  4. read every worker's /proc/PID/environ (NCCL keys only) and NCCL's `set by environment` lines per pid;
  5. audit passes; 6. a second rollout is a no-op (changed=0); 7. three forced restarts, timed, for the
-    orchestration overhead; 8. profile none + clean: sitecustomize.py restored byte for byte, GPU clean.
+    orchestration overhead; 9. the performance gate on real GPU work (fp32 matmuls, TF32 allowed): a baseline, then
+    NVIDIA_TF32_OVERRIDE=0 in the server's environment fails the gate and is rolled back to the last known good,
+    then the restored server passes the gate; 8. profile none + clean: sitecustomize.py restored byte for byte, GPU
+    clean.
 """
 from __future__ import annotations
 
@@ -109,8 +112,18 @@ def playbook(out, name, pb, inv, *extra, check_rc=True):
     return res
 
 
-def workers_env(tag="GPUFLEET_SERVICE=gpu-e2e"):
-    """NCCL_* keys of every process carrying the launch tag (tag None: every spawn worker), never other values."""
+def summary_row(out, name, host="localhost"):
+    """The rollout summary's JSON row of `host` for the playbook run `name` ({} when there is none)."""
+    try:
+        with open(os.path.join(out, "summary-" + name, "rollout-summary.json")) as f:
+            return next((r for r in json.load(f)["hosts"] if r["host"] == host), {})
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def workers_env(tag="GPUFLEET_SERVICE=gpu-e2e", full=False):
+    """NCCL_* keys of every process carrying the launch tag (tag None: every spawn worker), never other values
+    (`full`: also every variable's name)."""
     out = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -125,6 +138,8 @@ def workers_env(tag="GPUFLEET_SERVICE=gpu-e2e"):
         if tagged or (tag is None and "spawn_main" in cmd):
             out[pid] = {"cmdline": cmd, "nccl": {k: v for k, v in env.items() if k in EXPECTED},
                         "nccl_debug": {k: v for k, v in env.items() if k.startswith("NCCL_DEBUG")}}
+            if full:  # the names only (values may be secret), for a check that a variable is gone
+                out[pid]["env"] = sorted(env)
     return out
 
 
@@ -309,6 +324,38 @@ def main() -> int:
         restarts.append({"playbook_wall_s": r["wall_s"], "timings": st["timings"], "server_startup_s": startup,
                          "restart_task_s": task_s, "overhead_s": round(task_s - (startup or 0), 3)})
     ev["restarts"] = restarts
+
+    # 9. the performance gate and the automatic rollback (issue 26) on real GPU work: /generate with max_new_tokens
+    # runs fp32 matmuls with TF32 allowed; NVIDIA_TF32_OVERRIDE=0 in the server's environment really slows them.
+    gate = {"request": {"url": "http://127.0.0.1:%d/generate" % PORT, "body": {"max_new_tokens": 32}},
+            "warmup": 1, "requests": 6, "concurrency": 1, "rounds": 3, "timeout": 120, "min_ratio": 0.7}
+    slow_env = dict(gv["gpufleet_server_env"], NVIDIA_TF32_OVERRIDE="0")
+    g = ev["gate"] = {"definition": gate}
+    g["baseline_run"] = playbook(a.out, "gate-baseline", pb, inv_dir, "-e",
+                                 json.dumps({"gpufleet_server_gate": gate, "gpufleet_server_force_restart": True}))
+    g["baseline"] = summary_row(a.out, "gate-baseline")
+    g["slow_run"] = playbook(a.out, "gate-tf32-off", pb, inv_dir, "-e",
+                             json.dumps({"gpufleet_server_gate": gate, "gpufleet_server_env": slow_env,
+                                         "gpufleet_server_rollback": True}), check_rc=False)
+    g["slow"] = summary_row(a.out, "gate-tf32-off")
+    wenv = workers_env(full=True)
+    g["workers_after_rollback"] = {p: sorted(k for k in v["env"] if k == "NVIDIA_TF32_OVERRIDE") for p, v in wenv.items()}
+    with open("/var/lib/gpufleet/gpu-e2e.json") as f:
+        g["record_after_rollback"] = {k: v for k, v in json.load(f).items() if k in ("fingerprint", "verified")}
+    g["restored_run"] = playbook(a.out, "gate-restored", pb, inv_dir, "-e",
+                                 json.dumps({"gpufleet_server_gate": gate, "gpufleet_server_force_restart": True}),
+                                 check_rc=False)
+    g["restored"] = summary_row(a.out, "gate-restored")
+    bg, sg, rg = (g["baseline"].get("gate") or {}), (g["slow"].get("gate") or {}), (g["restored"].get("gate") or {})
+    ev["checks"]["gate_baseline_recorded"] = g["baseline_run"]["rc"] == 0 and bool(bg.get("passed")) \
+        and bg.get("baseline") is None and (bg.get("median") or 0) > 0
+    ev["checks"]["tf32_off_fails_the_gate_and_is_rolled_back"] = (
+        g["slow_run"]["rc"] == 2 and sg.get("passed") is False and (sg.get("ratio") or 1) < gate["min_ratio"]
+        and str(g["slow"].get("failure") or "").startswith("rolled back to the last known good")
+        and (g["slow"].get("rolled_back") or {}).get("fingerprint") == g["record_after_rollback"].get("fingerprint"))
+    ev["checks"]["rolled_back_workers_lack_the_override"] = bool(wenv) and not any(g["workers_after_rollback"].values())
+    ev["checks"]["restored_speed_passes_the_gate"] = g["restored_run"]["rc"] == 0 and bool(rg.get("passed")) \
+        and (rg.get("ratio") or 0) >= gate["min_ratio"]
 
     # 8. roll the tuning back and stop: the file must be byte-for-byte the original.
     ev["rollback"] = playbook(a.out, "rollback", pb, inv_dir, "-e", json.dumps({"gpufleet_nccl_profile": "none"}),

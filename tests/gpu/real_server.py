@@ -12,7 +12,11 @@
 - NCCL logs go where NCCL_DEBUG_FILE says (the launcher sets NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,ENV
   only if they are not set already, so the logs show what NCCL read from its environment).
 - HTTP: GET /health -> 200 once every worker finished its all_reduce; POST /generate -> a round trip
-  through every worker that runs another all_reduce and returns its sum.
+  through every worker that runs another all_reduce and returns its sum. With `{"max_new_tokens": N}` in the body
+  each worker first does N "tokens" of real GPU work (a token: MATMULS fp32 matmuls of 4096x4096, TF32 allowed as
+  inference servers allow it), and the answer carries SGLang's `meta_info.completion_tokens` = N: the performance
+  gate's stand-in for decoding. `NVIDIA_TF32_OVERRIDE=0` in the server's environment turns TF32 off in the CUDA
+  libraries (a real setting that really slows fp32 matmuls), the slower definition the gate must catch.
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MATMULS = 8  # fp32 4096x4096 matmuls per generated token
 
 
 def worker(rank: int, world: int, gpu: int, gib: float, store_dir: str, one_comm: bool, req_q, resp_q) -> None:
@@ -39,12 +45,19 @@ def worker(rank: int, world: int, gpu: int, gib: float, store_dir: str, one_comm
     x = torch.ones(1 << 20, device="cuda") * (rank + 1)
     dist.all_reduce(x)
     torch.cuda.synchronize()
+    torch.backends.cuda.matmul.allow_tf32 = True  # as inference servers run fp32 matmuls
+    a = torch.randn(4096, 4096, device="cuda")
+    b = torch.randn(4096, 4096, device="cuda")
     resp_q.put(("ready", rank, float(x[0].item()), os.getpid()))
     while True:
         msg = req_q.get()
         if msg is None:
             break
-        y = torch.ones(1 << 16, device="cuda") * msg
+        value, tokens = msg if isinstance(msg, tuple) else (msg, 0)
+        for _token in range(tokens):
+            for _m in range(MATMULS):
+                a = torch.mm(a, b) * (1.0 / 64)  # 1/sqrt(4096): the values keep their scale
+        y = torch.ones(1 << 16, device="cuda") * value
         dist.all_reduce(y)
         torch.cuda.synchronize()
         resp_q.put(("result", rank, float(y[0].item()), os.getpid()))
@@ -87,13 +100,19 @@ def main() -> int:
             self.wfile.write(body)
 
         def do_POST(self):
+            try:
+                tokens = int(json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                             .get("max_new_tokens") or 0)
+            except (ValueError, AttributeError):
+                tokens = 0
             with lock:
                 for q in reqs:
-                    q.put(1.0)
-                out = [resp.get(timeout=60) for _q in reqs]
+                    q.put((1.0, tokens))
+                out = [resp.get(timeout=120) for _q in reqs]
             self.send_response(200)
             self.end_headers()
-            self.wfile.write(json.dumps({"text": "pong", "sums": [o[2] for o in out]}).encode())
+            self.wfile.write(json.dumps({"text": "pong", "sums": [o[2] for o in out],
+                                         "meta_info": {"completion_tokens": tokens}}).encode())
 
         def log_message(self, *args):
             pass

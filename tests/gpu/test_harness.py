@@ -41,3 +41,20 @@ def test_the_server_the_e2e_launches_carries_them_and_its_workers_are_checked_fo
 def test_the_allreduce_benchmark_starts_every_rank_with_them():
     bench = _load(ROOT / "bench" / "allreduce_bw.py")
     assert bench.ALWAYS == MULTICAST_OFF
+
+
+def test_the_gate_and_rollback_numbers_in_the_docs_are_the_evidence():
+    """docs/gpu-run.md's issue-26 table quotes docs/evidence/h200-gate-rollback.json (the device run of e2e.py step 9)."""
+    import json
+
+    ev = json.loads((ROOT / "docs" / "evidence" / "h200-gate-rollback.json").read_text())
+    assert all(ev["checks"].values()), ev["checks"]
+    doc = (ROOT / "docs" / "gpu-run.md").read_text()
+    g = ev["gate"]
+    base, slow, restored = g["baseline"]["gate"], g["slow"]["gate"], g["restored"]["gate"]
+    assert base["baseline"] is None and slow["baseline"] == base["median"] == restored["baseline"]
+    assert slow["ratio"] < g["definition"]["min_ratio"] <= restored["ratio"]
+    for value in (base["median"], slow["median"], slow["ratio"], restored["median"], restored["ratio"]):
+        assert "| %s |" % value in doc, value
+    fp = g["slow"]["rolled_back"]["fingerprint"][:12]
+    assert g["record_after_rollback"]["fingerprint"].startswith(fp) and "last known good `%s`" % fp in doc
