@@ -141,7 +141,7 @@ def test_a_failed_restart_rolls_back_to_the_last_known_good_and_serves_again(rf)
 
 
 @pytest.mark.reliability(
-    section="bad_input", case="A bad performance gate (gpufleet_server_gate)",
+    section="input", case="A bad performance gate (gpufleet_server_gate)",
     provoked="gpufleet_server_gate with concurrency 0, an ftp:// URL and min_ratio 1.5, on an up-to-date host behind an "
              "`http` balancer (a recording API on the controller), with and without a forced restart",
     outcome="refused on the controller with the rest of the definition, before anything on the host: rc 2, one message "

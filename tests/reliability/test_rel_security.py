@@ -340,7 +340,8 @@ def _modules_play(work: Path, port: int, closed: int) -> t.List[t.Dict[str, t.An
              "at -vvv with ANSIBLE_LOG_PATH set",
     outcome="the server gets HF_TOKEN (its /proc/PID/environ); in every job event the invocation shows the env values "
             "and headers masked, and pids, counts and timings stay numbers (the value '1' masks nothing else); neither "
-            "secret appears in stdout, the ansible log, the job events, the server log or any other file of the run")
+            "secret appears in stdout, the ansible log, the job events, the server log or any other file of the run but "
+                "server_restart's last known good generation, root-only (0600, root's) by design")
 def test_server_modules_keep_env_and_headers_secret(tmp_path, fake_gpus):
     token, bearer = "hf_" + secrets.token_hex(17), "sk-" + secrets.token_hex(20)
     pw = vault_password_file(tmp_path)
@@ -383,4 +384,7 @@ def test_server_modules_keep_env_and_headers_secret(tmp_path, fake_gpus):
     assert all(isinstance(v, (int, float)) for v in restart["timings"].values()), restart["timings"]
     for needle in (token, bearer, token[3:19], bearer[3:19]):
         assert needle not in run.stdout
-        assert _grep(tmp_path, needle) == [], needle
+        # server_restart's last known good generation (issue 26) holds the env's values by design, root-only.
+        hits = [h for h in _grep(tmp_path, needle) if not (
+            h.endswith(".last_good.json") and os.stat(h).st_mode & 0o777 == 0o600 and os.stat(h).st_uid == 0)]
+        assert hits == [], needle
