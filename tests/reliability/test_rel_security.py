@@ -341,7 +341,7 @@ def _modules_play(work: Path, port: int, closed: int) -> t.List[t.Dict[str, t.An
     outcome="the server gets HF_TOKEN (its /proc/PID/environ); in every job event the invocation shows the env values "
             "and headers masked, and pids, counts and timings stay numbers (the value '1' masks nothing else); neither "
             "secret appears in stdout, the ansible log, the job events, the server log or any other file of the run but "
-                "server_restart's last known good generation, root-only (0600, root's) by design")
+            "server_restart's last known good generation, root-only (0600, root's) by design")
 def test_server_modules_keep_env_and_headers_secret(tmp_path, fake_gpus):
     token, bearer = "hf_" + secrets.token_hex(17), "sk-" + secrets.token_hex(20)
     pw = vault_password_file(tmp_path)

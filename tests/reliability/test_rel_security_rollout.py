@@ -278,7 +278,7 @@ def test_a_token_cut_by_the_start_up_failure_message_is_masked(bare, tmp_path):
     outcome="the gate reports both hosts would restart; both real runs restart both servers with the current "
             "HF_TOKEN; no secret is in runner's stdout, artifacts/<ident>/job_events or any other file of the private "
             "data dirs, gpufleet_ci's output and its JSON and Markdown reports, the summary, or any file a host wrote but "
-                "the last known good generations, root-only (0600, root's) by design")
+            "the last known good generations, root-only (0600, root's) by design")
 def test_process_rollout_runner_and_gpufleet_ci_keep_the_secrets(bare, tmp_path):
     fleet = bare
     tok1, tok2 = _tokens(), _tokens()
