@@ -27,8 +27,6 @@ import socket
 import time
 import typing as t
 
-from ansible.module_utils.six.moves.urllib.error import HTTPError
-from ansible.module_utils.urls import open_url
 
 TYPES = ("haproxy", "sglang_router", "http", "none")
 HAPROXY_SOCKET = "/var/run/haproxy.sock"
@@ -220,6 +218,10 @@ class Http:
         hdrs = dict(headers or {})
         if data is not None and not isinstance(body, (str, bytes)):
             hdrs.setdefault("Content-Type", "application/json")
+        # Imported here: ansible.module_utils.urls costs every run of a module importing this file about 130 ms of CPU
+        # (cryptography's x509), and HAProxy's socket needs none of it.
+        from urllib.error import HTTPError  # pylint: disable=import-outside-toplevel
+        from ansible.module_utils.urls import open_url  # pylint: disable=import-outside-toplevel
         try:
             r = open_url(url, data=data, headers=hdrs, method=method, timeout=self.timeout,
                          validate_certs=self.validate_certs, use_proxy=False)

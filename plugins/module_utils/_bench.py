@@ -19,11 +19,9 @@ import re
 import statistics
 import time
 import typing as t
-import urllib.error
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from urllib.parse import urlsplit, urlunsplit
 
-from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _server
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
@@ -181,8 +179,7 @@ def attempt(send: Send, api: str, need_tokens: bool, url: str, timeout: float,
     t0 = clock()
     try:
         status, text = send()
-    except (TimeoutError, OSError, urllib.error.URLError, UrlsConnectionError, http.client.HTTPException,
-            ValueError) as e:
+    except (TimeoutError, http.client.HTTPException) + _server.url_errors() as e:
         latency = clock() - t0
         reason = getattr(e, "reason", None) or e
         if isinstance(reason, TimeoutError) or "timed out" in str(reason):

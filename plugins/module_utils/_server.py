@@ -27,7 +27,6 @@ import typing as t
 import urllib.error
 from urllib.parse import urlparse
 
-from ansible.module_utils.urls import ConnectionError as UrlsConnectionError, Request
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _listener, _proc, _runid, _select
 
@@ -481,13 +480,24 @@ def failure_tail(log_path: str, lines: int, tail_path: t.Optional[str] = None,
     return "\n".join(out), (log_path or "no log") + note
 
 
-def http_client(validate_certs: bool = True) -> Request:
+def url_errors() -> t.Tuple[t.Type[BaseException], ...]:
+    """What an HTTP call through http_client() raises for an unreachable or failing server (an `except` clause
+    evaluates it only when an exception arrives, by when http_client() imported ansible.module_utils.urls)."""
+    from ansible.module_utils.urls import ConnectionError as UrlsConnectionError  # pylint: disable=import-outside-toplevel
+    return (urllib.error.URLError, UrlsConnectionError, OSError, ValueError)
+
+
+def http_client(validate_certs: bool = True) -> t.Any:
     """The collection's one HTTP client (ansible.module_utils.urls), for the ready poll (server_ready, server_restart)
     and the metrics reads (inflight_wait): no proxy (the server is on this host), no ~/.netrc credentials,
     certificates verified unless `validate_certs` is false."""
     # One Request with one SSL context for a whole wait, not open_url per poll: open_url builds a new SSL context (it
     # reads the CA bundle) on every call, measured at 34 to 147 ms per request against a local HTTP server on the 2-core
     # CI machine, against 1.2 to 1.7 ms for a reused Request; the poll runs every 0.25 s by default.
+    # Imported here, not at the top: ansible.module_utils.urls pulls in cryptography's x509 and email.mime, about 130 ms
+    # of CPU on the host every time a module that imports this file runs (AnsiballZ compiles its zip's sources on each
+    # run), and most of them (the check, the lock, the drain record, the kill) never send a request.
+    from ansible.module_utils.urls import Request  # pylint: disable=import-outside-toplevel
     context = ssl.create_default_context()
     if not validate_certs:
         context.check_hostname = False
@@ -496,7 +506,7 @@ def http_client(validate_certs: bool = True) -> Request:
 
 
 def http(url: str, method: str = "GET", body: t.Optional[str] = None, headers: t.Optional[t.Mapping[str, str]] = None,
-         timeout: float = 5.0, client: t.Optional[Request] = None, max_bytes: int = 65536) -> t.Tuple[int, str]:
+         timeout: float = 5.0, client: t.Any = None, max_bytes: int = 65536) -> t.Tuple[int, str]:
     """(status, the first `max_bytes` of the body decoded); an HTTP error status is returned, not raised."""
     data = body.encode() if body is not None else None
     try:
@@ -646,7 +656,7 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
                         return done({"request_status": code, "response": text[:300]})
                 else:
                     last = "real request returned HTTP %d: %s" % (code, text[:200])
-        except (urllib.error.URLError, UrlsConnectionError, OSError, ValueError) as e:
+        except url_errors() as e:
             reason = getattr(e, "reason", e)
             last = ("real request" if health_ok_at is not None else "health") + " failed: %s" % reason
         if time.monotonic() >= deadline:
