@@ -327,8 +327,7 @@ def launch_env(p: t.Mapping[str, t.Any], marked: bool) -> t.Dict[str, str]:
 
 def _ready_urls(p: t.Mapping[str, t.Any]) -> t.List[str]:
     r = p["wait_ready"] or {}
-    urls = [r.get("health_url"), (r.get("request") or {}).get("url")]
-    return [u for i, u in enumerate(urls) if u and u not in urls[:i]]
+    return [r.get("health_url"), (r.get("request") or {}).get("url")]
 
 
 def port_preflight(p: t.Mapping[str, t.Any]) -> None:
@@ -340,8 +339,22 @@ def port_preflight(p: t.Mapping[str, t.Any]) -> None:
     passes; without, the failure says how to take it over."""
     if p["stop_only"] or not p["wait_ready"] or not p["wait_ready"]["check_listener"]:
         return
+    refuse_foreign_listeners(p, _ready_urls(p))
+
+
+def selection_params(name: str, tag_name: str, pidfile: t.Optional[str], gpus: t.Sequence[int], backend: str,
+                     cmdline_regex: t.Optional[str], gpu_strays: bool) -> t.Dict[str, t.Any]:
+    """The part of this module's parameters that the kill's selection reads (_old_server, _selector), for server_state's
+    check: it refuses what this preflight would refuse before the drain, with this very code (refuse_foreign_listeners).
+    The exclude list is the kill's default one, as the gpu_server role passes none."""
+    return dict(name=name, tag_name=tag_name, pidfile=pidfile, gpus=list(gpus or []), backend=backend,
+                kill=dict(cmdline_regex=cmdline_regex, gpu_strays=gpu_strays, exclude_regex=None))
+
+
+def refuse_foreign_listeners(p: t.Mapping[str, t.Any], urls: t.Sequence[str]) -> None:
+    """port_preflight's test of `urls` (empty ones and repeats skipped); `p` needs only what selection_params gives."""
     selected: t.Optional[t.Set[int]] = None
-    for url in _ready_urls(p):
+    for url in [u for i, u in enumerate(urls) if u and u not in urls[:i]]:
         if selected is None:
             chosen, _procs = _killmod.select_or_fail(_selector(p, **_old_server(p)))
             selected = set(chosen["selected"])

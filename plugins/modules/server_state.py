@@ -38,7 +38,9 @@ description:
     and working directory exist) and fails, before the lock, when it could not; a server that cannot be
     relaunched must never be stopped. When a restart is wanted (the check finds one needed, or O(keep_lock=true)),
     it also fails when the directories of O(launchable.files) or O(rotation_file) have no room left, as the drain and
-    the restart that would follow must not start on a full disk (the message says nothing was stopped).
+    the restart that would follow must not start on a full disk (the message says nothing was stopped), and when a
+    process the restart's kill would not end listens on the port of O(launchable.urls), with the message of
+    M(gpufleet.serving.server_restart)'s own preflight.
 author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
@@ -103,6 +105,33 @@ options:
             them; O(rotation_file) is checked with them.
         type: dict
         default: {}
+      urls:
+        version_added: 0.2.0
+        description:
+          - The URLs whose port the restart's preflight checks for a foreign listener
+            (M(gpufleet.serving.server_restart)'s O(gpufleet.serving.server_restart#module:wait_ready.health_url) and
+            O(gpufleet.serving.server_restart#module:wait_ready.request.url), when its
+            O(gpufleet.serving.server_restart#module:wait_ready.check_listener) is true); empty ones are skipped.
+          - When a restart is wanted, a process listening on such a port that the restart's kill would not end fails
+            the check with that preflight's message (it says nothing was stopped), before the drain and the kill. The
+            server's own processes (those the kill selects, O(launchable.kill)) holding it are fine.
+        type: list
+        elements: str
+        default: []
+      kill:
+        version_added: 0.2.0
+        description: What the restart's kill selects besides the launch tag and O(pidfile), as
+          M(gpufleet.serving.server_restart)'s O(gpufleet.serving.server_restart#module:kill) says it.
+        type: dict
+        default: {}
+        suboptions:
+          cmdline_regex:
+            description: The restart's O(gpufleet.serving.server_restart#module:kill.cmdline_regex).
+            type: str
+          gpu_strays:
+            description: The restart's O(gpufleet.serving.server_restart#module:kill.gpu_strays).
+            type: bool
+            default: false
   gpus:
     description: GPUs the server uses. Empty means all.
     type: list
@@ -499,7 +528,7 @@ import typing as t
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _gpumod, _layercheck, _nvml, _proc, _rotation, _runid, _select, _server, _systemd)
+    _gpumod, _layercheck, _nvml, _proc, _restart, _rotation, _runid, _select, _server, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
@@ -579,6 +608,19 @@ def restart_space_problems(p: t.Mapping[str, t.Any]) -> t.List[str]:
     return _server.space_problems({str(k): str(v) if v else None for k, v in files.items()})
 
 
+def restart_preflight(p: t.Mapping[str, t.Any]) -> None:
+    """What server_restart's preflight refuses after the drain, refused here before it, with that preflight's code and
+    words: a foreign listener on the server's port. Its message is also the launch problem, so the rollout's read-only
+    fast path fails the host on it before the NCCL layers change."""
+    la = p["launchable"]
+    sel = _restart.selection_params(p["name"], p["tag_name"], p["pidfile"], p["gpus"], p["backend"],
+                                    la["kill"]["cmdline_regex"], la["kill"]["gpu_strays"])
+    try:
+        _restart.refuse_foreign_listeners(sel, la["urls"])
+    except StepError as e:
+        raise StepError(str(e), **dict(e.details, launch_problems=[str(e)]))
+
+
 def check(module: AnsibleModule) -> dict:
     p = module.params
     if p["launchable"]:
@@ -616,6 +658,7 @@ def check(module: AnsibleModule) -> dict:
             if space:
                 raise StepError("cannot run this server, nothing was stopped: %s" % "; ".join(space),
                                 phase="preflight", launch_problems=space)
+            restart_preflight(p)
     except BaseException:
         if locking and not held_before:
             _server.release_lock(p["lock_file"], p["owner"])
@@ -856,6 +899,11 @@ def main() -> None:
                 user=dict(type="str", default="root"),
                 workdir=dict(type="path", default="/"),
                 files=dict(type="dict", default={}),
+                urls=dict(type="list", elements="str", default=[]),
+                kill=dict(type="dict", default={}, options=dict(
+                    cmdline_regex=dict(type="str"),
+                    gpu_strays=dict(type="bool", default=False),
+                )),
             )),
             gpus=dict(type="list", elements="int", default=[]),
             require_gpu_holders=dict(type="bool", default=True),

@@ -17,6 +17,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 import typing as t
 from pathlib import Path
@@ -25,6 +26,10 @@ import pytest
 
 from helpers import FAKE_NVML_DIR, PY, FakeGpus, pid_alive, wait_for
 from rel_helpers import role_cases
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
+
+from rollout_helpers import BalancerRecorder  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[1] / "sandbox" / "demo_server.py"
 # Another user's HTTP server answering 200 to everything (run by the system python: nobody cannot reach the venv).
@@ -139,6 +144,19 @@ def host(tmp_path):
         h.fg.cleanup()
 
 
+def _foreign(port: int) -> subprocess.Popen:
+    """FOREIGN as user nobody on `port`, once it answers."""
+    def demote():
+        os.setgid(65534)
+        os.setuid(65534)
+    foreign = subprocess.Popen(["/usr/bin/python3", "-c", FOREIGN, str(port)], preexec_fn=demote, cwd="/",
+                               start_new_session=True)
+    wait_for(lambda: subprocess.run(["curl", "-sf", "http://127.0.0.1:%d/health" % port],
+                                    capture_output=True, check=False).returncode == 0, 30, "the foreign listener",
+             interval=0.05)
+    return foreign
+
+
 @pytest.mark.reliability(
     section="fault", case="A foreign listener on the server's port",
     provoked="a process of user nobody answers 200 to every request on the port of gpufleet_server_health_url; the "
@@ -150,16 +168,8 @@ def test_a_foreign_listener_on_the_port_fails_the_host_before_the_kill(host):
     old = h.start_old(_free_port())
     running = _tagged(h.name)
     port = _free_port()
-
-    def demote():
-        os.setgid(65534)
-        os.setuid(65534)
-    foreign = subprocess.Popen(["/usr/bin/python3", "-c", FOREIGN, str(port)], preexec_fn=demote, cwd="/",
-                               start_new_session=True)
+    foreign = _foreign(port)
     try:
-        wait_for(lambda: subprocess.run(["curl", "-sf", "http://127.0.0.1:%d/health" % port],
-                                        capture_output=True, check=False).returncode == 0, 30, "the foreign listener",
-                 interval=0.05)
         failure, row, _took = h.play(h.vars(port))
         assert failure["failed"] is True, failure
         assert "port %d of http://127.0.0.1:%d/health is held by pid %d (nobody: /usr/bin/python3 -c " % (
@@ -172,6 +182,54 @@ def test_a_foreign_listener_on_the_port_fails_the_host_before_the_kill(host):
     finally:
         foreign.kill()
         foreign.wait()
+
+
+@pytest.mark.reliability(
+    section="fault", case="A foreign listener on the server's port, behind a load balancer",
+    provoked="as above, with an http balancer entry (a recorder of its API calls on the controller) and "
+             "gpufleet_server_health_request POST /generate on the same port; then the same run with the old server "
+             "itself on that port (its own listener)",
+    outcome="the role's check (server_state, before the drain) fails the host in phase preflight with the restart's "
+            "own preflight message ('port N ... is held by pid P (nobody: ...', 'Nothing was stopped'): the balancer "
+            "API gets no call, the old server and the listener keep running (same pids), the summary says not out of "
+            "rotation; the old server's own listener on the port refuses nothing (the restart runs, drained and put "
+            "back: DELETE then PUT)")
+def test_a_foreign_listener_behind_a_balancer_is_refused_before_the_drain(host):
+    h = host("rellb")
+    port = _free_port()
+    rec = BalancerRecorder(add_status=204)
+    lb = {"type": "http", "name": "lb-api", "remove": {"url": rec.url, "method": "DELETE"},
+          "add": {"url": rec.url, "method": "PUT", "body": "{}"}}
+    old = h.start_old(_free_port())
+    running = _tagged(h.name)
+    foreign = _foreign(port)
+    try:
+        gv = h.vars(port, gpufleet_server_balancers=[lb], gpufleet_server_health_request={
+            "url": "http://127.0.0.1:%d/generate" % port, "body": '{"text": "ping"}'})
+        failure, row, _took = h.play(gv)
+        assert failure["failed"] is True, failure
+        assert failure["msg"].startswith("%s: port %d of http://127.0.0.1:%d/health is held by pid %d (nobody: "
+                                         "/usr/bin/python3 -c " % (h.name, port, port, foreign.pid)), failure["msg"]
+        assert "Nothing was stopped" in failure["msg"], failure["msg"]
+        assert row["phase"] == "preflight" and row["restart"] == "no" and row["killed"] == 0, row
+        assert not row["out_of_rotation"], row
+        assert rec.calls == [], rec.calls
+        assert foreign.poll() is None and old.poll() is None and _tagged(h.name) == running
+    finally:
+        foreign.kill()
+        foreign.wait()
+    # The old server on that very port: its own listener, which the kill ends, refuses nothing.
+    old.kill()
+    old.wait()
+    _kill_tagged(h.name)
+    h.start_old(port)
+    try:
+        failure, row, _took = h.play(gv)
+        assert failure["failed"] is False, failure
+        assert row["restart"] == "yes", row
+        assert [c[0] for c in rec.calls] == ["DELETE", "PUT"], rec.calls
+    finally:
+        rec.close()
 
 
 @pytest.mark.reliability(
