@@ -273,3 +273,22 @@ def test_gpus_unset_for_a_server_on_one_of_two_gpus_fails_early_naming_the_gpus_
     assert "GPU 1 stayed idle" in failure["msg"] and "while its processes hold GPU 0; if the server uses only GPU 0, " \
         "set gpus (gpufleet_server_gpus) to [0] (unset means every GPU of the host)" in failure["msg"], failure["msg"]
     assert row["status"] == "failed" and row["phase"] == "busy", row
+
+
+@pytest.mark.reliability(
+    section="fault", case="A health request body given as a YAML dict",
+    provoked="gpufleet_server_health_request POST /generate with body {text: ping, sampling_params: {max_new_tokens: 1}} "
+             "(a dict, not a JSON string); the demo server answers 400 to a body that is not JSON",
+    outcome="the body is sent as JSON (Content-Type application/json), the real request passes and the host is "
+            "restarted (before: the dict was sent as its Python repr, the demo answered 400 'bad request body' and the "
+            "relaunch failed in phase ready)")
+def test_a_dict_health_request_body_is_sent_as_json(host):
+    h = host("relbody")
+    port = _free_port()
+    h.start_old(port)
+    gv = h.vars(port, gpufleet_server_start_timeout=30, gpufleet_server_health_request={
+        "url": "http://127.0.0.1:%d/generate" % port, "body": {"text": "ping", "sampling_params": {"max_new_tokens": 1}},
+        "timeout": 5})
+    failure, row, _took = h.play(gv)
+    assert failure["failed"] is False, failure
+    assert row["status"] != "failed" and row["restart"] == "yes", row
