@@ -299,10 +299,16 @@ def preflight(p: t.Mapping[str, t.Any]) -> None:
         raise StepError("cannot run this server, nothing was stopped: %s" % "; ".join(problems), phase="preflight",
                         launch_problems=problems)
     port_preflight(p)
+    gpus_preflight(p)
+
+
+def gpus_preflight(p: t.Mapping[str, t.Any]) -> None:
+    """A GPU index this host lacks, or no GPU backend at all; `p` needs only `gpus` and `backend` (server_state's check
+    runs it too, before its lock)."""
     if p["gpus"]:
         try:
             _all_gpus(p)
-        except StepError as e:  # a GPU index this host lacks, or no GPU backend at all
+        except StepError as e:
             raise StepError("gpus: %s; nothing was stopped" % e, **dict(e.details, phase="preflight"))
 
 
@@ -343,12 +349,16 @@ def port_preflight(p: t.Mapping[str, t.Any]) -> None:
 
 
 def selection_params(name: str, tag_name: str, pidfile: t.Optional[str], gpus: t.Sequence[int], backend: str,
-                     cmdline_regex: t.Optional[str], gpu_strays: bool) -> t.Dict[str, t.Any]:
-    """The part of this module's parameters that the kill's selection reads (_old_server, _selector), for server_state's
-    check: it refuses what this preflight would refuse before the drain, with this very code (refuse_foreign_listeners).
-    The exclude list is the kill's default one, as the gpu_server role passes none."""
-    return dict(name=name, tag_name=tag_name, pidfile=pidfile, gpus=list(gpus or []), backend=backend,
-                kill=dict(cmdline_regex=cmdline_regex, gpu_strays=gpu_strays, exclude_regex=None))
+                     cmdline_regex: t.Optional[str], gpu_strays: bool, clean_timeout: float) -> t.Dict[str, t.Any]:
+    """The part of this module's parameters that the kill's selection and the clean gate's wait read (_old_server,
+    _selector, _kill_step, refuse_unended), for server_state's check: it refuses what this cycle would refuse before
+    its kill, before the drain, with this very code (refuse_foreign_listeners, refuse_unended). The exclude list is the
+    kill's default one, as the gpu_server role passes none; how a kill signals is not read (nothing is signalled)."""
+    kill = {k: v.get("default") for k, v in _killmod.signal_argspec().items()}
+    kill.update(cmdline_regex=cmdline_regex, gpu_strays=gpu_strays, exclude_regex=None)
+    gate = _gpumod.clean_gate_argspec()
+    return dict(name=name, tag_name=tag_name, pidfile=pidfile, gpus=list(gpus or []), backend=backend, kill=kill,
+                wait_clean=dict(timeout=clean_timeout, poll_interval=gate["poll_interval"]["default"]))
 
 
 def refuse_foreign_listeners(p: t.Mapping[str, t.Any], urls: t.Sequence[str]) -> None:

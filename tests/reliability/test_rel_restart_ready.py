@@ -233,6 +233,43 @@ def test_a_foreign_listener_behind_a_balancer_is_refused_before_the_drain(host):
 
 
 @pytest.mark.reliability(
+    section="fault", case="GPU holders no kill would end, behind a load balancer",
+    provoked="an untagged process (started by hand, no adopt regex, gpufleet_server_kill_gpu_strays false) holds fake "
+             "GPU 0 beside the running tagged server; a restart is forced behind an http balancer entry (a recorder of "
+             "its API calls on the controller), gpufleet_server_clean_timeout 1",
+    outcome="the role's check (server_state, before the drain) fails the host with the restart's own message and "
+            "phase, clean ('fails at the clean gate, before the kill: GPUs not clean after 1.0 s, held by processes the "
+            "kill would not end: ... pid P ...; nothing was stopped. None is gpufleet's: adopt ...'): the balancer API "
+            "gets no call, the old server and the holder keep running (same pids), the summary says not out of rotation")
+def test_gpu_holders_no_kill_would_end_are_refused_before_the_drain(host):
+    h = host("relhold")
+    port = _free_port()
+    rec = BalancerRecorder(add_status=204)
+    lb = {"type": "http", "name": "lb-api", "remove": {"url": rec.url, "method": "DELETE"},
+          "add": {"url": rec.url, "method": "PUT", "body": "{}"}}
+    old = h.start_old(port)
+    running = _tagged(h.name)
+    ready = h.base / "holder-ready"
+    holder = subprocess.Popen([PY, str(FAKE_NVML_DIR / "fake_gpu.py"), "hold", "--gpu", "0", "--mib", "100",
+                               "--ready-file", str(ready)], env=h.fg.env, start_new_session=True)
+    try:
+        wait_for(ready.exists, 60, "the holder")
+        failure, row, _took = h.play(h.vars(port, gpufleet_server_balancers=[lb], gpufleet_server_clean_timeout=1))
+        assert failure["failed"] is True, failure
+        assert failure["msg"].startswith("%s: fails at the clean gate, before the kill: GPUs not clean after 1.0 s, "
+                                         "held by processes the kill would not end: " % h.name), failure["msg"]
+        assert "pid %d" % holder.pid in failure["msg"] and "nothing was stopped" in failure["msg"], failure["msg"]
+        assert row["phase"] == "clean" and row["restart"] == "no" and row["killed"] == 0, row
+        assert not row["out_of_rotation"], row
+        assert rec.calls == [], rec.calls
+        assert holder.poll() is None and old.poll() is None and _tagged(h.name) == running
+    finally:
+        holder.kill()
+        holder.wait()
+        rec.close()
+
+
+@pytest.mark.reliability(
     section="fault", case="A relaunch that fails its readiness (health 200, the real request hangs)",
     provoked="the new command gets --hang-after-health, gpufleet_server_health_request POST /generate (1 s per try), "
              "start timeout 8 s; the old tagged server runs",
