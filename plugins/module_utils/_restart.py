@@ -484,6 +484,8 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         raise StepError("%s. %s" % (e, hint), **e.details) from None
     timings["clean_s"] = result["clean"]["waited_s"]
     if p["stop_only"]:
+        if remove_stale_pidfile(p["pidfile"]):
+            result.update(pidfile_removed=True, changed=True)
         result.pop("phase")
         return
 
@@ -830,6 +832,21 @@ def _systemd_start(module: t.Any, p: t.Mapping[str, t.Any], r: t.Mapping[str, t.
                         phase="startup", log_tail=tail)
     _server.write_pidfile(p["pidfile"], proc)
     return proc
+
+
+def remove_stale_pidfile(path: str) -> bool:
+    """After a stop (the clean playbook), the pidfile is this service's and names a process that is gone: left behind,
+    it would name whatever process reuses the pid. Removed then (True). A pidfile naming a live process (one the kill
+    did not take for the server: no launch tag), or not in the 'PID START_TIME' form a launch writes, is left to the
+    next run's checks."""
+    ident = _server.pidfile_identity(path)
+    if ident is None or _proc.is_alive(ident):  # no 'PID START_TIME' of gpufleet's (or none at all), or alive
+        return False
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def ended(kill: t.Mapping[str, t.Any]) -> int:

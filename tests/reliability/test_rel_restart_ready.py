@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from helpers import FAKE_NVML_DIR, PY, FakeGpus, pid_alive, wait_for
-from rel_helpers import role_cases
+from rel_helpers import local_play, role_cases
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 
@@ -329,3 +329,34 @@ def test_a_dict_health_request_body_is_sent_as_json(host):
     failure, row, _took = h.play(gv)
     assert failure["failed"] is False, failure
     assert row["status"] != "failed" and row["restart"] == "yes", row
+
+
+@pytest.mark.reliability(
+    section="fault", case="The clean playbook's stop leaves no stale pidfile",
+    provoked="the role launches the demo server (gpufleet.serving.gpu_server, a pidfile in gpufleet_server_run_dir); "
+             "then the role's stop (tasks_from stop, what playbooks/clean.yml runs)",
+    outcome="the stop kills the server, its GPU is clean, and the pidfile is gone (before: it stayed, naming the "
+            "stopped server's pid, which the next process could reuse); no lock is left")
+def test_the_stop_removes_the_pidfile_of_the_server_it_stopped(host):
+    h = host("relstop")
+    port = _free_port()
+    gv = h.vars(port)
+    failure, row, _took = h.play(gv)
+    assert failure["failed"] is False and row["restart"] == "yes", (failure, row)
+    pidfile = h.run / ("%s.pid" % h.name)
+    assert pidfile.exists() and _tagged(h.name)
+    p, res = local_play(h.base, [rescued_stop(gv)], ["_rel_stop"], dict(h.fg.env))
+    assert res["_rel_stop"] == {"failed": False}, (res, p.stdout[-3000:])
+    assert _tagged(h.name) == set() and h.holders(0) == []
+    assert not pidfile.exists(), pidfile.read_text()
+    assert not (h.run / ("%s.lock" % h.name)).exists()
+
+
+def rescued_stop(gv: t.Dict[str, t.Any]) -> t.Dict[str, t.Any]:
+    """The role's stop entry point (playbooks/clean.yml's), its failure recorded in _rel_stop."""
+    return {"name": "Stop", "vars": gv, "block": [
+        {"name": "Include the stop", "ansible.builtin.include_role": {"name": "gpufleet.serving.gpu_server",
+                                                                      "tasks_from": "stop"}},
+        {"name": "Record success", "ansible.builtin.set_fact": {"_rel_stop": {"failed": False}}}],
+        "rescue": [{"name": "Record the failure", "ansible.builtin.set_fact": {"_rel_stop": {
+            "failed": True, "msg": "{{ ansible_failed_result.msg | default('') }}"}}}]}
