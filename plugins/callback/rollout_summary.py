@@ -45,6 +45,9 @@ description:
   - A server the role found out of rotation by someone else (HAProxy MAINT with no drain record of gpufleet's) or in an
     operator's DRAIN is left as found after its restart. Such hosts are named after the table (C(left as found)) and in
     each row's and the JSON's C(left_as_found) (balancer name to state).
+  - A run whose tags left the gpu_server role's tasks out (C(--tags nccl_tuning)) still lists its hosts; those whose
+    NCCL layers were tuned while no server task ran are named after the table (C(NCCL layers only, servers not
+    checked or restarted)), with whether their layers changed, and each row has C(nccl_only) and C(nccl_changed).
   - A host an earlier run left out of rotation (its drain record) whose server needs no restart is put back without
     one; such hosts are named after the table (C(put back into rotation), under C(--check) C(would put back into
     rotation), and not as left out) and in each row's C(returned_to_service) (and C(would_return) in check mode).
@@ -207,7 +210,17 @@ def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.
     notes.append(left_as_found(rows))
     notes.append(returned(rows))
     notes.append(record_missing(rows))
+    notes.append(nccl_only(rows))
     return [n for n in notes if n]
+
+
+def nccl_only(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    """The line naming hosts whose NCCL layers were tuned while no server task ran (--tags nccl_tuning; '' when none):
+    their servers were neither checked nor restarted, and run on with the environment they were started with."""
+    out = ["%s (%s)" % (r["host"], "layers changed" if r.get("nccl_changed") else "layers already as asked")
+           for r in rows if r.get("nccl_only")]
+    return ("NCCL layers only, servers not checked or restarted (the run's tags left the gpu_server tasks out; a "
+            "rollout without them restarts a server whose workers lack the tuning): %s" % "; ".join(out)) if out else ""
 
 
 def gate_cell(g: t.Any) -> t.Optional[t.Dict[str, t.Any]]:
@@ -305,6 +318,10 @@ class CallbackModule(CallbackBase):
         if "gpufleet_server_result" in facts:
             h = self._host(result.host.get_name())
             h.update(facts["gpufleet_server_result"])
+        # The NCCL tuning's fact: a run whose tags left the server's tasks out (--tags nccl_tuning) sets no
+        # gpufleet_server_result, and its hosts still get a row (nccl_only).
+        if "gpufleet_nccl_changed" in facts:
+            self._host(result.host.get_name())["nccl_changed"] = str(facts["gpufleet_nccl_changed"]).lower() == "true"
         # The drain's view (issue 17): which balancers the host is out of; {} for a host whose balancers were not touched.
         if facts.get("gpufleet_server_rotation"):
             self._host(result.host.get_name())["rotation"] = dict(facts["gpufleet_server_rotation"])
@@ -401,6 +418,9 @@ class CallbackModule(CallbackBase):
                 "gate": gate_cell(h.get("gate")),
                 "rolled_back": dict(h["rolled_back"]) if isinstance(h.get("rolled_back"), dict) else None,
                 "would_return": bool((h.get("rotation") or {}).get("would_return")),
+                "nccl_changed": h.get("nccl_changed"),
+                # The NCCL layers were tuned but no server task ran on the host (its server was not even checked).
+                "nccl_only": "nccl_changed" in h and "restarted" not in h and h.get("status", "ok") == "ok",
             })
         return out
 
@@ -409,7 +429,8 @@ class CallbackModule(CallbackBase):
             return
         self._halted_by_ansible()
         rows = self.rows()
-        if not any("restarted" in (self.hosts.get(r["host"]) or {}) or r["status"] != "ok" for r in rows):
+        if not any("restarted" in (self.hosts.get(r["host"]) or {}) or r["nccl_only"] or r["status"] != "ok"
+                   for r in rows):
             return  # not a gpufleet rollout
         self._display.banner("GPUFLEET %s SUMMARY" % self.playbook().upper())
         self._display.display(markdown_table(rows))

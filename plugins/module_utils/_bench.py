@@ -119,13 +119,10 @@ def build_request(req: t.Mapping[str, t.Any]) -> Request:
         if re.search(r"[\r\n\0]", str(value)):
             raise StepError("request.headers: the value of %s contains a line break or a NUL byte" % name)
         headers[name] = str(value)
-    body = req.get("body")
-    if isinstance(body, (dict, list)):
-        body = json.dumps(body)
-        if not any(k.lower() == "content-type" for k in headers):
-            headers["Content-Type"] = "application/json"
-    elif body is not None and not isinstance(body, str):
-        raise StepError("request.body must be a dict (sent as JSON) or a string, got %s" % type(body).__name__)
+    err = _server.body_type_error(req.get("body"))
+    if err:
+        raise StepError(err)
+    body, headers = _server.request_body(req.get("body"), headers)
     return Request(url, method, body, headers, bool(req.get("validate_certs", True)))
 
 

@@ -299,10 +299,16 @@ def preflight(p: t.Mapping[str, t.Any]) -> None:
         raise StepError("cannot run this server, nothing was stopped: %s" % "; ".join(problems), phase="preflight",
                         launch_problems=problems)
     port_preflight(p)
+    gpus_preflight(p)
+
+
+def gpus_preflight(p: t.Mapping[str, t.Any]) -> None:
+    """A GPU index this host lacks, or no GPU backend at all; `p` needs only `gpus` and `backend` (server_state's check
+    runs it too, before its lock)."""
     if p["gpus"]:
         try:
             _all_gpus(p)
-        except StepError as e:  # a GPU index this host lacks, or no GPU backend at all
+        except StepError as e:
             raise StepError("gpus: %s; nothing was stopped" % e, **dict(e.details, phase="preflight"))
 
 
@@ -327,8 +333,7 @@ def launch_env(p: t.Mapping[str, t.Any], marked: bool) -> t.Dict[str, str]:
 
 def _ready_urls(p: t.Mapping[str, t.Any]) -> t.List[str]:
     r = p["wait_ready"] or {}
-    urls = [r.get("health_url"), (r.get("request") or {}).get("url")]
-    return [u for i, u in enumerate(urls) if u and u not in urls[:i]]
+    return [r.get("health_url"), (r.get("request") or {}).get("url")]
 
 
 def port_preflight(p: t.Mapping[str, t.Any]) -> None:
@@ -340,8 +345,26 @@ def port_preflight(p: t.Mapping[str, t.Any]) -> None:
     passes; without, the failure says how to take it over."""
     if p["stop_only"] or not p["wait_ready"] or not p["wait_ready"]["check_listener"]:
         return
+    refuse_foreign_listeners(p, _ready_urls(p))
+
+
+def selection_params(name: str, tag_name: str, pidfile: t.Optional[str], gpus: t.Sequence[int], backend: str,
+                     cmdline_regex: t.Optional[str], gpu_strays: bool, clean_timeout: float) -> t.Dict[str, t.Any]:
+    """The part of this module's parameters that the kill's selection and the clean gate's wait read (_old_server,
+    _selector, _kill_step, refuse_unended), for server_state's check: it refuses what this cycle would refuse before
+    its kill, before the drain, with this very code (refuse_foreign_listeners, refuse_unended). The exclude list is the
+    kill's default one, as the gpu_server role passes none; how a kill signals is not read (nothing is signalled)."""
+    kill = {k: v.get("default") for k, v in _killmod.signal_argspec().items()}
+    kill.update(cmdline_regex=cmdline_regex, gpu_strays=gpu_strays, exclude_regex=None)
+    gate = _gpumod.clean_gate_argspec()
+    return dict(name=name, tag_name=tag_name, pidfile=pidfile, gpus=list(gpus or []), backend=backend, kill=kill,
+                wait_clean=dict(timeout=clean_timeout, poll_interval=gate["poll_interval"]["default"]))
+
+
+def refuse_foreign_listeners(p: t.Mapping[str, t.Any], urls: t.Sequence[str]) -> None:
+    """port_preflight's test of `urls` (empty ones and repeats skipped); `p` needs only what selection_params gives."""
     selected: t.Optional[t.Set[int]] = None
-    for url in _ready_urls(p):
+    for url in [u for i, u in enumerate(urls) if u and u not in urls[:i]]:
         if selected is None:
             chosen, _procs = _killmod.select_or_fail(_selector(p, **_old_server(p)))
             selected = set(chosen["selected"])
@@ -461,6 +484,8 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         raise StepError("%s. %s" % (e, hint), **e.details) from None
     timings["clean_s"] = result["clean"]["waited_s"]
     if p["stop_only"]:
+        if remove_stale_pidfile(p["pidfile"]):
+            result.update(pidfile_removed=True, changed=True)
         result.pop("phase")
         return
 
@@ -807,6 +832,21 @@ def _systemd_start(module: t.Any, p: t.Mapping[str, t.Any], r: t.Mapping[str, t.
                         phase="startup", log_tail=tail)
     _server.write_pidfile(p["pidfile"], proc)
     return proc
+
+
+def remove_stale_pidfile(path: str) -> bool:
+    """After a stop (the clean playbook), the pidfile is this service's and names a process that is gone: left behind,
+    it would name whatever process reuses the pid. Removed then (True). A pidfile naming a live process (one the kill
+    did not take for the server: no launch tag), or not in the 'PID START_TIME' form a launch writes, is left to the
+    next run's checks."""
+    ident = _server.pidfile_identity(path)
+    if ident is None or _proc.is_alive(ident):  # no 'PID START_TIME' of gpufleet's (or none at all), or alive
+        return False
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def ended(kill: t.Mapping[str, t.Any]) -> int:

@@ -51,12 +51,31 @@ def request_argspec() -> t.Dict[str, t.Any]:
     return dict(
         url=dict(type="str"),
         method=dict(type="str"),
-        body=dict(type="str"),
+        # raw: a YAML dict is sent as JSON (request_body); as a str option it became its Python repr.
+        body=dict(type="raw"),
         headers=dict(type="dict", no_log=True),
         status=dict(type="int"),
         expect_regex=dict(type="str"),
         timeout=dict(type="float"),
     )
+
+
+def body_type_error(body: t.Any) -> t.Optional[str]:
+    """A body request_body cannot send (a number, a bool), or None."""
+    if body is None or isinstance(body, (str, dict, list)):
+        return None
+    return "request.body must be a dict or a list (sent as JSON) or a string, got %s" % type(body).__name__
+
+
+def request_body(body: t.Any, headers: t.Mapping[str, str]) -> t.Tuple[t.Optional[str], t.Dict[str, str]]:
+    """The body as sent, and the headers to send it with: a dict or a list as JSON, with Content-Type application/json
+    unless the headers set one (in any case); a string as it is. The readiness request and the gate's share it."""
+    out = dict(headers)
+    if isinstance(body, (dict, list)):
+        if not any(k.lower() == "content-type" for k in out):
+            out["Content-Type"] = "application/json"
+        return json.dumps(body), out
+    return body, out
 
 
 def compact_request(request: t.Optional[t.Mapping[str, t.Any]]) -> t.Dict[str, t.Any]:
@@ -532,6 +551,8 @@ def ready_input_error(health_url: str, request: t.Mapping[str, t.Any], timeout: 
             return "%s must be an http:// or https:// URL with a host (and a valid port), got %r" % (what, url)
     if request and request.get("method") and not re.fullmatch(r"[A-Z]+", str(request["method"])):
         return "request.method must be an HTTP method such as GET or POST, got %r" % request["method"]
+    if request and body_type_error(request.get("body")):
+        return body_type_error(request.get("body"))
     if request and request.get("expect_regex"):
         try:
             re.compile(request["expect_regex"])
@@ -580,6 +601,7 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
     URL's host is not this host, no visible listener), the answer counts and `listener.assumed` says so.
     """
     request = compact_request(request)
+    body, headers = request_body(request.get("body"), request.get("headers") or {})
     client = http_client()
     t0 = time.monotonic()
     deadline = t0 + timeout
@@ -643,8 +665,8 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
             if health_ok_at is not None or not health_url:
                 if not request:
                     return done({})
-                code, text = http(request["url"], request.get("method") or "POST", request.get("body"),
-                                  request.get("headers") or {}, timeout=float(request.get("timeout") or 10), client=client)
+                code, text = http(request["url"], request.get("method") or "POST", body, headers,
+                                  timeout=float(request.get("timeout") or 10), client=client)
                 want = int(request.get("status") or 200)
                 rx = request.get("expect_regex")
                 if code == want and (not rx or re.search(rx, text)):

@@ -45,8 +45,10 @@ options:
         description: HTTP method; C(POST) when unset.
         type: str
       body:
-        description: Request body.
-        type: str
+        description:
+          - Request body. A dict or a list is sent as JSON (with C(Content-Type application/json) unless
+            O(request.headers) sets one); a string is sent as it is.
+        type: raw
       headers:
         description:
           - Request headers.

@@ -147,8 +147,9 @@ options:
   stop_only:
     version_added: 0.2.0
     description:
-      - Stop the server and verify its GPUs clean (the C(kill), C(strays) and C(clean) steps), then return without a
-        launch. O(command) and O(wait_ready) are not needed then. The clean playbook's stop.
+      - Stop the server and verify its GPUs clean (the C(kill), C(strays) and C(clean) steps), remove O(pidfile)
+        once the process it names is gone (RV(pidfile_removed)), then return without a launch. O(command) and
+        O(wait_ready) are not needed then. The clean playbook's stop.
     type: bool
     default: false
   command:
@@ -261,8 +262,10 @@ options:
             description: HTTP method; C(POST) when unset.
             type: str
           body:
-            description: Request body.
-            type: str
+            description:
+              - Request body. A dict or a list is sent as JSON (with C(Content-Type application/json) unless
+                O(wait_ready.request.headers) sets one); a string is sent as it is.
+            type: raw
           headers:
             description:
               - Request headers.
@@ -733,6 +736,13 @@ would_stop:
   version_added: 0.2.0
   description: With O(stop_only) in check mode, whether there is a server to stop.
   returned: check mode with stop_only
+  type: bool
+pidfile_removed:
+  version_added: 0.2.0
+  description:
+    - With O(stop_only), true when the stop removed O(pidfile), whose process is gone (left behind, it would name
+      whatever process reuses the pid). A pidfile naming a live process is left.
+  returned: when it did
   type: bool
 unit_retired:
   version_added: 0.2.0

@@ -38,7 +38,11 @@ description:
     and working directory exist) and fails, before the lock, when it could not; a server that cannot be
     relaunched must never be stopped. When a restart is wanted (the check finds one needed, or O(keep_lock=true)),
     it also fails when the directories of O(launchable.files) or O(rotation_file) have no room left, as the drain and
-    the restart that would follow must not start on a full disk (the message says nothing was stopped).
+    the restart that would follow must not start on a full disk (the message says nothing was stopped), and when a
+    process the restart's kill would not end listens on the port of O(launchable.urls) or holds the server's GPUs
+    (O(launchable.clean_timeout)), with the messages and phases of M(gpufleet.serving.server_restart), whose own
+    checks before its kill would refuse them after the drain; these two only with O(owner) (a run that may restart).
+    A O(gpus) index the host lacks fails it before the lock, as the restart's preflight says it.
 author: gpufleet contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving._attributes
@@ -103,6 +107,44 @@ options:
             them; O(rotation_file) is checked with them.
         type: dict
         default: {}
+      urls:
+        version_added: 0.2.0
+        description:
+          - The URLs whose port the restart's preflight checks for a foreign listener
+            (M(gpufleet.serving.server_restart)'s O(gpufleet.serving.server_restart#module:wait_ready.health_url) and
+            O(gpufleet.serving.server_restart#module:wait_ready.request.url), when its
+            O(gpufleet.serving.server_restart#module:wait_ready.check_listener) is true); empty ones are skipped.
+          - When a restart is wanted and O(owner) is set, a process listening on such a port that the restart's kill
+            would not end fails the check with that preflight's message (it says nothing was stopped), before the drain
+            and the kill. The server's own processes (those the kill selects, O(launchable.kill)) holding it are fine.
+        type: list
+        elements: str
+        default: []
+      clean_timeout:
+        version_added: 0.2.0
+        description:
+          - The restart's O(gpufleet.serving.server_restart#module:wait_clean.timeout). When a restart is wanted and
+            O(owner) is set, a process holding the server's GPUs that no kill step of the restart would end (not this service's, not
+            matched by O(launchable.kill.cmdline_regex), and O(launchable.kill.gpu_strays) off) fails the check with the
+            restart's message (it says nothing was stopped), before the drain and the kill, once it is still there
+            after this many seconds, as the restart would fail at its clean gate. Nothing is signalled.
+          - Only with O(require_gpu_holders) (the check reads the GPUs).
+        type: float
+        default: 30
+      kill:
+        version_added: 0.2.0
+        description: What the restart's kill selects besides the launch tag and O(pidfile), as
+          M(gpufleet.serving.server_restart)'s O(gpufleet.serving.server_restart#module:kill) says it.
+        type: dict
+        default: {}
+        suboptions:
+          cmdline_regex:
+            description: The restart's O(gpufleet.serving.server_restart#module:kill.cmdline_regex).
+            type: str
+          gpu_strays:
+            description: The restart's O(gpufleet.serving.server_restart#module:kill.gpu_strays).
+            type: bool
+            default: false
   gpus:
     description: GPUs the server uses. Empty means all.
     type: list
@@ -499,7 +541,7 @@ import typing as t
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _gpumod, _layercheck, _nvml, _proc, _rotation, _runid, _select, _server, _systemd)
+    _gpumod, _layercheck, _nvml, _proc, _restart, _rotation, _runid, _select, _server, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
@@ -579,6 +621,26 @@ def restart_space_problems(p: t.Mapping[str, t.Any]) -> t.List[str]:
     return _server.space_problems({str(k): str(v) if v else None for k, v in files.items()})
 
 
+def restart_preflight(module: AnsibleModule) -> None:
+    """What server_restart refuses before its kill but after the drain, refused here before the drain, with its code,
+    words and phase: a foreign listener on the server's port (preflight), GPU holders no kill step would end (clean,
+    after the clean gate's timeout for them to go, as the restart waits; nothing is signalled, in check mode alike).
+    Only for the check of a run that may restart (O(owner)): the rollout's read-only fast path leaves a host that needs
+    a restart to that check anyway (it would wait the gate's timeout twice), and the audit reports the holders."""
+    p = module.params
+    la = p["launchable"]
+    sel = _restart.selection_params(p["name"], p["tag_name"], p["pidfile"], p["gpus"], p["backend"],
+                                    la["kill"]["cmdline_regex"], la["kill"]["gpu_strays"], la["clean_timeout"])
+    try:
+        _restart.refuse_foreign_listeners(sel, la["urls"])
+        if p["require_gpu_holders"]:
+            _restart.refuse_unended(module, sel)
+    except StepError as e:
+        if e.details.get("phase") == "clean":  # as the restart returns it: phase clean, the gate's details under `clean`
+            raise StepError(str(e), phase="clean", clean=dict(e.details))
+        raise
+
+
 def check(module: AnsibleModule) -> dict:
     p = module.params
     if p["launchable"]:
@@ -586,6 +648,8 @@ def check(module: AnsibleModule) -> dict:
         problems = _server.launch_problems(la["command"], la["user"], la["workdir"])
         if problems:
             module.fail_json(msg="cannot run this server: %s." % "; ".join(problems), launch_problems=problems)
+        # The restart's own words for a GPU index this host lacks (the GPU reading below would fail on it too).
+        _restart.gpus_preflight(p)
     locking = bool(p["lock_file"] and p["owner"]) and not module.check_mode
     # This run's lock from an earlier call (action=lock, or a check that kept it) is neither taken nor dropped here.
     held = _server.read_state(p["lock_file"]) if p["lock_file"] and p["owner"] else {}
@@ -616,6 +680,8 @@ def check(module: AnsibleModule) -> dict:
             if space:
                 raise StepError("cannot run this server, nothing was stopped: %s" % "; ".join(space),
                                 phase="preflight", launch_problems=space)
+            if p["owner"]:
+                restart_preflight(module)
     except BaseException:
         if locking and not held_before:
             _server.release_lock(p["lock_file"], p["owner"])
@@ -856,6 +922,12 @@ def main() -> None:
                 user=dict(type="str", default="root"),
                 workdir=dict(type="path", default="/"),
                 files=dict(type="dict", default={}),
+                urls=dict(type="list", elements="str", default=[]),
+                clean_timeout=dict(type="float", default=30.0),
+                kill=dict(type="dict", default={}, options=dict(
+                    cmdline_regex=dict(type="str"),
+                    gpu_strays=dict(type="bool", default=False),
+                )),
             )),
             gpus=dict(type="list", elements="int", default=[]),
             require_gpu_holders=dict(type="bool", default=True),

@@ -359,3 +359,35 @@ def test_a_host_unreachable_during_its_restart_is_not_called_not_restarted(tmp_p
     assert rows["gpu2"]["status"] == "unreachable" and rows["gpu2"]["restart"] == "no", rows["gpu2"]
     table = r.stdout[r.stdout.index("GPUFLEET"):]
     assert "unknown (unreachable during the restart)" in table and "not responding" in table, table
+
+
+NCCL_ONLY_PLAYBOOK = """
+- name: Pretend rollout under --tags nccl_tuning
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Expose what the NCCL tuning changed, like the gpu_server role (no server task runs)
+      ansible.builtin.set_fact:
+        gpufleet_nccl_changed: "{{ inventory_hostname == 'hosta' }}"
+"""
+
+
+def test_a_run_that_only_tuned_nccl_still_lists_its_hosts(tmp_path):
+    """Issue 24: `--tags nccl_tuning` printed no summary at all (no host had a gpufleet_server_result)."""
+    base = private_collection(tmp_path / "collections")
+    (tmp_path / "pb.yml").write_text(NCCL_ONLY_PLAYBOOK)
+    out = tmp_path / "out"
+    env = clean_env(ANSIBLE_COLLECTIONS_PATH=str(base), ANSIBLE_CALLBACKS_ENABLED="gpufleet.serving.rollout_summary",
+                    GPUFLEET_SUMMARY_DIR=str(out), HOME=str(tmp_path))
+    r = run([str(BIN / "ansible-playbook"), "-i", "hosta,hostb,", "-c", "local", "-e", "ansible_python_interpreter=%s" % PY,
+             str(tmp_path / "pb.yml")], cwd=tmp_path, env=env, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "GPUFLEET ROLLOUT SUMMARY" in r.stdout, r.stdout[-3000:]
+    note = ("NCCL layers only, servers not checked or restarted (the run's tags left the gpu_server tasks out; a rollout "
+            "without them restarts a server whose workers lack the tuning): hosta (layers changed); hostb (layers "
+            "already as asked)")
+    assert note in r.stdout, r.stdout[-3000:]
+    data = json.loads((out / "rollout-summary.json").read_text())
+    assert [(h["host"], h["status"], h["restart"], h["nccl_only"], h["nccl_changed"]) for h in data["hosts"]] == [
+        ("hosta", "ok", "no", True, True), ("hostb", "ok", "no", True, False)], data["hosts"]
+    assert "**%s**" % note in (out / "rollout-summary.md").read_text()

@@ -51,7 +51,7 @@ CASES: t.Dict[str, t.Tuple[t.Dict[str, t.Any], str, str]] = {
     "systemd-env-newline": ({"gpufleet_server_launcher": "systemd",
                              "gpufleet_server_env": {"X": "a\nExecStartPre=/bin/touch /tmp/pwned"}},
                             ASSERT_ENV, "X contain a line break"),
-    "gpu-index-missing": ({"gpufleet_server_gpus": [7]}, FAIL_HOST, "GPU index 7 does not exist on this host (it has 2 GPUs: 0..1)"),
+    "gpu-index-missing": ({"gpufleet_server_gpus": [7]}, FAIL_HOST, "gpus: GPU index 7 does not exist on this host (it has 2 GPUs: 0..1); nothing was stopped"),
     # The check step (server_state launchable) fails before it takes the lock; the rescue re-raises it.
     "executable-missing": ({"gpufleet_server_command": ["/nonexistent/python3", "-V"]}, FAIL_HOST,
                            "cannot run this server: command[0] /nonexistent/python3 is not an executable file."),
@@ -176,8 +176,8 @@ def test_negative_or_zero_timeouts_are_refused(outcome):
 @pytest.mark.reliability(
     section="input", case="Non-existent GPU index",
     provoked="gpufleet_server_gpus: [7] on a host with 2 GPUs",
-    outcome="the read-only check step fails: 'GPU index 7 does not exist on this host (it has 2 GPUs: 0..1)'; the "
-            "lock is released, nothing is killed")
+    outcome="the check step fails before it takes the lock, with the restart's preflight message: 'gpus: GPU index 7 "
+            "does not exist on this host (it has 2 GPUs: 0..1); nothing was stopped'; nothing is killed")
 def test_nonexistent_gpu_index_fails_before_the_kill(outcome):
     _check(outcome, ["gpu-index-missing"])
 

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.sandbox
 HOSTS = ["host1", "host2", "host3"]
 # One module call runs kill, strays, the clean gate, launch and readiness; its result holds each step's.
 RESTART_TASK = "Restart the server (kill, verify clean, launch, wait ready, verify the workers' environment, record)"
-CLEAN_TASK = READY_TASK = RESTART_TASK
+READY_TASK = RESTART_TASK
+CHECK_TASK = "Check the running server against the desired state (and take the host lock)"
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,8 @@ def _launches(fleet, host):
     section="fault", case="GPU held by a process no kill step may touch",
     provoked="on host2, a process named nvidia_gpu_exporter holds fake GPU memory on GPU 0 (the default exclude list "
              "protects it even with gpufleet_server_kill_gpu_strays=true); batches [2, 1], max_fail_percentage 50",
-    outcome="host2 fails at the clean gate before the kill (nothing stopped) with a message listing the holder's pid "
+    outcome="host2 fails at the clean gate before the kill (nothing stopped; refused by the role's check, before the "
+            "drain and the restart) with a message listing the holder's pid "
             "and command line and saying it is never killed; no server is launched on host2 and the holder is alive; "
             "1 of 2 failed is not above 50 %, so host3 is rolled out")
 def test_unkillable_gpu_holder_fails_the_clean_gate_and_nothing_is_launched(bare, tmp_path):
@@ -77,8 +79,10 @@ def test_unkillable_gpu_holder_fails_the_clean_gate_and_nothing_is_launched(bare
     assert run.rc != 0
     s = summary(run)
     assert s["host2"]["status"] == "failed" and s["host2"]["restarted"] is False, s["host2"]
-    clean = run.task("host2", CLEAN_TASK)
+    # The role's check refuses it, before the drain and the restart, with the restart's own words and result shape.
+    clean = run.task("host2", CHECK_TASK)
     assert clean["event"] == "runner_on_failed", clean
+    assert run.task("host2", RESTART_TASK) is None
     failed = clean["res"]
     assert failed["msg"].startswith("fails at the clean gate, before the kill: GPUs not clean"), failed["msg"]
     assert "pid %d" % holder in failed["msg"], failed["msg"]
@@ -87,8 +91,8 @@ def test_unkillable_gpu_holder_fails_the_clean_gate_and_nothing_is_launched(bare
     assert "pid %d: never killed (excluded by " % holder in failed["msg"], failed["msg"]
     assert failed["msg"].endswith(", stop it by hand"), failed["msg"]
     # Refused before either kill step: nothing was signalled.
-    assert "strays" not in failed and "kill" not in failed and failed["killed"] == 0, failed
-    assert failed["phase"] == "clean" and failed.get("pid") is None and failed["changed"] is False, failed
+    assert "strays" not in failed and "kill" not in failed and failed.get("killed", 0) == 0, failed
+    assert failed["phase"] == "clean" and failed.get("pid") is None and not failed.get("changed"), failed
     assert [h["pid"] for h in failed["clean"]["holders"]] == [holder] and failed["clean"]["before_kill"], failed["clean"]
     assert _launches(fleet, "host2") == 0
     assert gpu_holders(fleet, "host2")[0] == [holder] and holder in ps(fleet, "host2")

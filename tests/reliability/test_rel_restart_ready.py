@@ -17,6 +17,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 import typing as t
 from pathlib import Path
@@ -24,7 +25,11 @@ from pathlib import Path
 import pytest
 
 from helpers import FAKE_NVML_DIR, PY, FakeGpus, pid_alive, wait_for
-from rel_helpers import role_cases
+from rel_helpers import local_play, role_cases
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
+
+from rollout_helpers import BalancerRecorder  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[1] / "sandbox" / "demo_server.py"
 # Another user's HTTP server answering 200 to everything (run by the system python: nobody cannot reach the venv).
@@ -139,6 +144,19 @@ def host(tmp_path):
         h.fg.cleanup()
 
 
+def _foreign(port: int) -> subprocess.Popen:
+    """FOREIGN as user nobody on `port`, once it answers."""
+    def demote():
+        os.setgid(65534)
+        os.setuid(65534)
+    foreign = subprocess.Popen(["/usr/bin/python3", "-c", FOREIGN, str(port)], preexec_fn=demote, cwd="/",
+                               start_new_session=True)
+    wait_for(lambda: subprocess.run(["curl", "-sf", "http://127.0.0.1:%d/health" % port],
+                                    capture_output=True, check=False).returncode == 0, 30, "the foreign listener",
+             interval=0.05)
+    return foreign
+
+
 @pytest.mark.reliability(
     section="fault", case="A foreign listener on the server's port",
     provoked="a process of user nobody answers 200 to every request on the port of gpufleet_server_health_url; the "
@@ -150,16 +168,8 @@ def test_a_foreign_listener_on_the_port_fails_the_host_before_the_kill(host):
     old = h.start_old(_free_port())
     running = _tagged(h.name)
     port = _free_port()
-
-    def demote():
-        os.setgid(65534)
-        os.setuid(65534)
-    foreign = subprocess.Popen(["/usr/bin/python3", "-c", FOREIGN, str(port)], preexec_fn=demote, cwd="/",
-                               start_new_session=True)
+    foreign = _foreign(port)
     try:
-        wait_for(lambda: subprocess.run(["curl", "-sf", "http://127.0.0.1:%d/health" % port],
-                                        capture_output=True, check=False).returncode == 0, 30, "the foreign listener",
-                 interval=0.05)
         failure, row, _took = h.play(h.vars(port))
         assert failure["failed"] is True, failure
         assert "port %d of http://127.0.0.1:%d/health is held by pid %d (nobody: /usr/bin/python3 -c " % (
@@ -172,6 +182,91 @@ def test_a_foreign_listener_on_the_port_fails_the_host_before_the_kill(host):
     finally:
         foreign.kill()
         foreign.wait()
+
+
+@pytest.mark.reliability(
+    section="fault", case="A foreign listener on the server's port, behind a load balancer",
+    provoked="as above, with an http balancer entry (a recorder of its API calls on the controller) and "
+             "gpufleet_server_health_request POST /generate on the same port; then the same run with the old server "
+             "itself on that port (its own listener)",
+    outcome="the role's check (server_state, before the drain) fails the host in phase preflight with the restart's "
+            "own preflight message ('port N ... is held by pid P (nobody: ...', 'Nothing was stopped'): the balancer "
+            "API gets no call, the old server and the listener keep running (same pids), the summary says not out of "
+            "rotation; the old server's own listener on the port refuses nothing (the restart runs, drained and put "
+            "back: DELETE then PUT)")
+def test_a_foreign_listener_behind_a_balancer_is_refused_before_the_drain(host):
+    h = host("rellb")
+    port = _free_port()
+    rec = BalancerRecorder(add_status=204)
+    lb = {"type": "http", "name": "lb-api", "remove": {"url": rec.url, "method": "DELETE"},
+          "add": {"url": rec.url, "method": "PUT", "body": "{}"}}
+    old = h.start_old(_free_port())
+    running = _tagged(h.name)
+    foreign = _foreign(port)
+    try:
+        gv = h.vars(port, gpufleet_server_balancers=[lb], gpufleet_server_health_request={
+            "url": "http://127.0.0.1:%d/generate" % port, "body": '{"text": "ping"}'})
+        failure, row, _took = h.play(gv)
+        assert failure["failed"] is True, failure
+        assert failure["msg"].startswith("%s: port %d of http://127.0.0.1:%d/health is held by pid %d (nobody: "
+                                         "/usr/bin/python3 -c " % (h.name, port, port, foreign.pid)), failure["msg"]
+        assert "Nothing was stopped" in failure["msg"], failure["msg"]
+        assert row["phase"] == "preflight" and row["restart"] == "no" and row["killed"] == 0, row
+        assert not row["out_of_rotation"], row
+        assert rec.calls == [], rec.calls
+        assert foreign.poll() is None and old.poll() is None and _tagged(h.name) == running
+    finally:
+        foreign.kill()
+        foreign.wait()
+    # The old server on that very port: its own listener, which the kill ends, refuses nothing.
+    old.kill()
+    old.wait()
+    _kill_tagged(h.name)
+    h.start_old(port)
+    try:
+        failure, row, _took = h.play(gv)
+        assert failure["failed"] is False, failure
+        assert row["restart"] == "yes", row
+        assert [c[0] for c in rec.calls] == ["DELETE", "PUT"], rec.calls
+    finally:
+        rec.close()
+
+
+@pytest.mark.reliability(
+    section="fault", case="GPU holders no kill would end, behind a load balancer",
+    provoked="an untagged process (started by hand, no adopt regex, gpufleet_server_kill_gpu_strays false) holds fake "
+             "GPU 0 beside the running tagged server; a restart is forced behind an http balancer entry (a recorder of "
+             "its API calls on the controller), gpufleet_server_clean_timeout 1",
+    outcome="the role's check (server_state, before the drain) fails the host with the restart's own message and "
+            "phase, clean ('fails at the clean gate, before the kill: GPUs not clean after 1.0 s, held by processes the "
+            "kill would not end: ... pid P ...; nothing was stopped. None is gpufleet's: adopt ...'): the balancer API "
+            "gets no call, the old server and the holder keep running (same pids), the summary says not out of rotation")
+def test_gpu_holders_no_kill_would_end_are_refused_before_the_drain(host):
+    h = host("relhold")
+    port = _free_port()
+    rec = BalancerRecorder(add_status=204)
+    lb = {"type": "http", "name": "lb-api", "remove": {"url": rec.url, "method": "DELETE"},
+          "add": {"url": rec.url, "method": "PUT", "body": "{}"}}
+    old = h.start_old(port)
+    running = _tagged(h.name)
+    ready = h.base / "holder-ready"
+    holder = subprocess.Popen([PY, str(FAKE_NVML_DIR / "fake_gpu.py"), "hold", "--gpu", "0", "--mib", "100",
+                               "--ready-file", str(ready)], env=h.fg.env, start_new_session=True)
+    try:
+        wait_for(ready.exists, 60, "the holder")
+        failure, row, _took = h.play(h.vars(port, gpufleet_server_balancers=[lb], gpufleet_server_clean_timeout=1))
+        assert failure["failed"] is True, failure
+        assert failure["msg"].startswith("%s: fails at the clean gate, before the kill: GPUs not clean after 1.0 s, "
+                                         "held by processes the kill would not end: " % h.name), failure["msg"]
+        assert "pid %d" % holder.pid in failure["msg"] and "nothing was stopped" in failure["msg"], failure["msg"]
+        assert row["phase"] == "clean" and row["restart"] == "no" and row["killed"] == 0, row
+        assert not row["out_of_rotation"], row
+        assert rec.calls == [], rec.calls
+        assert holder.poll() is None and old.poll() is None and _tagged(h.name) == running
+    finally:
+        holder.kill()
+        holder.wait()
+        rec.close()
 
 
 @pytest.mark.reliability(
@@ -215,3 +310,53 @@ def test_gpus_unset_for_a_server_on_one_of_two_gpus_fails_early_naming_the_gpus_
     assert "GPU 1 stayed idle" in failure["msg"] and "while its processes hold GPU 0; if the server uses only GPU 0, " \
         "set gpus (gpufleet_server_gpus) to [0] (unset means every GPU of the host)" in failure["msg"], failure["msg"]
     assert row["status"] == "failed" and row["phase"] == "busy", row
+
+
+@pytest.mark.reliability(
+    section="fault", case="A health request body given as a YAML dict",
+    provoked="gpufleet_server_health_request POST /generate with body {text: ping, sampling_params: {max_new_tokens: 1}} "
+             "(a dict, not a JSON string); the demo server answers 400 to a body that is not JSON",
+    outcome="the body is sent as JSON (Content-Type application/json), the real request passes and the host is "
+            "restarted (before: the dict was sent as its Python repr, the demo answered 400 'bad request body' and the "
+            "relaunch failed in phase ready)")
+def test_a_dict_health_request_body_is_sent_as_json(host):
+    h = host("relbody")
+    port = _free_port()
+    h.start_old(port)
+    gv = h.vars(port, gpufleet_server_start_timeout=30, gpufleet_server_health_request={
+        "url": "http://127.0.0.1:%d/generate" % port, "body": {"text": "ping", "sampling_params": {"max_new_tokens": 1}},
+        "timeout": 5})
+    failure, row, _took = h.play(gv)
+    assert failure["failed"] is False, failure
+    assert row["status"] != "failed" and row["restart"] == "yes", row
+
+
+@pytest.mark.reliability(
+    section="fault", case="The clean playbook's stop leaves no stale pidfile",
+    provoked="the role launches the demo server (gpufleet.serving.gpu_server, a pidfile in gpufleet_server_run_dir); "
+             "then the role's stop (tasks_from stop, what playbooks/clean.yml runs)",
+    outcome="the stop kills the server, its GPU is clean, and the pidfile is gone (before: it stayed, naming the "
+            "stopped server's pid, which the next process could reuse); no lock is left")
+def test_the_stop_removes_the_pidfile_of_the_server_it_stopped(host):
+    h = host("relstop")
+    port = _free_port()
+    gv = h.vars(port)
+    failure, row, _took = h.play(gv)
+    assert failure["failed"] is False and row["restart"] == "yes", (failure, row)
+    pidfile = h.run / ("%s.pid" % h.name)
+    assert pidfile.exists() and _tagged(h.name)
+    p, res = local_play(h.base, [rescued_stop(gv)], ["_rel_stop"], dict(h.fg.env))
+    assert res["_rel_stop"] == {"failed": False}, (res, p.stdout[-3000:])
+    assert _tagged(h.name) == set() and h.holders(0) == []
+    assert not pidfile.exists(), pidfile.read_text()
+    assert not (h.run / ("%s.lock" % h.name)).exists()
+
+
+def rescued_stop(gv: t.Dict[str, t.Any]) -> t.Dict[str, t.Any]:
+    """The role's stop entry point (playbooks/clean.yml's), its failure recorded in _rel_stop."""
+    return {"name": "Stop", "vars": gv, "block": [
+        {"name": "Include the stop", "ansible.builtin.include_role": {"name": "gpufleet.serving.gpu_server",
+                                                                      "tasks_from": "stop"}},
+        {"name": "Record success", "ansible.builtin.set_fact": {"_rel_stop": {"failed": False}}}],
+        "rescue": [{"name": "Record the failure", "ansible.builtin.set_fact": {"_rel_stop": {
+            "failed": True, "msg": "{{ ansible_failed_result.msg | default('') }}"}}}]}

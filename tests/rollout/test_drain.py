@@ -375,16 +375,16 @@ def test_failing_host_stays_drained_and_the_run_stops(df):
     assert df.drain_record("host2") is None  # back in service: the record is cleared
 
 
-def test_a_restart_refused_before_its_kill_puts_the_drained_host_back(df):
-    """issue 24: an untagged process holds host2's GPU 0, so its restart is refused at the clean gate before the kill,
-    after the drain. Its server was never stopped: the run puts host2 back into both balancers (UP in each) and clears
-    its drain record, fails the host and halts the rollout; the traffic through HAProxy never fails."""
+def test_gpu_holders_no_kill_would_end_fail_the_host_before_its_drain(df):
+    """issue 24: an untagged process holds host2's GPU 0, so its restart would be refused at the clean gate before the
+    kill. The check refuses it, before the drain (it was drained for nothing and put back before): host2 never leaves
+    either balancer, its server serves on, the host fails and the rollout halts; the traffic never fails."""
     # host2 up to date first (whatever ran before): the forced run's check then verifies its workers.
     assert df.playbook("rollout", "--limit", "host2").rc == 0
     before = _pids(df)
     holder = df.start_holder("host2", gpu=0, mib=1000)
     try:
-        load = df.load("haproxy", "haproxy-refused")
+        load = df.load("haproxy", "haproxy-holder")
         r = df.playbook("rollout", "--limit", "host2,host3",
                         extra_vars={"gpufleet_rollout_serial": [1], "gpufleet_server_force_restart": True,
                                     "gpufleet_server_clean_timeout": 3})
@@ -395,6 +395,32 @@ def test_a_restart_refused_before_its_kill_puts_the_drained_host_back(df):
     h = r.summary["host2"]
     assert h["status"] == "failed" and not h["restarted"] and h["killed"] == 0 and h["phase"] == "clean", h
     assert h["failure"].startswith("fails at the clean gate, before the kill:") and "pid %d" % holder in h["failure"], h
+    assert h["out_of_rotation"] == [], h
+    assert r.summary["host3"]["status"] == "not run", r.summary  # the canary failed: the rollout halted
+    assert _pids(df)["host2"] == before["host2"]  # the server serves as before
+    assert df.drain_record("host2") is None
+    assert res["failed"] == 0, res["failures"]
+    assert res["min_in_service"] == HOSTS, res  # never drained
+    df.all_in_rotation(timeout=5)
+
+
+def test_a_restart_refused_before_its_kill_puts_the_drained_host_back(df):
+    """A refusal that only the restart's own preflight makes, after the drain: host2's log directory lies under a
+    regular file (the check does not test the log path). Its server was never stopped: the run puts host2 back into
+    both balancers (UP in each) and clears its drain record, fails the host and halts the rollout; the traffic through
+    HAProxy never fails."""
+    assert df.playbook("rollout", "--limit", "host2").rc == 0
+    before = _pids(df)
+    load = df.load("haproxy", "haproxy-refused")
+    r = df.playbook("rollout", "--limit", "host2,host3",
+                    extra_vars={"gpufleet_rollout_serial": [1]},
+                    host_vars={"host2": {"gpufleet_server_force_restart": True,
+                                         "gpufleet_server_log_dir": "/etc/hostname/gpufleet"}})
+    res = load.stop()
+    assert r.rc != 0, r.tail()
+    h = r.summary["host2"]
+    assert h["status"] == "failed" and not h["restarted"] and h["killed"] == 0 and h["phase"] == "preflight", h
+    assert h["failure"].startswith("cannot run this server, nothing was stopped: log_path /etc/hostname/gpufleet/"), h
     assert h["out_of_rotation"] == [], h  # back in both balancers
     assert h["workers_verified"] == 2, h  # the old server's workers, checked by this run, serve on (not 0)
     assert r.summary["host3"]["status"] == "not run", r.summary  # the canary failed: the rollout halted

@@ -149,6 +149,8 @@ def test_clean_kills_the_service_and_leaves_the_gpus_clean_without_launching(rol
             assert run.summary[h]["restart"] == "nothing to stop" and run.summary[h]["killed"] == 0, run.summary[h]
     assert run.summary["host1"]["restart"] == "stopped"
     assert all(after[h]["files"]["lock"] is None for h in ALL)
+    # Issue 24: the pidfile of the stopped server is removed (left, it named a pid the next process could reuse).
+    assert all(after[h]["files"]["pidfile"] is None for h in ALL), {h: after[h]["files"]["pidfile"] for h in ALL}
     rf.state = "down"
 
 

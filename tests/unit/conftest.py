@@ -138,6 +138,7 @@ class _Handler(BaseHTTPRequestHandler):
         s = self.server
         n = int(self.headers.get("Content-Length") or 0)
         s.bodies.append(self.rfile.read(n).decode())
+        s.content_types.append(self.headers.get("Content-Type"))
         if s.hang:
             time.sleep(s.hang)
         self._send(s.gen_code, s.gen_body)
@@ -146,10 +147,10 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture
 def http_server():
     """A real HTTP server in a thread: GET /health answers srv.health codes in turn (the last repeats), POST
-    records its body in srv.bodies and answers srv.gen_code/srv.gen_body after srv.hang seconds."""
+    records its body in srv.bodies (its Content-Type in srv.content_types) and answers srv.gen_code/srv.gen_body after srv.hang seconds."""
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     srv.daemon_threads = True
-    srv.health, srv.health_calls, srv.bodies = [200], 0, []
+    srv.health, srv.health_calls, srv.bodies, srv.content_types = [200], 0, [], []
     srv.gen_code, srv.gen_body, srv.hang = 200, '{"text": "pong"}', 0
     th = threading.Thread(target=srv.serve_forever, daemon=True)
     th.start()

@@ -83,7 +83,7 @@ def params(**kw):
     (dict(request={"url": "http://h:99999/generate"}),
      "request.url must be an http:// or https:// URL with a host (and a valid port), got 'http://h:99999/generate'"),
     (dict(request={"method": "post"}), "request.method must be an HTTP method such as GET or POST, got 'post'"),
-    (dict(request={"body": 42}), "request.body must be a dict (sent as JSON) or a string, got int"),
+    (dict(request={"body": 42}), "request.body must be a dict or a list (sent as JSON) or a string, got int"),
     (dict(request={"headers": {"Bad Name": "x"}}), "request.headers: 'Bad Name' is not a valid header name"),
     (dict(request={"headers": {"X-Key": {"nested": "hunter2hunter2"}}}),
      "request.headers: the value of X-Key must be a string or a number, got dict"),

@@ -81,6 +81,31 @@ def test_check_mode_polls_as_a_real_run_does(srv, run_module):
     assert set(check) == set(real) and check["request_status"] == real["request_status"] == 200
 
 
+@pytest.mark.parametrize("body, headers, sent, content_type", [
+    # Issue 24: a YAML dict body was sent as its Python repr ({'text': 'ping'}), and the canary's relaunch failed.
+    ({"text": "ping", "sampling_params": {"max_new_tokens": 1}}, {},
+     '{"text": "ping", "sampling_params": {"max_new_tokens": 1}}', "application/json"),
+    ([{"role": "user", "content": "hi"}], {}, '[{"role": "user", "content": "hi"}]', "application/json"),
+    ({"text": "ping"}, {"content-type": "application/vnd.x+json"}, '{"text": "ping"}', "application/vnd.x+json"),
+    ('{"text": "ping"}', {}, '{"text": "ping"}', "application/x-www-form-urlencoded"),  # a string: as it is
+])
+def test_a_dict_or_list_body_is_sent_as_json_and_a_string_as_it_is(srv, run_module, body, headers, sent, content_type):
+    request = {"url": srv.url + "/generate", "body": body}
+    if headers:
+        request["headers"] = headers
+    r = run_module(server_ready.main, {"health_url": srv.url + "/health", "request": request, "timeout": 5,
+                                       "interval": 0.05})
+    assert "failed" not in r and r["request_status"] == 200, r
+    assert srv.bodies == [sent] and srv.content_types == [content_type]
+
+
+def test_a_body_that_is_neither_text_nor_json_is_refused(srv, run_module):
+    r = run_module(server_ready.main, {"health_url": srv.url + "/health", "timeout": 5,
+                                       "request": {"url": srv.url + "/generate", "body": 42}})
+    assert r["failed"] is True and r["msg"] == "request.body must be a dict or a list (sent as JSON) or a string, got int"
+    assert srv.bodies == []
+
+
 def test_check_mode_fails_for_a_server_that_is_not_up(tmp_path, run_module):
     r = run_module(server_ready.main, {"health_url": "http://127.0.0.1:1/health", "timeout": 0.3, "interval": 0.05},
                    check_mode=True)

@@ -789,3 +789,21 @@ def test_a_server_started_by_hand_on_the_port_is_named_with_the_takeover_hint_or
     finally:
         hand.kill()
         hand.wait()
+
+
+def test_a_stop_removes_the_pidfile_of_the_server_it_stopped(server, run_module):
+    """Issue 24: after the clean playbook the pidfile named the stopped server's pid, which the next process could
+    reuse. The stop removes its pidfile once the process it names is gone (check mode removes nothing)."""
+    a = server
+    first = run_module(server_restart.main, a)
+    assert "failed" not in first, first.get("msg")
+    stop = dict(a, stop_only=True, command=None, wait_ready=None, wait_busy=None, verify_env=None, record=None,
+                release_lock=None)
+    checked = run_module(server_restart.main, stop, check_mode=True)
+    assert "failed" not in checked and checked["would_stop"] is True and "pidfile_removed" not in checked, checked
+    assert _server.pidfile_identity(a["pidfile"])[0] == first["pid"]
+    r = run_module(server_restart.main, stop)
+    assert "failed" not in r and r["killed"] >= 1 and r["pidfile_removed"] is True, r
+    assert not os.path.exists(a["pidfile"]) and _tagged(a) == []
+    again = run_module(server_restart.main, stop)  # nothing to stop, nothing to remove
+    assert "failed" not in again and again["killed"] == 0 and "pidfile_removed" not in again, again

@@ -643,3 +643,84 @@ def test_a_server_without_this_fingerprint_is_restarted_when_the_record_is_missi
     s.write_pidfile(Path(paths["pidfile"]))
     r = run_module(server_state.main, check_args(paths))
     assert r["needs_restart"] is True and "desired state changed (fingerprint none -> ffffffffffff)" in r["reasons"]
+
+
+# ------------------------------------------------- issue 24: what the restart's preflight refuses, refused before the drain
+
+LISTEN = "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); print(s.getsockname()[1], " \
+         "flush=True); time.sleep(600)"
+
+
+def _restart_wanted(paths, url, **kw):
+    """A check that finds a restart needed (another fingerprint) under the lock, with the restart's listener check."""
+    return check_args(paths, fingerprint="a" * 64, lock_file=paths["lock_file"], owner="ctl:1:a",
+                      launchable=dict({"command": sys.executable, "urls": [url, ""]}, **kw))
+
+
+def test_a_foreign_listener_on_the_servers_port_refuses_a_wanted_restart_in_the_check(
+        servers, paths, run_module, http_server):
+    """The restart's own preflight (_restart.port_preflight) refused it after the drain; the check, before the drain
+    and the kill, refuses it with the same words (this test process's HTTP server is the foreign listener)."""
+    running(servers, paths, run_module)
+    url = http_server.url + "/health"
+    port = int(http_server.url.rsplit(":", 1)[1])
+    for check_mode in (True, False):
+        r = run_module(server_state.main, _restart_wanted(paths, url), check_mode=check_mode)
+        assert r["failed"] and r["phase"] == "preflight", r
+        assert r["msg"].startswith("port %d of %s is held by pid %d (" % (port, url, os.getpid())), r["msg"]
+        assert "Nothing was stopped" in r["msg"] and r["port_holders"][0]["pid"] == os.getpid(), r
+        assert "launch_problems" not in r and not os.path.exists(paths["lock_file"])
+    # Only a restart that is wanted is refused: the up-to-date server is left alone, and so is a check without URLs.
+    up = dict(_restart_wanted(paths, url), fingerprint="f" * 64)
+    r = run_module(server_state.main, up)
+    assert "failed" not in r and r["needs_restart"] is False, r
+    r = run_module(server_state.main, dict(_restart_wanted(paths, url), launchable={"command": sys.executable}))
+    assert "failed" not in r and r["needs_restart"] is True, r
+    # Nor a check without an owner (the rollout's read-only fast path, the audit): the locked check refuses it.
+    r = run_module(server_state.main, dict(_restart_wanted(paths, url), owner=None, lock_file=None))
+    assert "failed" not in r and r["needs_restart"] is True, r
+
+
+def test_the_servers_own_listener_on_its_port_does_not_refuse_a_restart(servers, paths, run_module, nvml):
+    """The port held by what the kill ends (a process carrying this service's launch tag) is the old server's: fine."""
+    running(servers, paths, run_module)
+    own = subprocess.Popen([sys.executable, "-c", LISTEN], env=dict(nvml.env, GPUFLEET_SERVICE=NAME),
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(own.stdout.readline())
+        r = run_module(server_state.main, _restart_wanted(paths, "http://127.0.0.1:%d/health" % port))
+        assert "failed" not in r and r["needs_restart"] is True and r["locked"] is True, r
+    finally:
+        own.kill()
+        own.wait()
+
+
+def test_a_gpu_index_the_host_lacks_fails_the_check_with_the_restarts_words_before_the_lock(servers, paths, run_module):
+    running(servers, paths, run_module)
+    for check_mode in (True, False):
+        r = run_module(server_state.main, dict(_restart_wanted(paths, ""), gpus=[0, 7]), check_mode=check_mode)
+        assert r["failed"] and r["phase"] == "preflight", r
+        assert r["msg"] == "gpus: GPU index 7 does not exist on this host (it has 2 GPUs: 0..1); nothing was stopped"
+        assert not os.path.exists(paths["lock_file"])
+
+
+def test_gpu_holders_no_kill_would_end_refuse_a_wanted_restart_in_the_check(servers, paths, run_module):
+    """The restart's refuse_unended refused them after the drain (test_drain: the host drained for nothing); the check
+    refuses them before it, after the clean gate's timeout, with the restart's words. Nothing is signalled."""
+    s = running(servers, paths, run_module)
+    stray = servers(tag=None)  # untagged, holding both GPUs: neither the kill nor (gpu_strays off) the stray kill ends it
+    for check_mode in (True, False):
+        args = _restart_wanted(paths, "", clean_timeout=0.3)
+        r = run_module(server_state.main, args, check_mode=check_mode)
+        # The restart's phase and result shape: the clean gate, before the kill, its holders under `clean`.
+        assert r["failed"] and r["phase"] == "clean" and r["clean"]["before_kill"] is True, r
+        assert [h["pid"] for h in r["clean"]["holders"]] == [stray.pid, stray.pid], r["clean"]
+        assert r["msg"].startswith("%s at the clean gate, before the kill: GPUs not clean after 0." % (
+            "would fail" if check_mode else "fails")), r["msg"]
+        assert "held by processes the kill would not end: " in r["msg"] and "pid %d" % stray.pid in r["msg"], r["msg"]
+        assert "; nothing was stopped. None is gpufleet's" in r["msg"], r["msg"]
+        assert not os.path.exists(paths["lock_file"])
+        assert stray.p.poll() is None and s.p.poll() is None
+    # The stray kill would end it: nothing to refuse.
+    r = run_module(server_state.main, _restart_wanted(paths, "", clean_timeout=0.3, kill={"gpu_strays": True}))
+    assert "failed" not in r and r["needs_restart"] is True, r
