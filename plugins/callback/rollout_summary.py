@@ -220,12 +220,11 @@ def rolled_back(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
              and r["rollback_to"].get("inventory_fingerprint") not in (None, "", r["rollback_to"].get("fingerprint"))]
     if not hosts:
         return ""
+    named = ["%s (to %s, the inventory says %s)" % (r["host"], str(r["rollback_to"].get("fingerprint"))[:12],
+                                                    str(r["rollback_to"].get("inventory_fingerprint"))[:12]) for r in hosts]
     return ("%s: %s; the inventory is unchanged, so the next rollout restarts these hosts to the inventory's definition "
             "again: change the inventory first (docs/runbook.md)"
-            % ("would roll back" if all(r.get("would_restart") for r in hosts) else "rolled back",
-               "; ".join("%s (to %s, the inventory says %s)" % (r["host"], str(r["rollback_to"].get("fingerprint"))[:12],
-                                                              str(r["rollback_to"].get("inventory_fingerprint"))[:12])
-                         for r in hosts)))
+            % ("would roll back" if all(r.get("would_restart") for r in hosts) else "rolled back", "; ".join(named)))
 
 
 def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.Mapping[str, t.Any]]) -> t.List[str]:

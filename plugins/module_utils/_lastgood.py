@@ -155,8 +155,8 @@ def choose(gens: t.Sequence[t.Mapping[str, t.Any]], running: t.Optional[str], to
     if to:
         g = find(gens, to)
         if g is None:
-            raise TargetError("%s is not a last known good generation of this host%s; known: %s" % (to, where,
-                                                                                                   known(gens)))
+            raise TargetError("%s is not a last known good generation of this host%s; known: %s"
+                              % (to, where, known(gens)))
     elif running and rolled_back and rolled_back.get("to") == running and find_exact(gens, running):
         g = find_exact(gens, running)
     else:
