@@ -125,15 +125,13 @@ def test_what_the_host_runs_is_what_its_launcher_carries_else_the_verified_launc
     assert _lastgood.running_fingerprint(dict(rec, verified=False), (me.pid, me.start_time), key, True) is None
     assert _lastgood.running_fingerprint(rec, (me.pid, me.start_time), key, False) is None
     assert _lastgood.running_fingerprint(dict(rec, pid=1), (me.pid, me.start_time), key, True) is None
-    os.environ[key + "_FINGERPRINT"] = B  # read from /proc/self/environ: set at start only, so use a child
+    # A launcher carrying its fingerprint (/proc/PID/environ holds what a process started with: a child's).
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                             env=dict(os.environ, **{key + "_FINGERPRINT": B}))
     try:
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-        try:
-            wait_for(lambda: _proc.read_proc(child.pid) is not None, 5, "child")
-            ident = (child.pid, _proc.read_proc(child.pid).start_time)
-            assert _lastgood.running_fingerprint(dict(rec, verified=False), ident, key, True) == B
-        finally:
-            child.kill()
-            child.wait()
+        wait_for(lambda: _proc.read_environ(child.pid, [key + "_FINGERPRINT"]), 10, "the child's environment")
+        ident = (child.pid, _proc.read_proc(child.pid).start_time)
+        assert _lastgood.running_fingerprint(dict(rec, verified=False), ident, key, True) == B
     finally:
-        del os.environ[key + "_FINGERPRINT"]
+        child.kill()
+        child.wait()
