@@ -39,6 +39,11 @@ description:
     the performance gate's numbers (metric, median, baseline, ratio, min_ratio, passed, msg), when the restart ran one,
     and C(rolled_back) (fingerprint, pid, workers_verified, recorded_at) when a failed restart went back to the host's
     last known good; its C(restarted) column then says C(killed, rolled back to FINGERPRINT).
+  - "The C(gpufleet.serving.rollback) playbook: each row has C(rollback_to) (C(fingerprint), C(recorded_at), C(from),
+    what the host ran, and C(inventory_fingerprint)), and its C(restarted) column says C(rolled back to FINGERPRINT),
+    C(would roll back to FINGERPRINT) (C(--check)) or C(no, runs FINGERPRINT already). The hosts rolled back whose
+    inventory still describes another definition are named after the table (C(rolled back), C(would roll back)),
+    with what that means: the next rollout restarts them to that definition again."
   - Hosts the role left out of their load balancers (C(gpufleet_server_balancers), a host that failed after its
     drain began) are named after the table (C(left out of rotation)) and in the JSON's C(out_of_rotation); each row
     has C(out_of_rotation) (balancer names) and C(would_drain) (check mode).
@@ -74,7 +79,7 @@ from ansible.plugins.callback import CallbackBase
 
 
 # The collection's playbooks, which name the table.
-PLAYBOOKS = ("rollout", "restart", "clean", "audit")
+PLAYBOOKS = ("rollout", "restart", "clean", "audit", "rollback")
 # server_restart's steps before the new server is started, and those where it started but never got ready.
 BEFORE_LAUNCH = ("kill", "strays", "clean", "launch")
 NOT_READY = ("startup", "ready")
@@ -200,6 +205,31 @@ def _put_back(r: t.Mapping[str, t.Any]) -> bool:
         and (r.get("would_return") or not r.get("out_of_rotation"))
 
 
+def rollback_cell(r: t.Mapping[str, t.Any], cell: str) -> str:
+    """The `restarted` column of a host the rollback playbook handled (its row's rollback_to): what it went back to."""
+    to = str((r.get("rollback_to") or {}).get("fingerprint") or "")[:12]
+    if r.get("status") != "ok":
+        return cell
+    if r.get("would_restart"):
+        return "would roll back to %s" % to
+    return "rolled back to %s" % to if r.get("restarted") else "no, runs %s already" % to
+
+
+def rolled_back(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    """The line naming the hosts the rollback playbook put back to a last known good (or, under --check, would) whose
+    inventory describes another definition ('' when none): the next rollout restarts them to it again."""
+    hosts = [r for r in rows if r.get("rollback_to") and r.get("status") == "ok"
+             and (r.get("restarted") or r.get("would_restart"))
+             and r["rollback_to"].get("inventory_fingerprint") not in (None, "", r["rollback_to"].get("fingerprint"))]
+    if not hosts:
+        return ""
+    named = ["%s (to %s, the inventory says %s)" % (r["host"], str(r["rollback_to"].get("fingerprint"))[:12],
+                                                    str(r["rollback_to"].get("inventory_fingerprint"))[:12]) for r in hosts]
+    return ("%s: %s; the inventory is unchanged, so the next rollout restarts these hosts to the inventory's definition "
+            "again: change the inventory first (docs/runbook.md)"
+            % ("would roll back" if all(r.get("would_restart") for r in hosts) else "rolled back", "; ".join(named)))
+
+
 def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.Mapping[str, t.Any]]) -> t.List[str]:
     """The lines said after the table, each a sentence about the whole run: why the rollout halted, which hosts it
     left out of rotation. A new line about the run goes here, and every output (terminal, files, gpufleet_ci) says it."""
@@ -211,6 +241,7 @@ def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.
     notes.append(returned(rows))
     notes.append(record_missing(rows))
     notes.append(nccl_only(rows))
+    notes.append(rolled_back(rows))
     return [n for n in notes if n]
 
 
@@ -390,6 +421,8 @@ class CallbackModule(CallbackBase):
                 restart_cell(h.get("status"), restarted, would, h.get("phase"), h.get("new_server"))
             if h.get("rolled_back"):
                 cell = "killed, rolled back to %s" % str(h["rolled_back"].get("fingerprint") or "")[:12]
+            if isinstance(h.get("rollback_to"), dict):
+                cell = rollback_cell(dict(h, restarted=restarted, would_restart=would), cell)
             if h.get("restart_unknown"):
                 # No result came back: whether the old server was killed and a new one verified is not known here.
                 restarted, cell = None, UNKNOWN_RESTART
@@ -417,6 +450,7 @@ class CallbackModule(CallbackBase):
                 "record_missing": h.get("record_missing") or None,
                 "gate": gate_cell(h.get("gate")),
                 "rolled_back": dict(h["rolled_back"]) if isinstance(h.get("rolled_back"), dict) else None,
+                "rollback_to": dict(h["rollback_to"]) if isinstance(h.get("rollback_to"), dict) else None,
                 "would_return": bool((h.get("rotation") or {}).get("would_return")),
                 "nccl_changed": h.get("nccl_changed"),
                 # The NCCL layers were tuned but no server task ran on the host (its server was not even checked).

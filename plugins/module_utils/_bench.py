@@ -27,7 +27,9 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _server
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 APIS = ("auto", "sglang", "openai")
-METRICS = ("output_tokens_per_s", "requests_per_s")
+# The gate's metrics and the unit each is measured in (the audit shows the unit with the median).
+UNITS = {"output_tokens_per_s": "output tokens/s", "requests_per_s": "requests/s"}
+METRICS = tuple(UNITS)
 # Where each API puts the number of tokens it generated for a request: SGLang's native /generate, and the
 # OpenAI-compatible /v1/completions and /v1/chat/completions (vLLM, SGLang). `auto` tries them in this order.
 TOKEN_FIELDS = {"sglang": ("meta_info", "completion_tokens"), "openai": ("usage", "completion_tokens")}

@@ -9,14 +9,25 @@
 """The last known good definitions of a service on its host (issue 26): after a restart passed every check (ready,
 the workers' environment, the performance gate) and was recorded, what it runs is kept as the newest generation of
 STATE.last_good.json, beside the state file and, like it, root-only (0600): the server's environment values are
-secrets. A rollback (by hand today, automatic later) relaunches a generation from it."""
+secrets. A rollback relaunches a generation from it: automatically after a failed restart (server_restart's rollback,
+the newest generation), or by hand (the rollback playbook: server_state's check chooses the generation with choose(),
+server_restart's restore launches it and marks it restored())."""
 
 from __future__ import annotations
 
 import time
 import typing as t
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _server
+
+# The shortest fingerprint prefix that names a generation by hand (the rollout summary and the audit show 12
+# characters).
+MIN_PREFIX = 12
+
+
+class TargetError(Exception):
+    """No generation to roll back to, or not the one asked for: said before anything is stopped."""
+
 
 # What a generation keeps of server_restart's parameters (the systemd launcher's command and environment are its
 # unit's, which the unit name names).
@@ -57,20 +68,140 @@ def rollback_target(gens: t.Sequence[t.Mapping[str, t.Any]], desired: str,
     return g
 
 
+def read_file(path: str) -> t.Dict[str, t.Any]:
+    """The file's `generations` (newest first, [] when there is no file or it cannot be read as one) and
+    `rolled_back`, the last rollback by hand ({from, to, at}; None when there is none)."""
+    data = _server.read_state(path)
+    data = data if isinstance(data, dict) else {}
+    gens = data.get("generations")
+    marker = data.get("rolled_back")
+    return {"generations": [g for g in gens if isinstance(g, dict)] if isinstance(gens, list) else [],
+            "rolled_back": dict(marker) if isinstance(marker, dict) else None}
+
+
 def read(path: str) -> t.List[t.Dict[str, t.Any]]:
     """The generations, newest first ([] when there is no file, or it cannot be read as one)."""
-    data = _server.read_state(path)
-    gens = data.get("generations") if isinstance(data, dict) else None
-    return [g for g in gens if isinstance(g, dict)] if isinstance(gens, list) else []
+    return read_file(path)["generations"]
 
 
 def keep(path: str, new: t.Mapping[str, t.Any], generations: int) -> t.List[t.Dict[str, t.Any]]:
     """Put `new` first (an older generation with its fingerprint gives way to it) and keep `generations` of them;
-    written atomically, 0600. Returns what the file holds now."""
-    gens = [dict(new)] + [g for g in read(path) if g.get("fingerprint") != new.get("fingerprint")]
+    written atomically, 0600. Returns what the file holds now. A rollback by hand is forgotten once another definition
+    becomes the newest generation (the host was rolled forward); the same definition restarted keeps it."""
+    cur = read_file(path)
+    gens = [dict(new)] + [g for g in cur["generations"] if g.get("fingerprint") != new.get("fingerprint")]
     gens = gens[:max(generations, 0)]
-    _server.write_json_atomic(path, {"generations": gens}, _server.STATE_MODE)
+    data: t.Dict[str, t.Any] = {"generations": gens}
+    if cur["rolled_back"] and cur["rolled_back"].get("to") == new.get("fingerprint"):
+        data["rolled_back"] = cur["rolled_back"]
+    _server.write_json_atomic(path, data, _server.STATE_MODE)
     return gens
+
+
+def restored(path: str, fingerprint: str, previous: t.Optional[str]) -> t.List[t.Dict[str, t.Any]]:
+    """After a rollback by hand relaunched the generation of `fingerprint` and verified it: it is the host's newest last
+    known good again (first, with `restored_at`; its `recorded_at` stays when it was first recorded, and the others
+    keep their order), and the file remembers the rollback (`rolled_back`: from `previous`, what ran before, to it), so
+    running the rollback again is a no-op (choose()). Written atomically, 0600; returns the generations."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    gens = read(path)
+    mine = [dict(g, restored_at=now) for g in gens if g.get("fingerprint") == fingerprint]
+    gens = mine[:1] + [g for g in gens if g.get("fingerprint") != fingerprint]
+    _server.write_json_atomic(path, {"generations": gens, "rolled_back": {"from": previous, "to": fingerprint,
+                                                                          "at": now}}, _server.STATE_MODE)
+    return gens
+
+
+def find(gens: t.Sequence[t.Mapping[str, t.Any]], fingerprint: str) -> t.Optional[t.Dict[str, t.Any]]:
+    """The generation named by `fingerprint`: the whole fingerprint, or a prefix of at least MIN_PREFIX characters that
+    only one generation has. None when none has it; TargetError when the prefix is too short or names several."""
+    fingerprint = fingerprint.strip()
+    exact = [g for g in gens if g.get("fingerprint") == fingerprint]
+    if exact:
+        return dict(exact[0])
+    if len(fingerprint) < MIN_PREFIX:
+        raise TargetError("%r is not a fingerprint of a last known good generation of this host and too short for a "
+                          "prefix of one (at least %d characters, as the summary and the audit show them); known: %s"
+                          % (fingerprint, MIN_PREFIX, known(gens)))
+    hits = [g for g in gens if str(g.get("fingerprint") or "").startswith(fingerprint)]
+    if len(hits) > 1:
+        raise TargetError("%s names %d last known good generations of this host; give more of the fingerprint: %s"
+                          % (fingerprint, len(hits), known(hits)))
+    return dict(hits[0]) if hits else None
+
+
+def known(gens: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    """The generations as a message names them: fingerprint (12 characters) and when each was recorded."""
+    return ", ".join("%s (recorded %s)" % (str(g.get("fingerprint") or "?")[:MIN_PREFIX], g.get("recorded_at") or "?")
+                     for g in gens) or "none"
+
+
+def choose(gens: t.Sequence[t.Mapping[str, t.Any]], running: t.Optional[str], to: str = "",
+           rolled_back: t.Optional[t.Mapping[str, t.Any]] = None, path: str = "") -> t.Dict[str, t.Any]:
+    """The generation a rollback by hand goes to (TargetError, said before anything is stopped, when there is none).
+
+    `to` (a fingerprint, or a prefix of one) names it; otherwise it is the newest generation whose fingerprint differs
+    from `running` (what the host runs now: after a passing rollout the newest generation is the running one, so this
+    is the one before it; a host that runs no verified server goes back to the newest). A host this file says was
+    rolled back by hand to what it runs (`rolled_back`) stays there: running the rollback again is a no-op, not a
+    step back to the definition it was rolled back from (name that one in `to`). The result may be the running one
+    (nothing to do). The process launcher only: a systemd unit's definition is its files, which a generation does not
+    hold."""
+    where = " (%s)" % path if path else ""
+    if not gens:
+        raise TargetError("this host has no last known good generation%s: gpufleet keeps one per definition that "
+                          "passed every check of a rollout (gpufleet_server_last_good_generations), and none was kept "
+                          "here yet; nothing to roll back to" % where)
+    if to:
+        g = find(gens, to)
+        if g is None:
+            raise TargetError("%s is not a last known good generation of this host%s; known: %s"
+                              % (to, where, known(gens)))
+    elif running and rolled_back and rolled_back.get("to") == running and find_exact(gens, running):
+        g = find_exact(gens, running)
+    else:
+        older = [x for x in gens if x.get("fingerprint") != running]
+        if not older:
+            raise TargetError("this host has no last known good generation other than the one it runs (%s)%s: nothing "
+                              "to roll back to" % (known(gens), where))
+        g = dict(older[0])
+    if g.get("launcher") != "process" or not isinstance(g.get("command"), list) or not g["command"]:
+        raise TargetError("the last known good generation %s was launched by systemd (gpufleet_server_launcher: "
+                          "systemd): its definition is the unit's files, which a generation does not hold; roll out "
+                          "that definition instead" % str(g.get("fingerprint"))[:MIN_PREFIX])
+    return g
+
+
+def find_exact(gens: t.Sequence[t.Mapping[str, t.Any]], fingerprint: str) -> t.Optional[t.Dict[str, t.Any]]:
+    return next((dict(g) for g in gens if g.get("fingerprint") == fingerprint), None)
+
+
+def running_from_pidfile(state: t.Mapping[str, t.Any], pidfile: str, tag_name: str, name: str) -> t.Optional[str]:
+    """running_fingerprint() of the launcher the pidfile names (confirmed by the launch tag, as the kill confirms it)."""
+    ident = _server.pidfile_identity(pidfile)
+    confirmed = ident is not None and _proc.is_alive(ident) and _proc.environ_has(ident[0], tag_name, name)
+    return running_fingerprint(state, ident or (None, None), tag_name, confirmed)
+
+
+def running_fingerprint(state: t.Mapping[str, t.Any], launcher: t.Tuple[t.Any, t.Any], tag_name: str,
+                        confirmed: bool) -> t.Optional[str]:
+    """The fingerprint of the definition the host runs now: the one its launcher carries (a process launch carries
+    its fingerprint, _server.FINGERPRINT_SUFFIX), else the record's when the launcher (`confirmed`: it carries the
+    launch tag) is the verified launch on record; None when no verified server of a known definition runs."""
+    if not confirmed or launcher[0] is None:
+        return None
+    key = tag_name + _server.FINGERPRINT_SUFFIX
+    try:
+        carried = _proc.read_environ(int(launcher[0]), [key]).get(key)
+    except _proc.ProcError:
+        carried = None
+    if carried:
+        return carried
+    if state.get("verified") is False or not state.get("fingerprint"):
+        return None
+    if state.get("pid") is not None and (state.get("pid"), state.get("start_time")) != tuple(launcher):
+        return None
+    return str(state["fingerprint"])
 
 
 def summary(gens: t.Sequence[t.Mapping[str, t.Any]]) -> t.List[t.Dict[str, t.Any]]:

@@ -90,6 +90,7 @@ def argument_spec() -> t.Dict[str, t.Any]:
         )),
         gate=dict(type="dict", options=_bench.argument_spec()),
         rollback=dict(type="bool", default=False),
+        restore=dict(type="str"),
     )
     return spec
 
@@ -107,6 +108,9 @@ def _selector(p: t.Mapping[str, t.Any], **over: t.Any) -> t.Dict[str, t.Any]:
 
 def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     """Every input is checked before anything is read, killed or started."""
+    err = restore_input_error(p)
+    if err:
+        return err
     if p["launcher"] == "systemd":
         if not p["systemd"]:
             return "launcher=systemd needs systemd.unit (the unit the caller installed)"
@@ -118,7 +122,7 @@ def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
         if bad:
             return "systemd.remove_dropins: %s: not a drop-in of %s alone under /etc or /run/systemd/system" % (
                 ", ".join(bad), p["systemd"]["unit"])
-    elif not p["stop_only"] and (not p["command"] or not p["command"][0]):
+    elif not p["stop_only"] and p["restore"] is None and (not p["command"] or not p["command"][0]):
         return "command must be a non-empty argument list"
     if p["retire_unit"] and (p["launcher"] != "process" or not p["retire_unit"]["unit"].endswith(".service")):
         return "retire_unit (a service unit name) is for launcher=process only"
@@ -156,6 +160,55 @@ def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
         except _envcheck.EnvCheckError as e:
             return "verify_env: %s" % e
     return None
+
+
+def restore_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
+    """restore launches a last known good generation's definition in place of the caller's."""
+    if p["restore"] is None:
+        return None
+    if not p["restore"].strip():
+        return "restore must name a fingerprint (or a prefix of one) of a last known good generation"
+    if p["launcher"] != "process" or p["systemd"]:
+        return ("restore is for launcher=process only (a systemd unit's definition is its files, which a generation "
+                "does not hold)")
+    if p["command"] or p["env"]:
+        return "restore: command and env are the generation's, not this call's"
+    if not p["record"]:
+        return "restore needs record (the last known good generations lie beside its state_file)"
+    for opt in ("stop_only", "rollback", "gate"):
+        if p[opt]:
+            return ("restore: %s is not for a restore (the generation was measured when it was recorded, and there is "
+                    "no other generation to fall back to)" % opt)
+    return None
+
+
+def restore_params(module: t.Any) -> t.Dict[str, t.Any]:
+    """With restore: the generation it names, before anything is stopped (StepError in phase preflight when this host
+    has none such), and what the host runs now (the rollback's `from`). The module's parameters then launch, verify and
+    record that generation: its command, environment, user, working directory, umask, fingerprint, NCCL layers and the
+    environment its workers were verified against."""
+    p = module.params
+    lkg = _lastgood.path_for(p["record"]["state_file"])
+    gens = _lastgood.read(lkg)
+    try:
+        g = _lastgood.find(gens, p["restore"])
+        if g is None:
+            raise _lastgood.TargetError("%s is not a last known good generation of this host (%s); known: %s"
+                                        % (p["restore"], lkg, _lastgood.known(gens)))
+        g = _lastgood.choose([g], None)  # the same checks as the rollback's choice: a process launch of a command
+    except _lastgood.TargetError as e:
+        raise StepError("restore: %s; nothing was stopped" % e, phase="preflight")
+    if (g.get("tag_name") or p["tag_name"]) != p["tag_name"]:
+        raise StepError("restore: generation %s was launched with the launch tag %s, not %s; nothing was stopped"
+                        % (str(g["fingerprint"])[:12], g["tag_name"], p["tag_name"]), phase="preflight")
+    previous = _lastgood.running_from_pidfile(_server.read_state(p["record"]["state_file"]), p["pidfile"],
+                                              p["tag_name"], p["name"])
+    p.update(command=list(g["command"]), env=dict(g.get("env") or {}), env_passthrough=list(g.get("env_passthrough") or []),
+             user=g.get("user") or "root", workdir=g.get("workdir") or "/", umask=g.get("umask") or "0022")
+    p["record"] = dict(p["record"], fingerprint=str(g["fingerprint"]), layers=g.get("layers"))
+    if p["verify_env"]:
+        p["verify_env"] = dict(p["verify_env"], expected=dict(g["expected_env"])) if g.get("expected_env") else None
+    return {"generation": g, "previous": previous}
 
 
 def _all_gpus(p: t.Mapping[str, t.Any]) -> t.List[int]:
@@ -419,8 +472,10 @@ def shielded(active: bool) -> t.Iterator[t.List[str]]:
             signal.signal(s, h)
 
 
-def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
-    """Run the cycle, filling `result` as it goes; raises StepError (with `phase`) at the first failing step."""
+def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping[str, t.Any]] = None) -> None:
+    """Run the cycle, filling `result` as it goes; raises StepError (with `phase`) at the first failing step. With
+    `restore` (restore_params()), the parameters are a last known good generation's: its NCCL layers are put back after
+    the clean gate, and its record keeps its measurement and makes it the newest generation again."""
     p = module.params
     gate = dict(p["wait_clean"], gpus=p["gpus"], backend=p["backend"])
     timings = result["timings"]
@@ -466,6 +521,8 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
             result["killed"] += ended(res)
 
     if module.check_mode:  # the GPUs were judged before the kill (refuse_unended)
+        if restore and restore["generation"].get("layers"):
+            result["layers_restored"] = _restore_layers(module, restore["generation"])  # what would change
         if p["stop_only"]:
             would = result["changed"] or (result.get("unit") or {}).get("ActiveState") in ("active", "activating")
             result.update(changed=would, would_stop=would)
@@ -498,6 +555,9 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
             pass  # the record step, which must write the same file, reports it
 
     result["phase"] = "launch"
+    if restore and restore["generation"].get("layers"):
+        # The generation's NCCL layers, once its predecessor is gone and before its launch reads them.
+        result["layers_restored"] = _restore_layers(module, restore["generation"])
     r = p["wait_ready"]
     tail_since = _server.log_stamp(r["log_tail_path"]) if r["log_tail_path"] else None
     t_launch = time.monotonic()
@@ -561,6 +621,9 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         kept = {"key", "metric", "median", "rounds", "url"}
         measured = dict({k: v for k, v in result["gate"].items() if k in kept},
                         measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")) if result.get("gate") else None
+        if restore and isinstance(restore["generation"].get("gate"), dict):
+            # The generation's own measurement is the baseline again (the newer one's was of what it rolled back from).
+            measured = {k: v for k, v in restore["generation"]["gate"].items() if k != "fingerprint"}
         try:
             _changed, result["state"] = _server.record_state(p["record"]["state_file"], p["name"],
                                                              p["record"]["fingerprint"], p["pidfile"], timings,
@@ -580,13 +643,15 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
                                "the next run keeps this server and writes the record once there is room" if keeps
                                else "the next run restarts it (nothing on the host tells it from an unverified launch)"),
                             path=p["record"]["state_file"])
-        if p["record"]["generations"] > 0:
-            # The server passed every check and is recorded: it is this host's newest last known good.
+        if p["record"]["generations"] > 0 or restore:
+            # The server passed every check and is recorded: it is this host's newest last known good (a restored
+            # generation again, with its own record, the file noting the rollback).
             lkg = _lastgood.path_for(p["record"]["state_file"])
             try:
-                result["last_good"] = _lastgood.summary(_lastgood.keep(
-                    lkg, _lastgood.generation(p, p["record"]["fingerprint"], measured, p["record"]["layers"]),
-                    p["record"]["generations"]))
+                result["last_good"] = _lastgood.summary(
+                    _lastgood.restored(lkg, p["record"]["fingerprint"], restore["previous"]) if restore else
+                    _lastgood.keep(lkg, _lastgood.generation(p, p["record"]["fingerprint"], measured,
+                                                             p["record"]["layers"]), p["record"]["generations"]))
             except OSError as e:  # the server is up, verified and recorded: a warning, not a failed host
                 module.warn("the last known good definitions could not be written to %s: %s" % (lkg, e.strerror or e))
     result.pop("phase")
@@ -596,10 +661,25 @@ def run(module: t.Any, result: t.Dict[str, t.Any]) -> None:
 ROLLBACK_PHASES = ("launch", "ready", "busy", "verify_env", "gate")
 
 
+def _restore_layers(module: t.Any, g: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
+    """Put back the NCCL layers a generation was launched with (what would change, in check mode)."""
+    res = _layers.apply(dict(g["layers"], backup=False), check_mode=module.check_mode, warn=module.warn, files=module)
+    return {"changed": bool(res.get("changed")), "layers": sorted(k for k in ("sitecustomize", "nccl_conf") if k in res)}
+
+
 def run_or_roll_back(module: t.Any, result: t.Dict[str, t.Any]) -> None:
     """run(); with O(rollback), a failure after the kill goes back to this host's last known good generation (read
-    before the kill) and still fails, saying so (StepError with `rolled_back`)."""
+    before the kill) and still fails, saying so (StepError with `rolled_back`). With O(restore), the cycle launches the
+    generation it names instead of the caller's definition (a rollback by hand)."""
     p = module.params
+    if p["restore"]:
+        result["phase"] = "preflight"
+        restore = restore_params(module)
+        g = restore["generation"]
+        result["restore"] = {"fingerprint": g["fingerprint"], "recorded_at": g.get("recorded_at"),
+                             "previous": restore["previous"]}
+        run(module, result, restore)
+        return
     target = None
     if p["rollback"] and p["record"] and not module.check_mode and not p["stop_only"] and not p["keep_failed"]:
         target = _lastgood.rollback_target(_lastgood.read(_lastgood.path_for(p["record"]["state_file"])),
@@ -629,7 +709,8 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
             if left.get("error"):
                 raise StepError(left["text"])
         if g.get("layers"):
-            _layers.apply(dict(g["layers"], backup=False))
+            # The module is the file operations (atomic moves); without them a layer that differs cannot be written.
+            _layers.apply(dict(g["layers"], backup=False), warn=module.warn, files=module)
         env = _server.validate_env(g.get("env") or {})
         env[p["tag_name"] + _server.FINGERPRINT_SUFFIX] = fp  # the record below could fail: the launch says what it is
         tail_since = _server.log_stamp(r["log_tail_path"]) if r["log_tail_path"] else None

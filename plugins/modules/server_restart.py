@@ -489,6 +489,24 @@ options:
         launcher (a unit's definition is its files), or in check mode. Needs O(record).
     type: bool
     default: false
+  restore:
+    version_added: 0.2.0
+    description:
+      - "A rollback by hand (the C(gpufleet.serving.rollback) playbook) - the fingerprint of one of this host's last
+        known good generations (C(STATE.last_good.json) beside O(record.state_file)), in full or its first 12 or more
+        characters, to launch instead of a definition of the caller's. The whole cycle runs as usual (preflight, the
+        kill, the clean gate, launch, ready, busy, the workers' environment, record) with the generation's command,
+        environment, O(env_passthrough), O(user), O(workdir) and O(umask); after the clean gate its NCCL layers are
+        put back (RV(layers_restored)); its workers are verified against the environment they were verified against
+        when it was recorded (O(verify_env.expected) is replaced, when O(verify_env) is set); the record keeps its
+        gate measurement as the baseline; and it becomes the newest generation again (its C(recorded_at) kept, a
+        C(restored_at) added), the file noting the rollback (C(rolled_back) - from what ran, to it), which makes the
+        next rollback by hand a no-op."
+      - A fingerprint this host has no generation of, or a prefix naming several, fails in phase C(preflight) before
+        anything is stopped, naming the generations the host has.
+      - The process launcher only. Needs O(record); O(command), O(env), O(stop_only), O(rollback) and O(gate) must
+        not be set.
+    type: str
 notes:
   - Reading other users' C(/proc/PID/environ) needs root; use C(become).
 seealso:
@@ -535,6 +553,23 @@ EXAMPLES = r"""
       min_ratio: 0.9
   become: true
 
+- name: Go back by hand to a last known good generation of this host (its first 12 characters, as the summary shows)
+  gpufleet.serving.server_restart:
+    name: sglang
+    restore: 3f9a1c0e7b2d
+    log_path: /var/log/gpufleet/sglang.log
+    pidfile: /run/gpufleet/sglang.pid
+    gpus: [0, 1, 2, 3, 4, 5, 6, 7]
+    wait_ready:
+      health_url: http://127.0.0.1:30000/health
+      timeout: 900
+    verify_env:
+      expected: {GPUFLEET_SERVICE: sglang}  # replaced by what the generation's workers were verified against
+    record:
+      state_file: /var/lib/gpufleet/sglang.json
+      fingerprint: unused  # the generation's
+  become: true
+
 - name: Restart the systemd unit the gpu_server role installed, with the same checks
   gpufleet.serving.server_restart:
     name: sglang
@@ -553,6 +588,18 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+restore:
+  version_added: 0.2.0
+  description: With O(restore), the generation launched - C(fingerprint), C(recorded_at), and C(previous), the
+    fingerprint of what the host ran before (V(null) when no verified server of a known definition ran).
+  returned: when O(restore) is set and the generation was found
+  type: dict
+layers_restored:
+  version_added: 0.2.0
+  description: With O(restore), the generation's NCCL layers put back - C(layers) (their names) and C(changed)
+    (whether a file changed; in check mode, whether one would).
+  returned: when O(restore) is set and the generation has NCCL layers, after the kill
+  type: dict
 rolled_back:
   version_added: 0.2.0
   description: After a failure past the kill, the last known good this host went back to - C(fingerprint), C(pid),

@@ -254,6 +254,29 @@ options:
       nccl_conf:
         description: The options of M(gpufleet.serving.nccl_conf) (O(gpufleet.serving.nccl_conf#module:backup) excepted).
         type: dict
+  rollback:
+    version_added: 0.2.0
+    description:
+      - "With V(check), a rollback by hand (the C(gpufleet.serving.rollback) playbook) - the host is compared
+        with one of its last known good generations (C(STATE.last_good.json) beside O(state_file)) instead of
+        O(fingerprint) and O(expected_env), and O(launchable) checks the generation's command, user and working
+        directory. RV(needs_restart) is then false when the host already runs that generation, verified; RV(rollback)
+        says which one it is."
+      - The generation is O(rollback.to), or the newest one whose fingerprint differs from what the host runs now
+        (RV(running_fingerprint); a host that runs no verified server goes back to the newest). A host that an
+        earlier rollback by hand put back to what it runs stays there, so running the rollback again is a no-op.
+      - When the host has no such generation (none at all, none but the one it runs, not the one named), the check
+        fails before it takes the lock or reads anything else, naming the generations the host has; nothing is changed.
+        Also with O(systemd) (a unit's definition is its files, which a generation does not hold).
+      - When a restart is needed and O(fingerprint) (the inventory's definition) differs from the generation, a warning
+        says that the next rollout restarts the host to the inventory's definition again.
+    type: dict
+    suboptions:
+      to:
+        description: The generation's fingerprint, in full or its first 12 or more characters (as the rollout summary
+          and the audit show it); empty chooses as described above.
+        type: str
+        default: ""
   systemd:
     version_added: 0.2.0
     description:
@@ -323,6 +346,44 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+running_fingerprint:
+  version_added: 0.2.0
+  description:
+    - With V(check), the fingerprint of the definition the host runs now - the one its launcher carries (a process
+      launch carries it, O(tag_name)C(_FINGERPRINT)), else the record's when the launcher is the verified launch on
+      record; V(null) when no verified server of a known definition runs.
+  returned: when action is check
+  type: str
+last_good:
+  version_added: 0.2.0
+  description:
+    - With V(check), the host's last known good generations and its last gate measurement, as the audit shows them -
+      fingerprints, times and numbers, never a definition (its environment values are secret).
+  returned: when action is check
+  type: dict
+  contains:
+    newest:
+      description: The newest generation (C(fingerprint), C(recorded_at), C(gate_median)), V(null) when there is none.
+      type: dict
+    generations:
+      description: Every generation kept, newest first, as C(newest) shows one.
+      type: list
+      elements: dict
+    rolled_back:
+      description: The last rollback by hand (C(from), C(to), C(at)), V(null) when there is none (or a rollout
+        recorded another definition since).
+      type: dict
+    gate:
+      description: The record's gate measurement, the host's baseline - C(median), C(metric), C(unit) (V(output tokens/s)
+        or V(requests/s)), C(measured_at) and the C(fingerprint) it measured; V(null) when none was recorded.
+      type: dict
+rollback:
+  version_added: 0.2.0
+  description:
+    - With O(rollback), the generation the host goes back to - C(fingerprint), C(recorded_at), C(from) (what the host
+      runs now, RV(running_fingerprint)) and C(inventory_fingerprint) (O(fingerprint) as given).
+  returned: when action is check and rollback is set
+  type: dict
 decision:
   version_added: 0.2.0
   description:
@@ -541,7 +602,7 @@ import typing as t
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _gpumod, _layercheck, _nvml, _proc, _restart, _rotation, _runid, _select, _server, _systemd)
+    _bench, _gpumod, _lastgood, _layercheck, _nvml, _proc, _restart, _rotation, _runid, _select, _server, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
@@ -641,8 +702,44 @@ def restart_preflight(module: AnsibleModule) -> None:
         raise
 
 
+def rollback_choice(module: AnsibleModule) -> t.Dict[str, t.Any]:
+    """O(rollback): the last known good generation this host goes back to (_lastgood.choose), chosen before anything
+    is locked; the check then compares the host with it instead of O(fingerprint) and O(expected_env), and the launch
+    check looks at its command. Fails, nothing changed, when the host has no such generation."""
+    p = module.params
+    if p["systemd"]:
+        module.fail_json(msg="rollback: the rollback by hand is for the process launcher only (a systemd unit's "
+                             "definition is its files, which a last known good generation does not hold); roll out the "
+                             "definition to go back to instead; nothing was changed")
+    state = _server.read_state(p["state_file"])
+    running = _lastgood.running_from_pidfile(state, p["pidfile"], p["tag_name"], p["name"]) if p["pidfile"] else None
+    lkg = _lastgood.path_for(p["state_file"])
+    f = _lastgood.read_file(lkg)
+    try:
+        g = _lastgood.choose(f["generations"], running, p["rollback"]["to"] or "", f["rolled_back"], lkg)
+    except _lastgood.TargetError as e:
+        module.fail_json(msg="rollback: %s; nothing was changed" % e, running_fingerprint=running,
+                         last_good=_lastgood.summary(f["generations"]))
+    choice = {"fingerprint": g["fingerprint"], "recorded_at": g.get("recorded_at"), "from": running,
+              "inventory_fingerprint": p["fingerprint"]}
+    p["fingerprint"] = g["fingerprint"]
+    p["expected_env"] = dict(g.get("expected_env") or {})
+    if p["launchable"]:
+        p["launchable"] = dict(p["launchable"], command=g["command"][0], user=g.get("user") or "root",
+                               workdir=g.get("workdir") or "/")
+    return choice
+
+
+def rollback_reasons(res: t.Dict[str, t.Any], choice: t.Mapping[str, t.Any]) -> t.List[str]:
+    """The check's reasons in a rollback's words: the fingerprint's change is the rollback itself."""
+    said = "roll back to the last known good %s (recorded %s) from %s" % (
+        str(choice["fingerprint"])[:12], choice["recorded_at"], str(choice["from"] or "no verified server")[:12])
+    return [said if r.startswith("desired state changed (fingerprint") else r for r in res["reasons"]]
+
+
 def check(module: AnsibleModule) -> dict:
     p = module.params
+    choice = rollback_choice(module) if p["rollback"] is not None else None
     if p["launchable"]:
         la = p["launchable"]
         problems = _server.launch_problems(la["command"], la["user"], la["workdir"])
@@ -686,6 +783,15 @@ def check(module: AnsibleModule) -> dict:
         if locking and not held_before:
             _server.release_lock(p["lock_file"], p["owner"])
         raise
+    if choice is not None:
+        res["reasons"] = rollback_reasons(res, choice)
+        res["rollback"] = choice
+        inv = choice["inventory_fingerprint"]
+        if res["needs_restart"] and inv and inv != choice["fingerprint"]:
+            # The rollback changes the host, not the inventory: the next rollout restarts it to the inventory's again.
+            module.warn("rollback: %s goes back to %s, but the inventory still describes %s: the next rollout restarts "
+                        "it to that definition again; change the inventory before the next rollout"
+                        % (p["name"], str(choice["fingerprint"])[:12], inv[:12]))
     if lock_res.get("waited"):
         res["lock_waited"] = lock_res["waited"]
     if p["rotation_file"]:
@@ -846,7 +952,9 @@ def check_state(module: AnsibleModule) -> dict:
                for pid in tagged if pid in procs]
     res = dict(changed=False, needs_restart=bool(reasons), reasons=reasons, running=running,
                fingerprint_recorded=recorded, workers=workers, strays=strays, env_problems=env_problems,
-               gpu_holders={str(k): v for k, v in holders.items()})
+               gpu_holders={str(k): v for k, v in holders.items()},
+               running_fingerprint=_lastgood.running_fingerprint(state, launcher, p["tag_name"], running),
+               last_good=last_good_report(p["state_file"], state))
     if unrecorded:
         res["unrecorded"] = True
     if pidfile is not None:
@@ -856,6 +964,17 @@ def check_state(module: AnsibleModule) -> dict:
     if notes:
         res["notes"] = notes
     return res
+
+
+def last_good_report(state_file: str, state: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
+    """What the check shows of the last known good generations and of the record's gate measurement (RV(last_good)):
+    fingerprints, times and numbers, never a definition (its environment values are secret)."""
+    f = _lastgood.read_file(_lastgood.path_for(state_file))
+    gens = _lastgood.summary(f["generations"])
+    g = state.get("gate") if isinstance(state.get("gate"), dict) else None
+    gate = {"median": g.get("median"), "metric": g.get("metric"), "unit": _bench.UNITS.get(str(g.get("metric"))),
+            "measured_at": g.get("measured_at"), "fingerprint": g.get("fingerprint")} if g else None
+    return {"newest": gens[0] if gens else None, "generations": gens, "rolled_back": f["rolled_back"], "gate": gate}
 
 
 def unrecorded_launch(p: t.Mapping[str, t.Any], state: t.Mapping[str, t.Any], launcher: t.Tuple[t.Any, t.Any],
@@ -948,6 +1067,7 @@ def main() -> None:
                 nccl_known=dict(type="bool", default=True),
             )),
             nccl_layers=dict(type="dict", options=_layercheck.argument_spec()),
+            rollback=dict(type="dict", options=dict(to=dict(type="str", default=""))),
             systemd=dict(type="dict", options=dict(
                 unit=dict(type="str", required=True),
                 unit_path=dict(type="path", required=True),

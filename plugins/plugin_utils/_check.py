@@ -77,6 +77,11 @@ def decide(check: t.Mapping[str, t.Any], force: bool, balancers: t.Sequence[str]
     result: Result = dict(restarted=False, reasons=["forced"] if force else list(check.get("reasons") or []),
                           workers=len(check.get("workers") or []), workers_verified=workers_verified(check),
                           record_missing=str(check.get("record_missing") or ""))
+    if isinstance(check.get("rollback"), t.Mapping):
+        # The rollback by hand (server_state's rollback): the generation it goes to, for the summary, also when the
+        # host already runs it.
+        result["rollback_to"] = {k: check["rollback"].get(k) for k in ("fingerprint", "recorded_at", "from",
+                                                                       "inventory_fingerprint")}
     out: Result = dict(do_restart=do_restart, result=result, return_only=False, rotation={})
     if not locked_run or not balancers:
         return out

@@ -82,20 +82,21 @@ def _tasks_from_uses():
 # and whether each host has balancers.
 READ_ONLY_UNVALIDATED = {("nccl_tuning", "desired"), ("gpu_server", "up_to_date"), ("gpu_server", "batch_begin"),
                          ("gpu_server", "batch_end"), ("gpu_server", "capacity")}
-# The rollout playbook's entry into the lifecycle (gpu_server tasks/rollout.yml) comes after its pre-tasks validated
-# every host with the preflight entry point (the same specs as main's): validating again would cost every host a task
-# execution (issue 25). The test below checks that order in the playbook.
-VALIDATED_BEFORE = {("gpu_server", "rollout"): ("playbooks/rollout.yml", "tasks_from: preflight")}
+# The rollout and rollback playbooks' entry into the lifecycle (gpu_server tasks/rollout.yml) comes after their
+# pre-tasks validated every host with the preflight entry point (the same specs as main's): validating again would cost
+# every host a task execution (issue 25). The test below checks that order in each playbook.
+VALIDATED_BEFORE = {("gpu_server", "rollout"): (("playbooks/rollout.yml", "playbooks/rollback.yml"), "tasks_from: preflight")}
 
 
 def test_tasks_from_entry_points_are_validated():
     uses = _tasks_from_uses()
     assert ("gpu_server", "audit") in uses  # playbooks/audit.yml
     assert READ_ONLY_UNVALIDATED <= set(uses)
-    for (role, entry), (playbook, validation) in VALIDATED_BEFORE.items():
+    for (role, entry), (playbooks, validation) in VALIDATED_BEFORE.items():
         assert entry not in _specs(role)
-        text = (ROOT / playbook).read_text()
-        assert validation in text and text.index(validation) < text.index("tasks_from: %s\n" % entry), (role, entry)
+        for playbook in playbooks:
+            text = (ROOT / playbook).read_text()
+            assert validation in text and text.index(validation) < text.index("tasks_from: %s\n" % entry), (playbook, entry)
         assert _specs(role)["preflight"]["options"] == _specs(role)["main"]["options"]
     for role, entry in uses:
         if (role, entry) in VALIDATED_BEFORE:

@@ -391,3 +391,32 @@ def test_a_run_that_only_tuned_nccl_still_lists_its_hosts(tmp_path):
     assert [(h["host"], h["status"], h["restart"], h["nccl_only"], h["nccl_changed"]) for h in data["hosts"]] == [
         ("hosta", "ok", "no", True, True), ("hostb", "ok", "no", True, False)], data["hosts"]
     assert "**%s**" % note in (out / "rollout-summary.md").read_text()
+
+
+def test_the_rollback_says_what_each_host_went_back_to_and_that_the_inventory_is_unchanged(tmp_path):
+    """Issue 26 item 4: the restarted column of the rollback playbook's rows says what each host rolled back to (would,
+    already runs it); the hosts rolled back to a definition the inventory does not describe are named after the table,
+    with what the next rollout does; a host whose inventory already describes it, a no-op and a failed host are not."""
+    from gpufleet_ci.__main__ import summary_renderer
+    # This checkout's callback (gpufleet_ci's own fallback is the checkout it was installed from).
+    r = summary_renderer(str(private_collection(tmp_path / "collections")))
+    a, b = "a" * 64, "b" * 64
+    to = {"fingerprint": a, "recorded_at": "T", "from": b, "inventory_fingerprint": b}
+    cell = r.rollback_cell
+    assert cell({"status": "ok", "restarted": True, "rollback_to": to}, "yes") == "rolled back to " + a[:12]
+    assert cell({"status": "ok", "would_restart": True, "rollback_to": to}, "would") == "would roll back to " + a[:12]
+    assert cell({"status": "ok", "restarted": False, "rollback_to": to}, "no") == "no, runs %s already" % a[:12]
+    assert cell({"status": "failed", "restarted": True, "rollback_to": to}, "killed, not relaunched") == \
+        "killed, not relaunched"
+    rows = [{"host": "h1", "status": "ok", "restarted": True, "rollback_to": to},
+            {"host": "h2", "status": "ok", "restarted": True, "rollback_to": dict(to, inventory_fingerprint=a)},
+            {"host": "h3", "status": "ok", "restarted": False, "rollback_to": to},
+            {"host": "h4", "status": "failed", "restarted": True, "rollback_to": to}]
+    md = r.render_markdown(rows, None)
+    assert ("**rolled back: h1 (to %s, the inventory says %s); the inventory is unchanged, so the next rollout restarts "
+            "these hosts to the inventory's definition again: change the inventory first (docs/runbook.md)**"
+            % (a[:12], b[:12])) in md, md
+    assert "h2 (" not in md and "h3 (" not in md and "h4 (" not in md, md
+    would = r.render_markdown([dict(rows[0], restarted=False, would_restart=True)], None)
+    assert "**would roll back: h1 (to %s" % a[:12] in would, would
+    assert "rolled back" not in r.render_markdown(rows[1:], None)

@@ -1,17 +1,22 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The restart's performance gate (issue 26, first part): gpufleet_server_gate on a sandbox host running the demo server,
-whose speed a documented stand-in variable slows down (GPUFLEET_DEMO_TOKEN_DELAY_S: seconds per generated token)."""
+whose speed a documented stand-in variable slows down (GPUFLEET_DEMO_TOKEN_DELAY_S: seconds per generated token); the
+last known good generations it keeps, the rollback playbook that goes back to one by hand, and the audit's view of
+them (issue 26, items 4 and 5)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 
-from rollout_helpers import BalancerRecorder, RolloutFleet  # noqa: E402
+from rollout_helpers import PCIE_ONLY, BalancerRecorder, RolloutFleet, nccl, workers  # noqa: E402
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
@@ -168,3 +173,177 @@ def test_a_bad_gate_is_refused_before_the_drain_naming_every_rule(rf):
             assert {(p["pid"], p["start"]) for p in rf.snapshot().tagged(H)} == before
     finally:
         rec.close()
+
+
+# The rollback playbook (issue 26 item 4): two definitions that differ in a variable the probe shows and in their NCCL
+# layers (B's custom profile sets NCCL_ALGO only, A's pcie_only six variables), both gated.
+def _defn(rf, name, http=None):
+    v = _vars(rf, GPUFLEET_TEST_DEFINITION=name)
+    if name == "B":
+        v.update(gpufleet_nccl_profile="custom", gpufleet_nccl_env={"NCCL_ALGO": "Tree"})
+    return dict(v, gpufleet_server_balancers=[http] if http else [])
+
+
+def _runs(rf) -> dict:
+    """The host's server as the probe sees it: its definition (GPUFLEET_TEST_DEFINITION of every tagged process), its
+    workers' NCCL variables beyond the server's own (NCCL_DEBUG...: the layers' only), and the identities of its
+    processes."""
+    snap = rf.snapshot()
+    tagged = snap.tagged(H)
+    own = nccl(rf.server_vars()["gpufleet_server_env"])
+    return {"defs": {p["env"].get("GPUFLEET_TEST_DEFINITION") for p in tagged},
+            "nccl": [{k: v for k, v in nccl(p["env"]).items() if k not in own} for p in workers(snap, H)],
+            "ids": {(p["pid"], p["start"]) for p in tagged}}
+
+
+@pytest.mark.reliability(
+    section="fault", case="A rollout that passed its checks misbehaves later: the rollback playbook (by hand)",
+    provoked="definition A, then B (another variable, NCCL profile custom instead of pcie_only) rolled out and gated, "
+             "behind an `http` balancer (a recording API); then gpufleet.serving.rollback with --check, for real, "
+             "again, a rollout of A, the rollback with gpufleet_rollback_to naming B by its first 12 characters, a rollout "
+             "of A",
+    outcome="--check says 'would roll back to <A>' and changes nothing (same processes, no balancer call); the rollback "
+            "drains the host, restarts A's definition with A's NCCL layers (its workers carry A's six pcie_only "
+            "variables again, none of B's), verifies its 2 workers, records A (A's measurement the baseline, A the newest "
+            "last known good, the rollback noted) and puts the host back (DELETE then PUT); the summary says 'rolled back "
+            "to <A>' and that the inventory is unchanged (the next rollout restarts the host to its definition); again: 'no, runs <A> already', "
+            "nothing touched; a rollout of A (the inventory reverted) changes nothing; by B's fingerprint: back to B; "
+            "the next rollout restarts the host to the inventory's definition (A)")
+def test_the_rollback_playbook_puts_the_host_back_to_its_last_known_good_and_again_is_a_no_op(rf):
+    rec = BalancerRecorder(add_status=204)
+    http = {"type": "http", "name": "lb-api", "remove": {"url": rec.url, "method": "DELETE"},
+            "add": {"url": rec.url, "method": "PUT", "body": "{}"}}
+    try:
+        fps = {}
+        for name in ("A", "B"):
+            run = rf.playbook("rollout", vars_override=_defn(rf, name, http))
+            assert run.rc == 0 and run.summary[H]["restarted"] and run.summary[H]["gate"]["passed"], run.tail()
+            fps[name] = _record(rf)["fingerprint"]
+        a, b = fps["A"], fps["B"]
+        gate_a = next(g for g in _last_good(rf)[1] if g["fingerprint"] == a)["gate"]
+        before = _runs(rf)
+        assert before["defs"] == {"B"} and before["nccl"] == [{"NCCL_ALGO": "Tree"}] * 2, before
+        del rec.calls[:]
+
+        run = rf.playbook("rollback", vars_override=_defn(rf, "B", http), check=True)
+        assert run.rc == 0, run.tail()
+        row = run.summary[H]
+        assert row["restart"] == "would roll back to %s" % a[:12] and row["rollback_to"]["from"] == b, row
+        assert _runs(rf)["ids"] == before["ids"] and rec.calls == [] and _record(rf)["fingerprint"] == b
+        assert "would roll back: %s (to %s, the inventory says %s)" % (H, a[:12], b[:12]) in run.out, run.tail()
+
+        run = rf.playbook("rollback", vars_override=_defn(rf, "B", http))
+        assert run.rc == 0, run.tail()
+        row = run.summary[H]
+        assert row["restart"] == "rolled back to %s" % a[:12] and row["restarted"] and row["workers_verified"] == 2, row
+        assert row["rollback_to"]["fingerprint"] == a and row["rollback_to"]["from"] == b, row
+        assert row["rollback_to"]["inventory_fingerprint"] == b, row  # the rollout's fingerprint of the inventory
+        assert row["gate"] is None, row  # not measured: the generation was, when it was recorded
+        assert row["out_of_rotation"] == [] and rec.calls == [("DELETE", "/members/%s" % H), ("PUT", "/members/%s" % H)]
+        assert "GPUFLEET ROLLBACK SUMMARY" in run.out
+        assert ("rolled back: %s (to %s, the inventory says %s); the inventory is unchanged, so the next rollout "
+                "restarts these hosts to the inventory's definition again" % (H, a[:12], b[:12])) in run.out, run.tail()
+        assert "but the inventory still describes %s: the next rollout restarts it to that definition again" % b[:12] \
+            in run.out.replace("\n", " ")
+        now = _runs(rf)
+        assert now["defs"] == {"A"} and now["nccl"] == [PCIE_ONLY] * 2 and not now["ids"] & before["ids"], now
+        rec_a = _record(rf)
+        assert rec_a["fingerprint"] == a and rec_a.get("verified") is not False and rec_a["gate"]["median"] == gate_a["median"]
+        mode, gens = _last_good(rf)
+        # (an earlier test's definition is the third generation)
+        assert mode == "600" and [g["fingerprint"] for g in gens][:2] == [a, b] and gens[0]["restored_at"], gens
+        assert _serves(rf)
+
+        del rec.calls[:]
+        run = rf.playbook("rollback", vars_override=_defn(rf, "B", http))
+        assert run.rc == 0 and run.summary[H]["restart"] == "no, runs %s already" % a[:12], run.tail()
+        assert _runs(rf)["ids"] == now["ids"] and rec.calls == [], rec.calls
+        assert "rolled back:" not in run.out and "the inventory still describes" not in run.out
+
+        # The inventory reverted to A: the hosts match it, the rollout changes nothing.
+        run = rf.playbook("rollout", vars_override=_defn(rf, "A", http))
+        assert run.rc == 0 and run.summary[H]["restart"] == "no", run.tail()
+        assert _runs(rf)["ids"] == now["ids"] and rec.calls == [], rec.calls
+
+        # Forward again to B by its fingerprint (the inventory says A now: the run says so)...
+        run = rf.playbook("rollback", vars_override=_defn(rf, "A", http), extra_vars={"gpufleet_rollback_to": b[:12]})
+        assert run.rc == 0 and run.summary[H]["restart"] == "rolled back to %s" % b[:12], run.tail()
+        back = _runs(rf)
+        assert back["defs"] == {"B"} and back["nccl"] == [{"NCCL_ALGO": "Tree"}] * 2 and _record(rf)["fingerprint"] == b
+        assert "rolled back: %s (to %s, the inventory says %s); the inventory is unchanged" % (H, b[:12], a[:12]) in run.out
+
+        # ... and the next rollout restarts the host to the inventory's definition.
+        run = rf.playbook("rollout", vars_override=_defn(rf, "A", http))
+        assert run.rc == 0 and run.summary[H]["restarted"], run.tail()
+        assert _runs(rf)["defs"] == {"A"} and _record(rf)["fingerprint"] == a
+        assert _last_good(rf)[1][0]["fingerprint"] == a
+    finally:
+        rec.close()
+
+
+@pytest.mark.reliability(
+    section="input", case="A rollback with nothing to go back to, or to an unknown fingerprint",
+    provoked="gpufleet.serving.rollback with gpufleet_rollback_to naming no generation of the host (a full fingerprint, "
+             "then 4 characters), then on a host whose last known good file holds only the generation it runs, behind "
+             "an `http` balancer",
+    outcome="refused before anything on the host: rc 2, '<fingerprint> is not a last known good generation of this "
+            "host (...); known: <A> (recorded ...)', a prefix too short says so, the host whose file has only the running "
+            "one fails with 'no last known good generation other than the one it runs'; each ends 'nothing was "
+            "changed'; the balancer got no call, the server untouched (same processes)")
+def test_a_rollback_with_no_generation_to_go_back_to_is_refused_before_anything(rf):
+    rec = BalancerRecorder(add_status=204)
+    http = {"type": "http", "name": "lb-api", "remove": {"url": rec.url, "method": "DELETE"},
+            "add": {"url": rec.url, "method": "PUT", "body": "{}"}}
+    try:
+        good = _record(rf)["fingerprint"]
+        before = _runs(rf)["ids"]
+        for to, said in (("0" * 64, "%s is not a last known good generation of this host (/var/lib/gpufleet/"
+                                    "demo.last_good.json); known: " % ("0" * 64)),
+                         ("0000", "'0000' is not a fingerprint of a last known good generation of this host and too "
+                                  "short for a prefix of one")):
+            run = rf.playbook("rollback", vars_override=_defn(rf, "B", http), extra_vars={"gpufleet_rollback_to": to})
+            assert run.rc == 2, run.tail()
+            failure = run.summary[H]["failure"]
+            assert said in failure and "%s (recorded " % good[:12] in failure, failure
+            assert "nothing was changed" in failure and run.summary[H]["restarted"] is False, run.summary[H]
+        # Only the running generation left.
+        rf.fleet.ssh(H, "%s -c \"import json, os; p = '/var/lib/gpufleet/demo.last_good.json'; d = json.load(open(p)); "
+                        "d['generations'] = [g for g in d['generations'] if g['fingerprint'] == '%s']; "
+                        "f = os.open(p + '.t', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600); os.write(f, "
+                        "json.dumps(d).encode()); os.close(f); os.replace(p + '.t', p)\"" % (rf.python, good), check=True)
+        run = rf.playbook("rollback", vars_override=_defn(rf, "B", http))
+        assert run.rc == 2, run.tail()
+        failure = run.summary[H]["failure"]
+        assert "no last known good generation other than the one it runs (%s (recorded " % good[:12] in failure, failure
+        assert rec.calls == [] and _runs(rf)["ids"] == before
+        assert _record(rf)["fingerprint"] == good and _last_good(rf)[0] == "600"
+    finally:
+        rec.close()
+
+
+@pytest.mark.reliability(
+    section="fault", case="The audit shows what runs, the last known good and the last gate measurement",
+    provoked="gpufleet.serving.audit (--check) on a host rolled out with a gate, its server's environment holding a "
+             "secret value",
+    outcome="per host: fingerprint (the running one), last_known_good (fingerprint, recorded_at) and last_gate (median, "
+            "unit 'output tokens/s'); rc 0; the secret value appears nowhere in the output")
+def test_the_audit_shows_the_running_fingerprint_the_last_known_good_and_the_gate_but_no_env_value(rf):
+    secret = "hf_s3cr3t_%s" % H
+    run = rf.playbook("rollout", vars_override=_vars(rf, GPUFLEET_TEST_DEFINITION="A", HF_TOKEN=secret))
+    assert run.rc == 0, run.tail()
+    fp = _record(rf)["fingerprint"]
+    newest = _last_good(rf)[1][0]
+    assert newest["fingerprint"] == fp and newest["env"]["HF_TOKEN"] == secret  # the file (0600) holds it; the audit not
+    run = rf.playbook("audit", vars_override=_vars(rf, GPUFLEET_TEST_DEFINITION="A", HF_TOKEN=secret), check=True)
+    assert run.rc == 0, run.tail()
+    assert secret not in run.out
+    # The repo's ansible.cfg prints results as YAML (callback_result_format): the debug task's indented block.
+    shown = [yaml.safe_load(textwrap.dedent(m)) for m in re.findall(r"^ok: \[%s\] => ?\n((?:  .*\n)+)" % H, run.out, re.M)]
+    verdict = next((v["msg"] for v in shown if isinstance(v.get("msg"), dict) and "last_known_good" in v["msg"]), None)
+    assert verdict is not None, run.tail()
+    assert verdict["fingerprint"] == fp, verdict
+    assert verdict["last_known_good"] == {"fingerprint": fp, "recorded_at": newest["recorded_at"],
+                                          "gate_median": newest["gate"]["median"]}, verdict
+    gate = verdict["last_gate"]
+    assert gate["median"] == _record(rf)["gate"]["median"] > 0 and gate["unit"] == "output tokens/s", gate
+    assert gate["metric"] == "output_tokens_per_s" and gate["fingerprint"] == fp, gate

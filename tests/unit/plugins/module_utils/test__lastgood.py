@@ -5,8 +5,14 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _lastgood
+import pytest
+
+from helpers import wait_for
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _lastgood, _proc
 
 P = {"launcher": "process", "command": ["python3", "-m", "sglang.launch_server"], "env": {"HF_TOKEN": "hf_secret"},
      "env_passthrough": [], "user": "root", "workdir": "/", "umask": "0022", "tag_name": "GPUFLEET_SERVICE",
@@ -39,3 +45,93 @@ def test_an_unreadable_file_is_no_generations_and_is_replaced(tmp_path):
         assert _lastgood.read(str(path)) == []
     gens = _lastgood.keep(str(path), _lastgood.generation(P, "a", None, None), 3)
     assert [g["fingerprint"] for g in gens] == ["a"] and gens[0]["gate"] is None and gens[0]["layers"] is None
+
+
+def _gens(*fps, launcher="process"):
+    return [dict(_lastgood.generation(dict(P, launcher=launcher, command=None if launcher == "systemd" else P["command"]),
+                                      fp, None, None), recorded_at="2026-12-0%dT10:00:00+0000" % (9 - i))
+            for i, fp in enumerate(fps)]
+
+
+A, B, C = "a" * 64, "b" * 64, "c" * 64
+
+
+@pytest.mark.parametrize("running, to, marker, want", [
+    (C, "", None, B),   # after a passing rollout of C (the newest): the one before it
+    (B, "", None, C),   # the host runs an older one (rolled back by hand before, no record of it): the newest other
+    (None, "", None, C),  # no verified server runs (a failed restart left none): the newest
+    ("d" * 64, "", None, C),  # a failed launch of an unknown definition runs: the newest
+    (C, A, None, A),    # named in full
+    (C, A[:12], None, A),  # by the 12 characters the summary and the audit show
+    (C, C, None, C),    # the running one named: nothing to do (the caller sees it runs it)
+    (B, "", {"from": C, "to": B}, B),  # rolled back by hand to what it runs: stays (the rollback again is a no-op)
+    (B, C[:12], {"from": C, "to": B}, C),  # ... and goes forward only when named
+    (A, "", {"from": C, "to": B}, C),  # it runs another one than the rollback went to: the rule again
+])
+def test_the_rollback_goes_to_the_newest_generation_it_does_not_run_or_the_one_named(running, to, marker, want):
+    assert _lastgood.choose(_gens(C, B, A), running, to, marker)["fingerprint"] == want
+
+
+@pytest.mark.parametrize("gens, running, to, said", [
+    ([], C, "", "this host has no last known good generation (/x.last_good.json)"),
+    ("C", C, "", "no last known good generation other than the one it runs (cccccccccccc (recorded "),
+    ("CB", C, "d" * 64, "%s is not a last known good generation of this host (/x.last_good.json); known: cccccccccccc "
+                        "(recorded 2026-12-09T10:00:00+0000), bbbbbbbbbbbb (recorded 2026-12-08T10:00:00+0000)" % ("d" * 64)),
+    ("CB", C, "bbbb", "'bbbb' is not a fingerprint of a last known good generation of this host and too short for a "
+                      "prefix of one (at least 12 characters"),
+    ("CB", C, "d" * 12, "dddddddddddd is not a last known good generation"),
+])
+def test_no_generation_to_go_back_to_is_refused_naming_what_the_host_has(gens, running, to, said):
+    gens = _gens(*[{"C": C, "B": B}[x] for x in gens])
+    with pytest.raises(_lastgood.TargetError) as e:
+        _lastgood.choose(gens, running, to, None, "/x.last_good.json")
+    assert said in str(e.value), str(e.value)
+    assert "hf_secret" not in str(e.value)
+
+
+def test_an_ambiguous_prefix_and_a_systemd_generation_are_refused():
+    twins = [dict(g, fingerprint="ab" * 6 + x) for g, x in zip(_gens(C, B), ("1" * 52, "2" * 52))]
+    with pytest.raises(_lastgood.TargetError, match="names 2 last known good generations of this host; give more"):
+        _lastgood.choose(twins, None, "ab" * 6)
+    assert _lastgood.choose(twins, None, "ab" * 6 + "2")["fingerprint"] == "ab" * 6 + "2" * 52
+    with pytest.raises(_lastgood.TargetError, match="was launched by systemd .*: its definition is the unit's files"):
+        _lastgood.choose(_gens(C, B, launcher="systemd"), C)
+
+
+def test_a_restored_generation_is_the_newest_again_and_the_file_remembers_the_rollback_until_another_is_kept(tmp_path):
+    path = str(tmp_path / "s.last_good.json")
+    for fp in (A, B, C):
+        _lastgood.keep(path, _lastgood.generation(P, fp, None, None), 3)
+    recorded = {g["fingerprint"]: g["recorded_at"] for g in _lastgood.read(path)}
+    gens = _lastgood.restored(path, B, C)
+    assert [g["fingerprint"] for g in gens] == [B, C, A] and gens[0]["recorded_at"] == recorded[B]
+    assert gens[0]["restored_at"] and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    f = _lastgood.read_file(path)
+    assert f["generations"] == gens and f["rolled_back"]["from"] == C and f["rolled_back"]["to"] == B
+    # The rollback again: a no-op; then the same definition restarted by a rollout keeps the note...
+    assert _lastgood.choose(f["generations"], B, "", f["rolled_back"])["fingerprint"] == B
+    _lastgood.keep(path, _lastgood.generation(P, B, None, None), 3)
+    assert _lastgood.read_file(path)["rolled_back"]["to"] == B
+    # ... and another one kept (a rollout forward) forgets it.
+    _lastgood.keep(path, _lastgood.generation(P, C, None, None), 3)
+    assert _lastgood.read_file(path)["rolled_back"] is None
+
+
+def test_what_the_host_runs_is_what_its_launcher_carries_else_the_verified_launch_on_record():
+    me = _proc.read_proc(os.getpid())
+    rec = {"fingerprint": A, "pid": me.pid, "start_time": me.start_time}
+    key = "GPUFLEET_TEST_NO_SUCH_TAG"
+    assert _lastgood.running_fingerprint(rec, (me.pid, me.start_time), key, True) == A
+    assert _lastgood.running_fingerprint(dict(rec, verified=False), (me.pid, me.start_time), key, True) is None
+    assert _lastgood.running_fingerprint(rec, (me.pid, me.start_time), key, False) is None
+    assert _lastgood.running_fingerprint(dict(rec, pid=1), (me.pid, me.start_time), key, True) is None
+    # A launcher carrying its fingerprint (/proc/PID/environ holds what a process started with: a child's).
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                             env=dict(os.environ, **{key + "_FINGERPRINT": B}))
+    try:
+        wait_for(lambda: _proc.read_environ(child.pid, [key + "_FINGERPRINT"]), 10, "the child's environment")
+        ident = (child.pid, _proc.read_proc(child.pid).start_time)
+        assert _lastgood.running_fingerprint(dict(rec, verified=False), ident, key, True) == B
+    finally:
+        child.kill()
+        child.wait()

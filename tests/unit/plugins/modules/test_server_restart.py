@@ -807,3 +807,74 @@ def test_a_stop_removes_the_pidfile_of_the_server_it_stopped(server, run_module)
     assert not os.path.exists(a["pidfile"]) and _tagged(a) == []
     again = run_module(server_restart.main, stop)  # nothing to stop, nothing to remove
     assert "failed" not in again and again["killed"] == 0 and "pidfile_removed" not in again, again
+
+
+def _restore(a, fingerprint):
+    """A restore call: the caller's definition left out (the generation's is launched)."""
+    return dict({k: v for k, v in a.items() if k not in ("command", "env")}, restore=fingerprint)
+
+
+def test_restore_relaunches_a_last_known_good_generation_verifies_it_as_then_and_makes_it_the_newest(server, run_module,
+                                                                                                     tmp_path):
+    """The rollback by hand (issue 26): definition A, then B (another NCCL value) both pass and are kept; restore A by
+    the 12 characters the summary shows: B's server is killed, A's NCCL layer (an nccl.conf of its own here) is put
+    back, A's command and environment are launched, its worker is verified against A's expected environment (not the
+    caller's), the record says A, and A is the newest generation again, the file noting the rollback from B. Check mode
+    says the same and changes nothing."""
+    conf = tmp_path / "nccl.conf"
+    a = dict(server, record=dict(server["record"], fingerprint="a" * 64, generations=3,
+                                 layers={"nccl_conf": {"path": str(conf), "env": {"NCCL_ALGO": "Ring"}}}))
+    assert "failed" not in run_module(server_restart.main, a)
+    lkg = a["record"]["state_file"][:-len(".json")] + ".last_good.json"
+    b = dict(a, env=dict(a["env"], NCCL_P2P_LEVEL="NVL"), verify_env={"expected": {"NCCL_P2P_LEVEL": "NVL"}},
+             record=dict(a["record"], fingerprint="b" * 64, layers=None))
+    r = run_module(server_restart.main, b)
+    assert "failed" not in r and [g["fingerprint"] for g in r["last_good"]] == ["b" * 64, "a" * 64], r
+    b_pids = _tagged(a)
+
+    # The caller still passes B's expected environment: the generation's is what its workers are verified against.
+    r = run_module(server_restart.main, _restore(b, "a" * 12), check_mode=True)
+    assert "failed" not in r and r["would_launch"] is True and r["changed"] is True, r
+    assert r["restore"] == {"fingerprint": "a" * 64, "recorded_at": r["restore"]["recorded_at"], "previous": "b" * 64}
+    assert _tagged(a) == b_pids and json.loads(open(a["record"]["state_file"]).read())["fingerprint"] == "b" * 64
+    assert r["layers_restored"] == {"changed": True, "layers": ["nccl_conf"]} and not conf.exists(), r
+
+    r = run_module(server_restart.main, _restore(b, "a" * 12))
+    assert "failed" not in r, r["msg"]
+    assert r["killed"] == 2 and not any(pid_alive(p) for p in b_pids), r
+    assert r["layers_restored"]["changed"] is True and "NCCL_ALGO=Ring" in conf.read_text(), r
+    assert r["env"]["ok"] == 1 and r["env"]["processes"][0]["env"] == {"NCCL_P2P_LEVEL": "SYS"}, r["env"]
+    worker = [p for p in _tagged(a) if p != r["pid"]]
+    assert _proc.read_environ(worker[0], ["NCCL_P2P_LEVEL"]) == {"NCCL_P2P_LEVEL": "SYS"}
+    state = json.loads(open(a["record"]["state_file"]).read())
+    assert state["fingerprint"] == "a" * 64 and state["pid"] == r["pid"] and state.get("verified") is not False
+    data = json.loads(open(lkg).read())
+    assert [g["fingerprint"] for g in data["generations"]] == ["a" * 64, "b" * 64] and data["generations"][0]["restored_at"]
+    assert data["rolled_back"]["from"] == "b" * 64 and data["rolled_back"]["to"] == "a" * 64
+    assert [g["fingerprint"] for g in r["last_good"]] == ["a" * 64, "b" * 64] and "env" not in r["last_good"][0]
+
+
+@pytest.mark.parametrize("restore, said", [
+    ("c" * 64, "restore: %s is not a last known good generation of this host (" % ("c" * 64)),
+    ("bbbb", "restore: 'bbbb' is not a fingerprint of a last known good generation of this host and too short"),
+])
+def test_a_restore_of_a_generation_the_host_lacks_fails_before_anything_is_stopped(server, run_module, restore, said):
+    a = dict(server, record=dict(server["record"], fingerprint="b" * 64, generations=3))
+    assert "failed" not in run_module(server_restart.main, a)
+    old = _tagged(a)
+    r = run_module(server_restart.main, _restore(a, restore))
+    assert r["failed"] and said in r["msg"] and r["msg"].endswith("nothing was stopped"), r["msg"]
+    assert r["phase"] == "preflight" and "known: bbbbbbbbbbbb (recorded " in r["msg"], r["msg"]
+    assert _tagged(a) == old and all(pid_alive(p) for p in old)
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"command": ["x"]}, "restore: command and env are the generation's, not this call's"),
+    ({"launcher": "systemd", "systemd": {"unit": "x.service"}}, "restore is for launcher=process only"),
+    ({"record": None}, "restore needs record"),
+    ({"rollback": True}, "restore: rollback is not for a restore"),
+    ({"restore": " "}, "restore must name a fingerprint"),
+])
+def test_a_restore_with_options_it_cannot_honour_is_refused_before_anything(server, run_module, change, said):
+    r = run_module(server_restart.main, dict(_restore(server, "a" * 12), **change))
+    assert r["failed"] and said in r["msg"], r["msg"]

@@ -724,3 +724,75 @@ def test_gpu_holders_no_kill_would_end_refuse_a_wanted_restart_in_the_check(serv
     # The stray kill would end it: nothing to refuse.
     r = run_module(server_state.main, _restart_wanted(paths, "", clean_timeout=0.3, kill={"gpu_strays": True}))
     assert "failed" not in r and r["needs_restart"] is True, r
+
+
+def _last_good_file(paths, *fingerprints, launcher="process"):
+    """The host's last known good generations, newest first (as server_restart keeps them), with a secret env value."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _lastgood
+    gens = [dict(_lastgood.generation({"launcher": launcher, "command": ["/bin/true"], "env": {"HF_TOKEN": "hf_secret"},
+                                       "verify_env": {"expected": {"NCCL_PROTO": "LL"}}}, fp,
+                                      {"median": 100.0 + i, "metric": "output_tokens_per_s"}, None),
+                 recorded_at="2026-12-0%dT10:00:00+0000" % (9 - i)) for i, fp in enumerate(fingerprints)]
+    path = paths["state_file"][:-len(".json")] + ".last_good.json"
+    Path(path).write_text(json.dumps({"generations": gens}))
+    return path
+
+
+def test_the_check_reports_what_runs_the_last_known_good_and_the_gate_never_a_definition(servers, paths, run_module):
+    running(servers, paths, run_module)
+    r = run_module(server_state.main, check_args(paths))
+    assert r["running_fingerprint"] == "f" * 64
+    assert r["last_good"] == {"newest": None, "generations": [], "rolled_back": None, "gate": None}, r["last_good"]
+    _last_good_file(paths, "f" * 64, "e" * 64)
+    st = json.loads(open(paths["state_file"]).read())
+    st["gate"] = {"median": 412.5, "metric": "output_tokens_per_s", "measured_at": "T", "fingerprint": "f" * 64}
+    Path(paths["state_file"]).write_text(json.dumps(st))
+    r = run_module(server_state.main, check_args(paths))
+    lg = r["last_good"]
+    assert lg["newest"] == {"fingerprint": "f" * 64, "recorded_at": "2026-12-09T10:00:00+0000", "gate_median": 100.0}
+    assert [g["fingerprint"] for g in lg["generations"]] == ["f" * 64, "e" * 64]
+    assert lg["gate"] == {"median": 412.5, "metric": "output_tokens_per_s", "unit": "output tokens/s",
+                          "measured_at": "T", "fingerprint": "f" * 64}
+    assert "hf_secret" not in json.dumps(r) and "/bin/true" not in json.dumps(r)
+
+
+def test_the_rollback_check_compares_the_host_with_the_generation_it_goes_back_to(servers, paths, run_module):
+    """Running f (the newest generation): the rollback goes to e, the one before; a restart is needed, and the reason
+    says so; named by 12 characters, the running one is a no-op; an unknown one fails before the lock, naming the
+    generations the host has; the inventory's fingerprint differing from the target is warned about."""
+    running(servers, paths, run_module)
+    _last_good_file(paths, "f" * 64, "e" * 64)
+    lock = {"lock_file": paths["lock_file"], "owner": "ctl:1:run"}
+    r = run_module(server_state.main, check_args(paths, fingerprint="f" * 64, rollback={}, **lock))
+    assert r["needs_restart"] is True and r["locked"] is True, r
+    assert r["rollback"] == {"fingerprint": "e" * 64, "recorded_at": "2026-12-08T10:00:00+0000", "from": "f" * 64,
+                             "inventory_fingerprint": "f" * 64}
+    assert "roll back to the last known good eeeeeeeeeeee (recorded 2026-12-08T10:00:00+0000) from ffffffffffff" \
+        in r["reasons"], r["reasons"]
+    # Warnings are strings or (2.19) structured events: their text is in the JSON either way. In-process, after other
+    # modules ran in the same process, a result does not always carry them (as above); the sandbox test reads the run.
+    if "warnings" in r:
+        assert ("but the inventory still describes ffffffffffff: the next rollout restarts it to that definition again"
+                in json.dumps(r["warnings"])), r["warnings"]
+    os.unlink(paths["lock_file"])
+
+    r = run_module(server_state.main, check_args(paths, rollback={"to": "f" * 12}, **lock))
+    assert r["needs_restart"] is False and r["reasons"] == [] and r["locked"] is False, r
+    assert r["rollback"]["fingerprint"] == "f" * 64 and not os.path.exists(paths["lock_file"])
+
+    r = run_module(server_state.main, check_args(paths, rollback={"to": "d" * 64}, **lock))
+    assert r["failed"] and r["msg"].startswith("rollback: %s is not a last known good generation of this host (" % ("d" * 64))
+    assert "known: ffffffffffff (recorded 2026-12-09T10:00:00+0000), eeeeeeeeeeee (recorded " in r["msg"], r["msg"]
+    assert r["msg"].endswith("nothing was changed") and not os.path.exists(paths["lock_file"])
+    assert "hf_secret" not in json.dumps(r)
+
+
+def test_a_rollback_with_no_other_generation_or_a_systemd_unit_is_refused(servers, paths, run_module):
+    running(servers, paths, run_module)
+    r = run_module(server_state.main, check_args(paths, rollback={}))
+    assert r["failed"] and "this host has no last known good generation (" in r["msg"], r["msg"]
+    _last_good_file(paths, "f" * 64)
+    r = run_module(server_state.main, check_args(paths, rollback={}))
+    assert r["failed"] and "no last known good generation other than the one it runs (ffffffffffff (recorded " in r["msg"]
+    r = run_module(server_state.main, check_args(paths, rollback={}, systemd={"unit": "x.service", "unit_path": "/x"}))
+    assert r["failed"] and r["msg"].startswith("rollback: the rollback by hand is for the process launcher only"), r["msg"]

@@ -120,3 +120,12 @@ def test_the_unknown_profile_refusal_names_the_profile_and_the_way_out():
     msg = _check.unknown_nccl_refusal("auto")
     assert msg.startswith("gpufleet_nccl_profile is auto but this run does not know its NCCL variables")
     assert "Include the gpufleet.serving.nccl_tuning role before gpu_server" in msg
+
+
+@pytest.mark.parametrize("needs_restart", [True, False])
+def test_a_rollback_check_names_the_generation_in_the_hosts_row_whether_or_not_it_restarts(needs_restart):
+    """The rollback playbook's summary says what each host went back to, or that it already runs it."""
+    to = dict(fingerprint="a" * 64, recorded_at="T", **{"from": "b" * 64}, inventory_fingerprint="b" * 64)
+    d = _check.decide(check(needs_restart=needs_restart, rollback=to), False, ["lb"], True, False)
+    assert d["do_restart"] is needs_restart and d["result"]["rollback_to"] == to
+    assert "rollback_to" not in _check.decide(check(), False, [], True, False)["result"]
