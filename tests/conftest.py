@@ -34,6 +34,7 @@ LONGEST_FIRST: t.List[str] = [
     "tests/foundation/test_integration_targets.py",
     "tests/foundation/test_core_newest.py",
     "tests/reliability/test_rel_security_rollout.py",
+    "tests/reliability/test_rel_gate.py",
     "tests/reliability/test_rel_two_services.py",
     "tests/reliability/test_rel_restart_ready.py",
     "tests/reliability/test_rel_users_play.py",
