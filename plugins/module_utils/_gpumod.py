@@ -65,6 +65,18 @@ def backend_or_fail(name: t.Optional[str] = None) -> t.Iterator[_nvml.Backend]:
         backend.close()
 
 
+def gpus_preflight(p: t.Mapping[str, t.Any]) -> None:
+    """A GPU index this host lacks, or no GPU backend at all; `p` needs only `gpus` and `backend`. server_restart runs
+    it before its kill and server_state's check before its lock (here, not in _restart, so that the check, run on every
+    host of every rollout, does not import the whole restart engine)."""
+    if p["gpus"]:
+        try:
+            with backend_or_fail(p["backend"]) as backend:
+                _nvml.resolve_indices(backend, p["gpus"])
+        except StepError as e:
+            raise StepError("gpus: %s; nothing was stopped" % e, **dict(e.details, phase="preflight"))
+
+
 def gpu_facts(backend: _nvml.Backend, wanted: t.Sequence[int]) -> t.Dict[str, t.Any]:
     indices = _nvml.resolve_indices(backend, wanted)
     gpus = [backend.info(i) for i in indices]

@@ -352,17 +352,7 @@ def preflight(p: t.Mapping[str, t.Any]) -> None:
         raise StepError("cannot run this server, nothing was stopped: %s" % "; ".join(problems), phase="preflight",
                         launch_problems=problems)
     port_preflight(p)
-    gpus_preflight(p)
-
-
-def gpus_preflight(p: t.Mapping[str, t.Any]) -> None:
-    """A GPU index this host lacks, or no GPU backend at all; `p` needs only `gpus` and `backend` (server_state's check
-    runs it too, before its lock)."""
-    if p["gpus"]:
-        try:
-            _all_gpus(p)
-        except StepError as e:
-            raise StepError("gpus: %s; nothing was stopped" % e, **dict(e.details, phase="preflight"))
+    _gpumod.gpus_preflight(p)
 
 
 def space_preflight(p: t.Mapping[str, t.Any]) -> t.List[str]:

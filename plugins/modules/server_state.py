@@ -602,7 +602,7 @@ import typing as t
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _bench, _gpumod, _lastgood, _layercheck, _nvml, _proc, _restart, _rotation, _runid, _select, _server, _systemd)
+    _gpumod, _lastgood, _layercheck, _nvml, _proc, _rotation, _runid, _select, _server, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
@@ -688,6 +688,8 @@ def restart_preflight(module: AnsibleModule) -> None:
     after the clean gate's timeout for them to go, as the restart waits; nothing is signalled, in check mode alike).
     Only for the check of a run that may restart (O(owner)): the rollout's read-only fast path leaves a host that needs
     a restart to that check anyway (it would wait the gate's timeout twice), and the audit reports the holders."""
+    # Imported here: the restart engine is most of the collection's code, and only a check that may restart needs it.
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _restart  # pylint: disable=import-outside-toplevel
     p = module.params
     la = p["launchable"]
     sel = _restart.selection_params(p["name"], p["tag_name"], p["pidfile"], p["gpus"], p["backend"],
@@ -746,7 +748,7 @@ def check(module: AnsibleModule) -> dict:
         if problems:
             module.fail_json(msg="cannot run this server: %s." % "; ".join(problems), launch_problems=problems)
         # The restart's own words for a GPU index this host lacks (the GPU reading below would fail on it too).
-        _restart.gpus_preflight(p)
+        _gpumod.gpus_preflight(p)
     locking = bool(p["lock_file"] and p["owner"]) and not module.check_mode
     # This run's lock from an earlier call (action=lock, or a check that kept it) is neither taken nor dropped here.
     held = _server.read_state(p["lock_file"]) if p["lock_file"] and p["owner"] else {}
@@ -972,8 +974,13 @@ def last_good_report(state_file: str, state: t.Mapping[str, t.Any]) -> t.Dict[st
     f = _lastgood.read_file(_lastgood.path_for(state_file))
     gens = _lastgood.summary(f["generations"])
     g = state.get("gate") if isinstance(state.get("gate"), dict) else None
-    gate = {"median": g.get("median"), "metric": g.get("metric"), "unit": _bench.UNITS.get(str(g.get("metric"))),
-            "measured_at": g.get("measured_at"), "fingerprint": g.get("fingerprint")} if g else None
+    gate = None
+    if g:
+        # Imported only for a recorded measurement: _bench brings http.client and statistics, which every check (a
+        # no-op rollout runs one per host) would otherwise compile and import for nothing.
+        from ansible_collections.gpufleet.serving.plugins.module_utils import _bench  # pylint: disable=import-outside-toplevel
+        gate = {"median": g.get("median"), "metric": g.get("metric"), "unit": _bench.UNITS.get(str(g.get("metric"))),
+                "measured_at": g.get("measured_at"), "fingerprint": g.get("fingerprint")}
     return {"newest": gens[0] if gens else None, "generations": gens, "rolled_back": f["rolled_back"], "gate": gate}
 
 
