@@ -39,25 +39,7 @@ _value:
   elements: str
 """
 
-import typing as t
-
-
-def gate_problems(gate: t.Any) -> t.List[str]:
-    if gate is None or gate == {}:
-        return []
-    # Imported only for a gate: every host's preflight calls this filter, in a worker process of its own that compiles
-    # what it imports from source (the collection loader keeps no bytecode); _bench and the argument spec validator
-    # were 18 % of a no-op rollout's controller CPU when imported at the top (py-spy, 4 hosts, no gate set).
-    # pylint: disable=import-outside-toplevel
-    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _bench
-    if not isinstance(gate, t.Mapping):
-        return ["gpufleet_server_gate must be a dict of server_bench's options (got %s)" % type(gate).__name__]
-    res = ArgumentSpecValidator(_bench.argument_spec()).validate(dict(gate))
-    if res.error_messages:
-        return ["gpufleet_server_gate: %s" % m for m in res.error_messages]
-    return ["gpufleet_server_gate: %s" % m for m in _bench.input_problems(dict(res.validated_parameters, baseline=None))]
+from ansible_collections.gpufleet.serving.plugins.plugin_utils._preflight import gate_problems
 
 
 class FilterModule:
