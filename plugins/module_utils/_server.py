@@ -365,6 +365,19 @@ def open_log(log_path: str) -> int:
     return fd
 
 
+def _stop_untracked(child: "subprocess.Popen[bytes]") -> None:
+    """SIGKILL the process group of a server launched a moment ago (its own session, so the group is the server and
+    whatever it started), and reap it."""
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        child.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 def launch(argv: t.Sequence[str], env: t.Mapping[str, str], user: str, workdir: str, log_path: str,
            pidfile: str, umask: int = 0o022) -> _proc.Proc:
     """Start argv in a new session (setsid) as `user` with `umask`, output appended to log_path; write 'PID START'
@@ -408,7 +421,15 @@ def launch(argv: t.Sequence[str], env: t.Mapping[str, str], user: str, workdir: 
         time.sleep(0.005)
     if p is None:
         raise ServerError("server process %d vanished right after start" % child.pid)
-    write_pidfile(pidfile, p)
+    try:
+        write_pidfile(pidfile, p)
+    except OSError as e:
+        # A server nothing tracks (its pidfile is how every later step and run finds it) must not be left running: it
+        # would hold the GPUs while the run says it was not relaunched. It is a few milliseconds old, alone in its
+        # session (setsid): its process group is all of it.
+        _stop_untracked(child)
+        raise ServerError("%s: the server just launched (pid %d) was stopped again, as nothing could track it"
+                          % (e.strerror or e, p.pid))
     # Not waited for: the server outlives this module (it is in its own session).
     child.returncode = 0
     return p

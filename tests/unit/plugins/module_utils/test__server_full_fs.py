@@ -27,6 +27,17 @@ try:
         out["lock"] = _server.acquire_lock(os.path.join(d, "sglang.lock"), "run-1", 60, 0)
     elif what == "pidfile":
         _server.write_pidfile(os.path.join(d, "sglang.pid"), _proc.read_proc(os.getpid()))
+    elif what == "launch":
+        # The pidfile is the one file of the launch on the full filesystem (the log is not): the server starts, then
+        # cannot be tracked. Its marker finds it in /proc if it survived.
+        marker = "gpufleet-untracked-%d" % os.getpid()
+        try:
+            _server.launch([sys.executable, "-c", "import time; time.sleep(120)", marker], {"PATH": "/usr/bin:/bin"},
+                           "root", "/", sys.argv[3] + "/srv.log", os.path.join(d, "sglang.pid"))
+        except _server.ServerError as e:
+            out["error"] = str(e)
+        out["alive"] = [n for n in os.listdir("/proc") if n.isdigit()
+                        and marker.encode() in open("/proc/%s/cmdline" % n, "rb").read().split(b"\0")]
     elif what == "space":
         out["problems"] = _server.space_problems({"record.state_file": os.path.join(d, "sub", "sglang.json"),
                                                   "pidfile": sys.argv[3] + "/run/sglang.pid"})
@@ -87,3 +98,13 @@ def test_space_problems_names_the_full_directory_and_its_free_bytes(tmp_path):
 
 def test_space_problems_passes_a_filesystem_with_room(tmp_path):
     assert in_full_tmpfs(tmp_path, "space", fill=False)["problems"] == []
+
+
+def test_a_server_whose_pidfile_cannot_be_written_is_stopped_not_left_running_untracked(tmp_path):
+    """/run/gpufleet full between the kill and the launch (seen by a new-user pass): the server started, its pidfile
+    write failed, and the run said 'not relaunched' while the new server ran on, holding the GPUs, tracked by nothing."""
+    out = in_full_tmpfs(tmp_path, "launch")
+    assert "cannot write" in out["error"] and "sglang.pid" in out["error"] and "No space left on device" in out["error"], out
+    assert "was stopped again" in out["error"], out
+    assert out["alive"] == [], out  # no process of that launch is left
+    assert out["left"] == ["filler"], out  # no pidfile, no temp file
