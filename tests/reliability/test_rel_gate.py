@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -16,7 +17,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 
-from rollout_helpers import PCIE_ONLY, BalancerRecorder, RolloutFleet, nccl, workers  # noqa: E402
+from collection_copy import private_collections  # noqa: E402
+from rollout_helpers import PCIE_ONLY, ROOT, BalancerRecorder, RolloutFleet, nccl, workers  # noqa: E402
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
@@ -184,6 +186,19 @@ def _defn(rf, name, http=None):
     return dict(v, gpufleet_server_balancers=[http] if http else [])
 
 
+def _ci_rollback(rf, defn, to):
+    """python -m gpufleet_ci rollback (ansible-runner) with gpufleet_rollback_to: its exit status and JSON report."""
+    inv = rf.inventory(vars_override=defn)
+    out = rf.workdir / ("ci-rollback-%d" % rf.runs)
+    out.mkdir()
+    argv = [sys.executable, "-m", "gpufleet_ci", "rollback", "--inventory", str(inv), "--private-data-dir", str(out / "pdd"),
+            "--json", str(out / "report.json"), "--collections-path", str(private_collections()),
+            "-e", json.dumps({"gpufleet_rollout_serial": ["100%"], "gpufleet_rollback_to": to})]
+    p = subprocess.run(argv, cwd=str(ROOT), check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=300)
+    return p, json.loads((out / "report.json").read_text())
+
+
 def _runs(rf) -> dict:
     """The host's server as the probe sees it: its definition (GPUFLEET_TEST_DEFINITION of every tagged process), its
     workers' NCCL variables beyond the server's own (NCCL_DEBUG...: the layers' only), and the identities of its
@@ -200,14 +215,15 @@ def _runs(rf) -> dict:
     section="fault", case="A rollout that passed its checks misbehaves later: the rollback playbook (by hand)",
     provoked="definition A, then B (another variable, NCCL profile custom instead of pcie_only) rolled out and gated, "
              "behind an `http` balancer (a recording API); then gpufleet.serving.rollback with --check, for real, "
-             "again, a rollout of A, the rollback with gpufleet_rollback_to naming B by its first 12 characters, a rollout "
-             "of A",
+             "again, a rollout of A, the rollback with gpufleet_rollback_to naming B by its first 12 characters (from a CI job: "
+             "python -m gpufleet_ci rollback), a rollout of A",
     outcome="--check says 'would roll back to <A>' and changes nothing (same processes, no balancer call); the rollback "
             "drains the host, restarts A's definition with A's NCCL layers (its workers carry A's six pcie_only "
             "variables again, none of B's), verifies its 2 workers, records A (A's measurement the baseline, A the newest "
             "last known good, the rollback noted) and puts the host back (DELETE then PUT); the summary says 'rolled back "
             "to <A>' and that the inventory is unchanged (the next rollout restarts the host to its definition); again: 'no, runs <A> already', "
-            "nothing touched; a rollout of A (the inventory reverted) changes nothing; by B's fingerprint: back to B; "
+            "nothing touched; a rollout of A (the inventory reverted) changes nothing; by B's fingerprint: back to B (gpufleet_ci "
+            "exits 0, its report's row 'rolled back to <B>'); "
             "the next rollout restarts the host to the inventory's definition (A)")
 def test_the_rollback_playbook_puts_the_host_back_to_its_last_known_good_and_again_is_a_no_op(rf):
     rec = BalancerRecorder(add_status=204)
@@ -265,12 +281,15 @@ def test_the_rollback_playbook_puts_the_host_back_to_its_last_known_good_and_aga
         assert run.rc == 0 and run.summary[H]["restart"] == "no", run.tail()
         assert _runs(rf)["ids"] == now["ids"] and rec.calls == [], rec.calls
 
-        # Forward again to B by its fingerprint (the inventory says A now: the run says so)...
-        run = rf.playbook("rollback", vars_override=_defn(rf, "A", http), extra_vars={"gpufleet_rollback_to": b[:12]})
-        assert run.rc == 0 and run.summary[H]["restart"] == "rolled back to %s" % b[:12], run.tail()
+        # Forward again to B by its fingerprint (the inventory says A now: the run says so), from a CI job this time
+        # (python -m gpufleet_ci rollback, through ansible-runner)...
+        p, report = _ci_rollback(rf, _defn(rf, "A", http), b[:12])
+        assert p.returncode == 0 and report["ok"] is True and report["playbook"] == "rollback", p.stdout[-4000:]
+        row = next(h for h in report["hosts"] if h["host"] == H)
+        assert row["restart"] == "rolled back to %s" % b[:12] and row["rollback_to"]["fingerprint"] == b, row
         back = _runs(rf)
         assert back["defs"] == {"B"} and back["nccl"] == [{"NCCL_ALGO": "Tree"}] * 2 and _record(rf)["fingerprint"] == b
-        assert "rolled back: %s (to %s, the inventory says %s); the inventory is unchanged" % (H, b[:12], a[:12]) in run.out
+        assert "### gpufleet rollback: OK (rc 0)" in p.stdout and "rolled back to %s" % b[:12] in p.stdout, p.stdout[-4000:]
 
         # ... and the next rollout restarts the host to the inventory's definition.
         run = rf.playbook("rollout", vars_override=_defn(rf, "A", http))

@@ -27,7 +27,7 @@ import typing as t
 
 import yaml
 
-PLAYBOOKS = ("rollout", "restart", "clean", "audit")
+PLAYBOOKS = ("rollout", "restart", "clean", "audit", "rollback")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
