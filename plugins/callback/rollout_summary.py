@@ -53,6 +53,9 @@ description:
   - A run whose tags left the gpu_server role's tasks out (C(--tags nccl_tuning)) still lists its hosts; those whose
     NCCL layers were tuned while no server task ran are named after the table (C(NCCL layers only, servers not
     checked or restarted)), with whether their layers changed, and each row has C(nccl_only) and C(nccl_changed).
+    The other way round (C(--tags gpufleet_server) after the layers changed), a host whose server is right but whose
+    layers are not what the inventory asks is named after the table (C(NCCL layers not as the inventory asks, left as
+    they are)) with the layers that differ, also in its row's C(nccl_stale).
   - A host an earlier run left out of rotation (its drain record) whose server needs no restart is put back without
     one; such hosts are named after the table (C(put back into rotation), under C(--check) C(would put back into
     rotation), and not as left out) and in each row's C(returned_to_service) (and C(would_return) in check mode).
@@ -241,6 +244,7 @@ def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.
     notes.append(returned(rows))
     notes.append(record_missing(rows))
     notes.append(nccl_only(rows))
+    notes.append(nccl_stale(rows))
     notes.append(rolled_back(rows))
     return [n for n in notes if n]
 
@@ -252,6 +256,14 @@ def nccl_only(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
            for r in rows if r.get("nccl_only")]
     return ("NCCL layers only, servers not checked or restarted (the run's tags left the gpu_server tasks out; a "
             "rollout without them restarts a server whose workers lack the tuning): %s" % "; ".join(out)) if out else ""
+
+
+def nccl_stale(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    """The line naming hosts whose server was right but whose NCCL layers are not what the inventory asks, left as they
+    are because the run's tags left the nccl_tuning role out ('' when none)."""
+    out = ["%s (%s)" % (r["host"], ", ".join(r["nccl_stale"])) for r in rows if r.get("nccl_stale")]
+    return ("NCCL layers not as the inventory asks, left as they are (the run's tags left the nccl_tuning role out; "
+            "the servers run on as checked; a run with the nccl_tuning tag writes them): %s" % "; ".join(out)) if out else ""
 
 
 def gate_cell(g: t.Any) -> t.Optional[t.Dict[str, t.Any]]:
@@ -453,6 +465,7 @@ class CallbackModule(CallbackBase):
                 "rollback_to": dict(h["rollback_to"]) if isinstance(h.get("rollback_to"), dict) else None,
                 "would_return": bool((h.get("rotation") or {}).get("would_return")),
                 "nccl_changed": h.get("nccl_changed"),
+                "nccl_stale": list(h.get("nccl_stale") or []),
                 # The NCCL layers were tuned but no server task ran on the host (its server was not even checked).
                 "nccl_only": "nccl_changed" in h and "restarted" not in h and h.get("status", "ok") == "ok",
             })

@@ -82,6 +82,10 @@ def decide(check: t.Mapping[str, t.Any], force: bool, balancers: t.Sequence[str]
         # host already runs it.
         result["rollback_to"] = {k: check["rollback"].get(k) for k in ("fingerprint", "recorded_at", "from",
                                                                        "inventory_fingerprint")}
+    if not do_restart and "nccl_layers" in check and not (check["nccl_layers"] or {}).get("up_to_date", True):
+        # A host kept as it runs while its layers are not what the inventory asks (this run left the nccl_tuning role
+        # out): said, not silent; the server is right, the layers are the drift.
+        result["nccl_stale"] = stale_layers(check)
     out: Result = dict(do_restart=do_restart, result=result, return_only=False, rotation={})
     if not locked_run or not balancers:
         return out

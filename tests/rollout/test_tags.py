@@ -117,6 +117,37 @@ def test_a_run_without_the_tuning_never_restarts_onto_layers_it_did_not_apply(ro
     rf.state = "clean"
 
 
+def test_layers_left_stale_by_a_tag_run_are_said_not_silent(rolled_out):
+    """A new-user pass found this drift silent: rc 0, 'restarted no', and only the audit told."""
+    rf = rolled_out("clean")
+    before = rf.snapshot()
+    changed = {"host1": {"gpufleet_nccl_env": {"NCCL_BUFFSIZE": "4194304"}}}
+
+    run = rf.playbook("rollout", "--tags", "nccl_tuning", host_vars=changed)
+    assert run.rc == 0 and run.summary["host1"]["nccl_changed"] is True, run.tail()
+    assert rf.snapshot()["host1"]["sitecustomize_sha"] != before["host1"]["sitecustomize_sha"]
+
+    run = rf.playbook("rollout", "--tags", "gpufleet_server")
+
+    assert run.rc == 0, run.tail()
+    assert [run.summary[h]["nccl_stale"] for h in ALL] == [["sitecustomize"], [], []], run.summary
+    assert all(run.summary[h]["restarted"] is False for h in ALL), run.summary
+    assert ("NCCL layers not as the inventory asks, left as they are (the run's tags left the nccl_tuning role out; the "
+            "servers run on as checked; a run with the nccl_tuning tag writes them): host1 (sitecustomize)"
+            in " ".join(run.out.split())), run.tail()
+    after = rf.snapshot()
+    assert all(after.identities(h) == before.identities(h) for h in ALL)
+
+    # A plain run puts the layers back as the inventory asks; the servers already run with those values.
+    run = rf.playbook("rollout")
+    assert run.rc == 0 and not any(run.summary[h]["restarted"] for h in ALL), run.tail()
+    assert all(not run.summary[h]["nccl_stale"] for h in ALL), run.summary
+    final = rf.snapshot()
+    assert all(final[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"] for h in ALL)
+    assert all(final.identities(h) == before.identities(h) for h in ALL)
+    rf.state = "clean"
+
+
 def test_the_audit_audits_the_server_and_the_layers_whatever_the_tags(rolled_out):
     """A system sitecustomize other users cannot read: the audit fails naming it with any selection (a selection
     that left the layers' comparison out passed it as up to date), and an explicit profile is never refused."""

@@ -129,3 +129,14 @@ def test_a_rollback_check_names_the_generation_in_the_hosts_row_whether_or_not_i
     d = _check.decide(check(needs_restart=needs_restart, rollback=to), False, ["lb"], True, False)
     assert d["do_restart"] is needs_restart and d["result"]["rollback_to"] == to
     assert "rollback_to" not in _check.decide(check(), False, [], True, False)["result"]
+
+
+def test_a_kept_host_whose_layers_the_run_did_not_apply_names_them_and_a_restart_is_refused_instead():
+    stale = {"up_to_date": False, "sitecustomize": {"up_to_date": False}, "nccl_conf": {"up_to_date": True}}
+    d = _check.decide(check(nccl_layers=stale), False, [], True, False)
+    assert d["do_restart"] is False and d["result"]["nccl_stale"] == ["sitecustomize"], d
+    assert "nccl_stale" not in _check.decide(check(nccl_layers={"up_to_date": True}), False, [], True, False)["result"]
+    assert "nccl_stale" not in _check.decide(check(), False, [], True, False)["result"]
+    # A restart onto them is refused (refusal), not reported as stale.
+    d = _check.decide(check(nccl_layers=stale, needs_restart=True, reasons=["r"]), False, [], True, False)
+    assert "nccl_stale" not in d["result"]
