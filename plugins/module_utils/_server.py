@@ -780,7 +780,7 @@ def read_state(path: str) -> t.Dict[str, t.Any]:
     try:
         with open(path) as f:
             return json.load(f)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # the latter: a part above it is a regular file, so it cannot exist
         return {}
     except ValueError:
         return {"corrupt": True}
