@@ -108,6 +108,8 @@ options:
             when a restart is wanted, as M(gpufleet.serving.server_restart)'s preflight looks it up (not with
             O(systemd), whose unit runs the command). Unset means the restart's default C(PATH)
             (C(/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)).
+          - A value of the server's environment, which may be secret: hidden in the output as
+            M(gpufleet.serving.server_restart)'s O(gpufleet.serving.server_restart#module:env) hides it.
         type: str
       files:
         version_added: 0.2.0
@@ -1063,7 +1065,8 @@ def main() -> None:
                 command=dict(type="str", required=True),
                 user=dict(type="str", default="root"),
                 workdir=dict(type="path", default="/"),
-                path=dict(type="str"),
+                # From the server's env, whose values are secret (server_restart's env is no_log, and so its PATH).
+                path=dict(type="str", no_log=True),
                 files=dict(type="dict", default={}),
                 urls=dict(type="list", elements="str", default=[]),
                 clean_timeout=dict(type="float", default=30.0),

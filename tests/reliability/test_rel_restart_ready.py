@@ -287,7 +287,7 @@ def _refused(case: str, provoked: str, problem: str) -> t.Any:
              "record.state_file PLAIN/state/NAME.json lies under PLAIN, which is not a directory"),
     _refused("command not on the server's PATH", "gpufleet_server_command[0] a bare name on no directory of the "
              "server's PATH (gpufleet_server_env PATH)", "command[0] no-such-server-rel is not found on the server's "
-             "PATH (/nonexistent/bin)"),
+             "PATH (********)"),  # its env's values are hidden (no_log), in the restart's words as in the check's
 ])
 def test_what_only_the_restart_refused_is_refused_before_the_drain(host, provoked, problem):
     """issue 24: server_restart's preflight refused these once the host was drained; the check now refuses them

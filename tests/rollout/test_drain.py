@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import typing as t
 from pathlib import Path
@@ -404,23 +405,67 @@ def test_gpu_holders_no_kill_would_end_fail_the_host_before_its_drain(df):
     df.all_in_rotation(timeout=5)
 
 
-def test_a_restart_refused_before_its_kill_puts_the_drained_host_back(df):
-    """A refusal that only the restart's own preflight makes, after the drain: host2's log directory lies under a
-    regular file (the check does not test the log path). Its server was never stopped: the run puts host2 back into
-    both balancers (UP in each) and clears its drain record, fails the host and halts the rollout; the traffic through
-    HAProxy never fails."""
+def test_a_log_path_the_restart_would_refuse_fails_the_host_before_its_drain(df):
+    """issue 24: host2's log directory lies under a regular file. server_restart's preflight refused it after the
+    drain; the check refuses it before, with the same words (one function): host2 never leaves either balancer, its
+    server serves on, the host fails and the rollout halts; the traffic never fails."""
     assert df.playbook("rollout", "--limit", "host2").rc == 0
     before = _pids(df)
-    load = df.load("haproxy", "haproxy-refused")
-    r = df.playbook("rollout", "--limit", "host2,host3",
-                    extra_vars={"gpufleet_rollout_serial": [1]},
+    load = df.load("haproxy", "haproxy-logpath")
+    r = df.playbook("rollout", "--limit", "host2,host3", extra_vars={"gpufleet_rollout_serial": [1]},
                     host_vars={"host2": {"gpufleet_server_force_restart": True,
                                          "gpufleet_server_log_dir": "/etc/hostname/gpufleet"}})
     res = load.stop()
     assert r.rc != 0, r.tail()
     h = r.summary["host2"]
     assert h["status"] == "failed" and not h["restarted"] and h["killed"] == 0 and h["phase"] == "preflight", h
-    assert h["failure"].startswith("cannot run this server, nothing was stopped: log_path /etc/hostname/gpufleet/"), h
+    assert h["failure"] == ("cannot run this server, nothing was stopped: log_path /etc/hostname/gpufleet/demo.log lies "
+                            "under /etc/hostname, which is not a directory"), h
+    assert h["out_of_rotation"] == [], h
+    assert r.summary["host3"]["status"] == "not run", r.summary  # the canary failed: the rollout halted
+    assert _pids(df)["host2"] == before["host2"]  # the server serves as before
+    assert df.drain_record("host2") is None
+    assert res["failed"] == 0, res["failures"]
+    assert res["min_in_service"] == HOSTS, res  # never drained
+    df.all_in_rotation(timeout=5)
+
+
+def test_a_restart_refused_before_its_kill_puts_the_drained_host_back(df):
+    """A refusal that only the restart's own preflight makes, after the drain: host2's log directory is made a regular
+    file while the drain waits for a request in flight (the check, before the drain, found nothing wrong). Its server
+    was never stopped: the run puts host2 back into both balancers (UP in each) and clears its drain record, fails the
+    host and halts the rollout; the traffic through HAProxy never fails."""
+    late = "/var/log/gpufleet/late"
+    assert df.playbook("rollout", "--limit", "host2").rc == 0
+    before = _pids(df)
+    load = df.load("haproxy", "haproxy-refused")
+    # In flight on host2 for 8 s, sent to it directly: the drain waits for it once host2 is out of the balancers.
+    inflight = subprocess.Popen(["ip", "netns", "exec", df.fleet.hub, "curl", "-s", "-m", "60", "-XPOST",
+                                 "http://%s:30000/generate" % df.fleet.addr("host2"), "-d",
+                                 json.dumps({"text": "slow", "delay": 8})],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    runs: t.List[Run] = []
+    rollout = threading.Thread(target=lambda: runs.append(df.playbook(
+        "rollout", "--limit", "host2,host3", extra_vars={"gpufleet_rollout_serial": [1]},
+        host_vars={"host2": {"gpufleet_server_force_restart": True, "gpufleet_server_log_dir": late}})))
+    try:
+        rollout.start()
+        deadline = time.monotonic() + 120
+        while df.haproxy_states().get("host2") != "MAINT":  # drained: the check is behind
+            assert time.monotonic() < deadline and rollout.is_alive(), "host2 was never drained"
+            time.sleep(0.1)
+        df.fleet.ssh("host2", "rm -rf %s && touch %s" % (late, late), check=True)
+        rollout.join(300)
+    finally:
+        inflight.wait(timeout=60)
+        df.fleet.ssh("host2", "rm -f %s" % late)
+    res = load.stop()
+    r = runs[0]
+    assert r.rc != 0, r.tail()
+    h = r.summary["host2"]
+    assert h["status"] == "failed" and not h["restarted"] and h["killed"] == 0 and h["phase"] == "preflight", h
+    assert h["failure"].startswith("cannot run this server, nothing was stopped: log_path %s/demo.log lies under %s, "
+                                   % (late, late)), h
     assert h["out_of_rotation"] == [], h  # back in both balancers
     assert h["workers_verified"] == 2, h  # the old server's workers, checked by this run, serve on (not 0)
     assert r.summary["host3"]["status"] == "not run", r.summary  # the canary failed: the rollout halted

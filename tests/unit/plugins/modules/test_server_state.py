@@ -801,8 +801,8 @@ def test_a_rollback_with_no_other_generation_or_a_systemd_unit_is_refused(server
 @pytest.mark.parametrize("launchable, problem", [
     ({"command": "no-such-server-ut"},
      "command[0] no-such-server-ut is not found on the server's PATH (/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)"),
-    ({"command": "python3", "path": "/nonexistent/bin"},
-     "command[0] python3 is not found on the server's PATH (/nonexistent/bin)"),
+    ({"command": "python3", "path": "/nonexistent/bin"},  # the server's env's value, hidden as server_restart hides it
+     "command[0] python3 is not found on the server's PATH (********)"),
     ({"files": {"log_path": "PLAIN/log/demo.log"}}, "log_path PLAIN/log/demo.log lies under PLAIN, which is not a directory"),
     ({"files": {"pidfile": "PLAIN/demo.pid"}}, "pidfile PLAIN/demo.pid lies under PLAIN, which is not a directory"),
     ({"files": {"record.state_file": "PLAIN/s/demo.json"}},
