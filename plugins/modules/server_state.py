@@ -108,7 +108,7 @@ options:
             when a restart is wanted, as M(gpufleet.serving.server_restart)'s preflight looks it up (not with
             O(systemd), whose unit runs the command). Unset means the restart's default C(PATH)
             (C(/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)).
-          - A value of the server's environment, which may be secret: hidden in the output as
+          - A value of the server's environment, which may be secret, so hidden in the output as
             M(gpufleet.serving.server_restart)'s O(gpufleet.serving.server_restart#module:env) hides it.
         type: str
       files:
@@ -116,7 +116,7 @@ options:
         description:
           - The files the restart writes after its kill (a label, shown in the message, to the path), checked when a
             restart is wanted as M(gpufleet.serving.server_restart)'s preflight checks them, by the same code and
-            words: none may be a directory or lie under a regular file or a directory this module may not write in,
+            words; none may be a directory or lie under a regular file or a directory this module may not write in,
             and their directories need room; O(rotation_file) is checked with them.
         type: dict
         default: {}
