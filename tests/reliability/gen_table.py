@@ -6,7 +6,8 @@
     .venv/bin/python tests/reliability/gen_table.py --check   # exit 1 and show a diff when it is out of date
 
 Every test in tests/reliability carries `@pytest.mark.reliability(section=..., case=..., provoked=..., outcome=...)`
-(parametrized cases carry it on their pytest.param), and so does each case of another directory named in OUTSIDE. pytest's own collection reads them, so the table lists exactly
+(parametrized cases carry it on their pytest.param), and so does each case of another directory named in
+OUTSIDE. pytest's own collection reads them, so the table lists exactly
 the tests pytest runs, by node id. The table sits between the two marker comments of docs/reliability.md; the rest of
 the document is prose and is left alone.
 """
