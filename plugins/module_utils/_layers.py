@@ -71,4 +71,6 @@ def apply(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False
         result["access_fixes"].extend(res.get("access_fixes") or [])
     if diffs:
         result["diff"] = diffs if len(diffs) > 1 else diffs[0]
+    if isinstance(files, _envblock.Previous) and files.kept:
+        result["previous_kept"] = files.path  # this call's snapshot: the only one restore_previous should be given
     return result

@@ -96,6 +96,10 @@ access_fixes:
   returned: always
   type: list
   elements: dict
+previous_kept:
+  description: The O(keep_previous) file, when this call kept a file there before changing it (and so wrote it).
+  returned: when O(keep_previous) is set and a file changed
+  type: str
 restored:
   description: With O(restore_previous), the files put back (or, in check mode, that would be).
   returned: when O(restore_previous) is set

@@ -78,7 +78,7 @@ def test_the_layers_a_call_changed_are_put_back_byte_for_byte_from_its_snapshot(
     site.chmod(0o640)
     before = site.read_bytes()
     res = run_module(nccl_layers.main, dict(args, keep_previous=str(snap)))
-    assert res["changed"] and site.read_bytes() != before and conf.exists()
+    assert res["changed"] and site.read_bytes() != before and conf.exists() and res["previous_kept"] == str(snap)
     assert oct(snap.stat().st_mode & 0o777) == "0o600"
     check = run_module(nccl_layers.main, {"restore_previous": str(snap)}, check_mode=True)
     assert check["changed"] and sorted(check["restored"]) == sorted([str(site), str(conf)]) and snap.exists()
@@ -94,7 +94,7 @@ def test_a_call_that_changes_nothing_leaves_no_snapshot_and_drops_an_earlier_one
     run_module(nccl_layers.main, args)
     snap.write_text('{"files": [{"path": "%s", "content": null}]}' % (tmp_path / "nccl.conf"))
     res = run_module(nccl_layers.main, dict(args, keep_previous=str(snap)))
-    assert not res["changed"] and not snap.exists()
+    assert not res["changed"] and not snap.exists() and "previous_kept" not in res
     assert not run_module(nccl_layers.main, {"restore_previous": str(snap)})["changed"]
     assert (tmp_path / "nccl.conf").exists()
 
