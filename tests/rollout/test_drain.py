@@ -415,6 +415,16 @@ def _layers(df: DrainFleet, host: str) -> t.Tuple[t.Optional[str], str]:
 NEW_NCCL = {"gpufleet_nccl_env": {"NCCL_NTHREADS": "128"}}
 
 
+@pytest.mark.reliability(
+    section="fault", case="A restart the check refuses before the drain, with NCCL layers this run wrote",
+    provoked="4 sandbox hosts behind a real HAProxy and SGLang router under load; host2 forced to restart with "
+             "gpufleet_server_log_dir under a regular file (/etc/hostname/gpufleet) and a changed NCCL variable "
+             "(gpufleet_nccl_env NCCL_NTHREADS), which the run writes into the layers under the host lock before its check",
+    outcome="host2 fails in phase preflight with the restart's words ('cannot run this server, nothing was stopped: "
+            "log_path /etc/hostname/gpufleet/demo.log lies under /etc/hostname, ...'), never leaves either balancer "
+            "(fewest in service 4), same server pids, no drain record; the system sitecustomize.py and nccl.conf are "
+            "byte for byte as before (put back from nccl_layers' snapshot), nccl_changed false; the rollout halts; no "
+            "request fails")
 def test_a_log_path_the_restart_would_refuse_fails_the_host_before_its_drain(df):
     """issue 24: host2's log directory lies under a regular file. server_restart's preflight refused it after the
     drain; the check refuses it before, with the same words (one function): host2 never leaves either balancer, its
@@ -445,7 +455,14 @@ def test_a_log_path_the_restart_would_refuse_fails_the_host_before_its_drain(df)
     df.all_in_rotation(timeout=5)
 
 
-@pytest.mark.parametrize("new_nccl", [False, True], ids=["same-nccl", "new-nccl"])
+@pytest.mark.parametrize("new_nccl", [False, pytest.param(True, marks=pytest.mark.reliability(
+    section="fault", case="A restart refused by its own preflight after the drain, with NCCL layers this run wrote",
+    provoked="as above, host2's log directory (absent at the check) made a regular file while the drain waits for a "
+             "request in flight sent to host2 directly; a changed NCCL variable written under the host lock",
+    outcome="server_restart refuses before its kill (phase preflight, killed 0); the run puts host2 back into both "
+            "balancers (UP in each), clears its drain record and puts the NCCL layers back byte for byte (sitecustomize.py "
+            "and nccl.conf as before, nccl_changed false); same server pids; the rollout halts; no request fails"))],
+    ids=["same-nccl", "new-nccl"])
 def test_a_restart_refused_before_its_kill_puts_the_drained_host_back(df, new_nccl):
     """A refusal that only the restart's own preflight makes, after the drain: host2's log directory is made a regular
     file while the drain waits for a request in flight (the check, before the drain, found nothing wrong). Its server
