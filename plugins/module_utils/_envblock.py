@@ -16,7 +16,9 @@ Writes go to a temp file in the target's directory and are moved over it atomica
 
 from __future__ import annotations
 
+import base64
 import decimal
+import json
 import math
 import os
 import re
@@ -269,6 +271,117 @@ class FileOps(t.Protocol):
     def atomic_move(self, src: str, dest: str, unsafe_writes: bool = False, keep_dest_attrs: bool = True) -> None: ...
 
 
+class Previous:
+    """FileOps that keeps each layer file as it was before this call first changed it (its bytes, mode and owner, or
+    that it was absent) in `path`, a root-only JSON file written before the change, so restore_previous() can put the
+    layers back byte for byte (the gpu_server role does when its restart is refused before the kill). A snapshot an
+    earlier call left is dropped first: the file only ever holds this call's."""
+
+    def __init__(self, files: FileOps, path: str) -> None:
+        self.files, self.path = files, path
+        self.kept: t.Dict[str, t.Dict[str, t.Any]] = {}
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def keep(self, real_path: str) -> None:
+        """Record `real_path` as it is now, once per call, before it changes (the snapshot is written first)."""
+        if real_path in self.kept:
+            return
+        try:
+            st = os.lstat(real_path)
+            with open(real_path, "rb") as f:
+                data: t.Optional[str] = base64.b64encode(f.read()).decode("ascii")
+            entry = {"path": real_path, "content": data, "mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid,
+                     "gid": st.st_gid}
+        except FileNotFoundError:
+            entry = {"path": real_path, "content": None}
+        self.kept[real_path] = entry
+        try:
+            d = os.path.dirname(os.path.abspath(self.path))
+            os.makedirs(d, mode=0o755, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(self.path), dir=d)
+        except OSError as e:
+            raise StepError("cannot keep %s as it was in %s: %s; it was not changed" % (real_path, self.path, e.strerror or e),
+                            path=self.path) from None
+        try:
+            with os.fdopen(fd, "w") as f:  # mkstemp: 0600
+                json.dump({"files": list(self.kept.values())}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError as e:
+            os.unlink(tmp)
+            raise StepError("cannot keep %s as it was in %s: %s; it was not changed" % (real_path, self.path, e.strerror or e),
+                            path=self.path) from None
+
+    def backup_local(self, fn: str) -> str:
+        return self.files.backup_local(fn)
+
+    def atomic_move(self, src: str, dest: str, unsafe_writes: bool = False, keep_dest_attrs: bool = True) -> None:
+        self.keep(dest)
+        self.files.atomic_move(src, dest, unsafe_writes=unsafe_writes, keep_dest_attrs=keep_dest_attrs)
+
+
+def restore_previous(path: str, check_mode: bool = False) -> t.Dict[str, t.Any]:
+    """Put back each file of the snapshot `path` (Previous) as it was: its bytes, mode and owner, or absent; then drop
+    the snapshot. No snapshot: nothing to put back. RV: changed, restored (the paths that differed)."""
+    try:
+        with open(path) as f:
+            entries = json.load(f)["files"]
+    except FileNotFoundError:
+        return {"changed": False, "restored": []}
+    except (ValueError, KeyError, TypeError) as e:
+        raise StepError("%s is not a snapshot of the NCCL layers (%s); nothing was changed" % (path, e), path=path)
+    try:
+        return _restore(path, entries, check_mode)
+    except OSError as e:
+        raise StepError("cannot put the NCCL layers back from %s: %s" % (path, e.strerror or e), path=path) from None
+
+
+def _restore(path: str, entries: t.Sequence[t.Mapping[str, t.Any]], check_mode: bool) -> t.Dict[str, t.Any]:
+    restored = []
+    for e in entries:
+        real, data = str(e["path"]), e["content"]
+        want = None if data is None else base64.b64decode(data)
+        try:
+            with open(real, "rb") as f:
+                now: t.Optional[bytes] = f.read()
+        except FileNotFoundError:
+            now = None
+        if now == want and (want is None or stat.S_IMODE(os.stat(real).st_mode) == e["mode"]):
+            continue
+        restored.append(real)
+        if check_mode:
+            continue
+        if want is None:
+            os.unlink(real)
+            continue
+        fd, tmp = tempfile.mkstemp(prefix=".%s.gpufleet-" % os.path.basename(real), suffix=".tmp",
+                                   dir=os.path.dirname(real))
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(want)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, int(e["mode"]))
+            try:
+                os.chown(tmp, int(e["uid"]), int(e["gid"]))
+            except PermissionError:
+                pass
+            os.replace(tmp, real)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    if not check_mode:
+        os.unlink(path)
+    return {"changed": bool(restored), "restored": restored}
+
+
 def ignore_warning(msg: str) -> None:
     """The default `warn` of a runner called without one."""
 
@@ -357,5 +470,7 @@ def remove(files: t.Optional[FileOps], real_path: str, backup: bool) -> t.Option
     if files is None:
         raise StepError("cannot remove %s: no file operations given (a check-only run)" % real_path, path=real_path)
     backup_file = files.backup_local(real_path) if backup else None
+    if isinstance(files, Previous):
+        files.keep(real_path)
     os.unlink(real_path)
     return backup_file

@@ -39,7 +39,8 @@ def apply(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False
           ) -> t.Dict[str, t.Any]:
     """Make each asked layer what its options say (nothing in check mode); the result has each layer's result, the
     diffs of both in order, and their access fixes. StepError (with `failed_layer`, and the sitecustomize result when
-    the nccl.conf layer fails after it) when a layer cannot."""
+    the nccl.conf layer fails after it) when a layer cannot. With `keep_previous`, each file is kept there as it was
+    before its change (_envblock.Previous), for _envblock.restore_previous."""
     asked = [(k, validated(k, p[k], p["backup"])) for k, _mod in LAYERS if p.get(k) is not None]
     runners = dict(LAYERS)
     if len(asked) == 2:
@@ -51,6 +52,8 @@ def apply(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False
             said = str(e).rstrip(".")
             raise StepError("nccl_conf: %s" % (said if said.endswith("nothing was changed") else said + "; nothing was changed"),
                             **dict(e.details, failed_layer="nccl_conf")) from None
+    if p.get("keep_previous") and files is not None and not check_mode:
+        files = _envblock.Previous(files, p["keep_previous"])
     result: t.Dict[str, t.Any] = dict(changed=False, access_fixes=[])
     diffs: t.List[t.Any] = []
     for key, params in asked:
@@ -68,4 +71,6 @@ def apply(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False
         result["access_fixes"].extend(res.get("access_fixes") or [])
     if diffs:
         result["diff"] = diffs if len(diffs) > 1 else diffs[0]
+    if isinstance(files, _envblock.Previous) and files.kept:
+        result["previous_kept"] = files.path  # this call's snapshot: the only one restore_previous should be given
     return result

@@ -338,16 +338,11 @@ def _pids(pids: t.Iterable[int]) -> str:
 
 def preflight(p: t.Mapping[str, t.Any]) -> None:
     """What would fail after the kill, checked before it: a server that cannot be relaunched is never stopped."""
-    problems: t.List[str] = []
-    if not p["stop_only"] and p["launcher"] == "process":
-        env_path = (p["env"] or {}).get("PATH")
-        problems = _server.launch_problems(p["command"][0], p["user"], p["workdir"],
-                                           path=str(env_path) if env_path else _server.SAFE_PATH,
-                                           files={"log_path": p["log_path"]})
-    files = {"pidfile": p["pidfile"], "record.state_file": (p["record"] or {}).get("state_file")}
-    problems += ["%s %s" % (k, e) for k, e in ((k, _server.file_path_problem(f)) for k, f in files.items() if f) if e]
-    if not p["stop_only"]:
-        problems += space_preflight(p)
+    launch = not p["stop_only"] and p["launcher"] == "process"
+    env_path = (p["env"] or {}).get("PATH")
+    problems = _server.restart_problems(restart_files(p), command=p["command"][0] if launch else None, user=p["user"],
+                                        workdir=p["workdir"], path=str(env_path) if env_path else None,
+                                        space=not p["stop_only"])
     if problems:
         raise StepError("cannot run this server, nothing was stopped: %s" % "; ".join(problems), phase="preflight",
                         launch_problems=problems)
@@ -355,12 +350,12 @@ def preflight(p: t.Mapping[str, t.Any]) -> None:
     _gpumod.gpus_preflight(p)
 
 
-def space_preflight(p: t.Mapping[str, t.Any]) -> t.List[str]:
-    """The directories of the files the restart writes after its kill (state file, pidfile, lock, launch log) must have
-    room for them: a record that fails after a good launch leaves the host worse than before."""
-    return _server.space_problems({
-        "record.state_file": (p["record"] or {}).get("state_file"), "pidfile": p["pidfile"],
-        "release_lock.lock_file": (p["release_lock"] or {}).get("lock_file"), "log_path": p["log_path"]})
+def restart_files(p: t.Mapping[str, t.Any]) -> t.Dict[str, t.Optional[str]]:
+    """The files the restart writes after its kill (state file, pidfile, lock, launch log), by its option names: each
+    must be writable there, with room in its directory: a record that fails after a good launch leaves the host worse
+    than before."""
+    return {"record.state_file": (p["record"] or {}).get("state_file"), "pidfile": p["pidfile"],
+            "release_lock.lock_file": (p["release_lock"] or {}).get("lock_file"), "log_path": p["log_path"]}
 
 
 def launch_env(p: t.Mapping[str, t.Any], marked: bool) -> t.Dict[str, str]:

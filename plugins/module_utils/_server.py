@@ -205,7 +205,8 @@ def launch_problems(executable: str, user: str, workdir: str, path: t.Optional[s
 
 
 def file_path_problem(path: str) -> t.Optional[str]:
-    """Why gpufleet could not write a file at `path` (it is a directory, or a part above it is a file), or None."""
+    """Why gpufleet could not write a file at `path` (it is a directory, a part above it is a file, or this process
+    may not write in the nearest directory above it that exists: mode bits, a read-only filesystem), or None."""
     if os.path.isdir(path):
         return "%s is a directory" % path
     parent = os.path.dirname(os.path.abspath(path))
@@ -213,7 +214,31 @@ def file_path_problem(path: str) -> t.Optional[str]:
         parent = os.path.dirname(parent)
     if parent and not os.path.isdir(parent):
         return "%s lies under %s, which is not a directory" % (path, parent)
+    # The file is written (or, for the log, opened) by this process; access() also says EROFS for root.
+    if parent and not os.access(parent, os.W_OK | os.X_OK):
+        return "cannot be written: directory %s is not writable (a read-only filesystem, or its mode)" % parent
     return None
+
+
+def restart_problems(files: t.Mapping[str, t.Optional[str]], command: t.Optional[str] = None, user: str = "root",
+                     workdir: str = "/", path: t.Optional[str] = None, space: bool = True) -> t.List[str]:
+    """Why a restart, once it killed the server, could not launch it again or write its files; [] when it could.
+    server_restart's preflight (before its kill) and server_state's check (before the drain) both ask this, so a
+    host is refused with the same words before it is drained as after.
+
+    `files` maps server_restart's option names to the files it writes after the kill (log_path, pidfile,
+    record.state_file, release_lock.lock_file; the check adds the drain record): none may be a directory or lie
+    under a file or an unwritable directory, and (with `space`) their directories need room. `command` (argv[0]),
+    `user`, `workdir` and `path` (the server's PATH, on which a bare command is looked up; SAFE_PATH when unset): the
+    process launch, None when the restart launches nothing itself (a systemd unit, a stop only)."""
+    out: t.List[str] = []
+    if command is not None:
+        out = launch_problems(command, user, workdir, path=path or SAFE_PATH, files={"log_path": files.get("log_path")})
+    for option in ("pidfile", "record.state_file"):
+        problem = file_path_problem(str(files[option])) if files.get(option) else None
+        if problem:
+            out.append("%s %s" % (option, problem))
+    return out + (space_problems(files) if space else [])
 
 
 # What gpufleet writes on a host between the kill and the end of a restart, each in a new file renamed into place (the
@@ -776,7 +801,7 @@ def read_state(path: str) -> t.Dict[str, t.Any]:
     try:
         with open(path) as f:
             return json.load(f)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # the latter: a part above it is a regular file, so it cannot exist
         return {}
     except ValueError:
         return {"corrupt": True}

@@ -44,6 +44,24 @@ options:
     description: Keep a timestamped copy of each file before it changes, as the two modules' O(backup) does.
     type: bool
     default: false
+  keep_previous:
+    description:
+      - A file (root-only, mode C(0600)) where this call keeps each layer file as it was before the call changed it
+        (its bytes, mode and owner, or that it was absent), written before the change, for O(restore_previous). A
+        snapshot an earlier call left there is removed first; a call that changes nothing leaves none.
+      - Not in check mode.
+    type: path
+    version_added: 0.2.0
+  restore_previous:
+    description:
+      - Put each file of the snapshot O(keep_previous) wrote back as it was (byte for byte, its mode and owner; a
+        file that was absent is removed), then remove the snapshot. No snapshot there is nothing to do.
+      - The C(gpu_server) role does it when its restart is refused before the kill, so the old server, which runs on,
+        and the layers agree again. A read permission a write added for every user (RV(access_fixes)) to a directory,
+        or to a file whose content it did not change, stays.
+      - Not with O(sitecustomize) or O(nccl_conf).
+    type: path
+    version_added: 0.2.0
 seealso:
   - module: gpufleet.serving.sitecustomize_env
   - module: gpufleet.serving.nccl_conf
@@ -78,6 +96,15 @@ access_fixes:
   returned: always
   type: list
   elements: dict
+previous_kept:
+  description: The O(keep_previous) file, when this call kept a file there before changing it (and so wrote it).
+  returned: when O(keep_previous) is set and a file changed
+  type: str
+restored:
+  description: With O(restore_previous), the files put back (or, in check mode, that would be).
+  returned: when O(restore_previous) is set
+  type: list
+  elements: str
 failed_layer:
   description: On failure, the layer that failed (V(sitecustomize) or V(nccl_conf)); a sitecustomize result beside it
     says what was already written.
@@ -87,7 +114,7 @@ failed_layer:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _layers
+from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _layers
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
@@ -97,12 +124,19 @@ def main() -> None:
             sitecustomize=dict(type="dict"),
             nccl_conf=dict(type="dict"),
             backup=dict(type="bool", default=False),
+            keep_previous=dict(type="path"),
+            restore_previous=dict(type="path"),
         ),
-        required_one_of=[("sitecustomize", "nccl_conf")],
+        required_one_of=[("sitecustomize", "nccl_conf", "restore_previous")],
+        mutually_exclusive=[("sitecustomize", "restore_previous"), ("nccl_conf", "restore_previous"),
+                            ("keep_previous", "restore_previous")],
         supports_check_mode=True,
     )
     try:
-        result = _layers.apply(module.params, module.check_mode, module._diff, module.warn, module)
+        if module.params["restore_previous"]:
+            result = _envblock.restore_previous(module.params["restore_previous"], module.check_mode)
+        else:
+            result = _layers.apply(module.params, module.check_mode, module._diff, module.warn, module)
     except StepError as e:
         fail(module, e)
     module.exit_json(**result)

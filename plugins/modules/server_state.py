@@ -37,8 +37,10 @@ description:
   - O(action=check) with O(launchable) first verifies that the server could be launched (its executable, user
     and working directory exist) and fails, before the lock, when it could not; a server that cannot be
     relaunched must never be stopped. When a restart is wanted (the check finds one needed, or O(keep_lock=true)),
-    it also fails when the directories of O(launchable.files) or O(rotation_file) have no room left, as the drain and
-    the restart that would follow must not start on a full disk (the message says nothing was stopped), and when a
+    it also fails when a bare command is not on the server's PATH (O(launchable.path)), or O(launchable.files) or
+    O(rotation_file) could not be written (a path under a regular file, an unwritable directory, no room left), as
+    the drain and the restart that would follow must not start then (the message, the restart's own, says nothing
+    was stopped), and when a
     process the restart's kill would not end listens on the port of O(launchable.urls) or holds the server's GPUs
     (O(launchable.clean_timeout)), with the messages and phases of M(gpufleet.serving.server_restart), whose own
     checks before its kill would refuse them after the drain; these two only with O(owner) (a run that may restart).
@@ -99,12 +101,23 @@ options:
         description: The server's working directory.
         type: path
         default: /
+      path:
+        version_added: 0.2.0
+        description:
+          - The server's C(PATH) (its environment's), on which a bare O(launchable.command) (no C(/)) is looked up
+            when a restart is wanted, as M(gpufleet.serving.server_restart)'s preflight looks it up (not with
+            O(systemd), whose unit runs the command). Unset means the restart's default C(PATH)
+            (C(/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)).
+          - A value of the server's environment, which may be secret, so hidden in the output as
+            M(gpufleet.serving.server_restart)'s O(gpufleet.serving.server_restart#module:env) hides it.
+        type: str
       files:
         version_added: 0.2.0
         description:
-          - The files the restart writes after its kill (a label, shown in the message, to the path), checked for room
-            in their directories when a restart is wanted, as M(gpufleet.serving.server_restart)'s preflight checks
-            them; O(rotation_file) is checked with them.
+          - The files the restart writes after its kill (a label, shown in the message, to the path), checked when a
+            restart is wanted as M(gpufleet.serving.server_restart)'s preflight checks them, by the same code and
+            words; none may be a directory or lie under a regular file or a directory this module may not write in,
+            and their directories need room; O(rotation_file) is checked with them.
         type: dict
         default: {}
       urls:
@@ -673,13 +686,17 @@ def take_lock(module: AnsibleModule) -> dict:
     return res
 
 
-def restart_space_problems(p: t.Mapping[str, t.Any]) -> t.List[str]:
-    """Room for what the drain and the restart write (O(launchable.files), the drain record), checked in the check
-    so that a restart sure to be refused for a full disk neither drains the host nor reaches its kill."""
-    files = dict(p["launchable"]["files"] or {})
+def restart_problems(p: t.Mapping[str, t.Any]) -> t.List[str]:
+    """What server_restart's preflight would refuse about its launch and its files (_server.restart_problems, the same
+    code and words), checked in the check so that a restart sure to be refused for it neither drains the host nor
+    reaches its kill: the command on the server's PATH (process launcher), the files of O(launchable.files) and the
+    drain record (writable, room in their directories)."""
+    la = p["launchable"]
+    files = {str(k): str(v) if v else None for k, v in dict(la["files"] or {}).items()}
     if p["rotation_file"]:
         files.setdefault("rotation_file", p["rotation_file"])
-    return _server.space_problems({str(k): str(v) if v else None for k, v in files.items()})
+    return _server.restart_problems(files, command=None if p["systemd"] else la["command"], user=la["user"],
+                                    workdir=la["workdir"], path=la["path"])
 
 
 def restart_preflight(module: AnsibleModule) -> None:
@@ -727,8 +744,9 @@ def rollback_choice(module: AnsibleModule) -> t.Dict[str, t.Any]:
     p["fingerprint"] = g["fingerprint"]
     p["expected_env"] = dict(g.get("expected_env") or {})
     if p["launchable"]:
+        path = (g.get("env") or {}).get("PATH")
         p["launchable"] = dict(p["launchable"], command=g["command"][0], user=g.get("user") or "root",
-                               workdir=g.get("workdir") or "/")
+                               workdir=g.get("workdir") or "/", path=str(path) if path else None)
     return choice
 
 
@@ -775,10 +793,10 @@ def check(module: AnsibleModule) -> dict:
             res["nccl_layers"] = _layercheck.up_to_date(p["nccl_layers"], module.warn)
             res["up_to_date"] = res["up_to_date"] and res["nccl_layers"]["up_to_date"]
         if p["launchable"] and (res["needs_restart"] or p["keep_lock"]):
-            space = restart_space_problems(p)
-            if space:
-                raise StepError("cannot run this server, nothing was stopped: %s" % "; ".join(space),
-                                phase="preflight", launch_problems=space)
+            problems = restart_problems(p)
+            if problems:
+                raise StepError("cannot run this server, nothing was stopped: %s" % "; ".join(problems),
+                                phase="preflight", launch_problems=problems)
             if p["owner"]:
                 restart_preflight(module)
     except BaseException:
@@ -1047,6 +1065,8 @@ def main() -> None:
                 command=dict(type="str", required=True),
                 user=dict(type="str", default="root"),
                 workdir=dict(type="path", default="/"),
+                # From the server's env, whose values are secret (server_restart's env is no_log, and so its PATH).
+                path=dict(type="str", no_log=True),
                 files=dict(type="dict", default={}),
                 urls=dict(type="list", elements="str", default=[]),
                 clean_timeout=dict(type="float", default=30.0),

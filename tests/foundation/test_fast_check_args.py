@@ -26,7 +26,9 @@ def test_the_apply_takes_each_layer_from_the_dict_the_check_passes():
     assert args == {
         "sitecustomize": "{{ _gpufleet_nccl_sitecustomize_args if 'sitecustomize' in gpufleet_nccl_layers else omit }}",
         "nccl_conf": "{{ _gpufleet_nccl_conf_args if 'nccl_conf' in gpufleet_nccl_layers else omit }}",
-        "backup": "{{ gpufleet_nccl_backup }}"}
+        "backup": "{{ gpufleet_nccl_backup }}",
+        # Where the files are kept as they were (under gpu_server's lock); it changes nothing the layers become.
+        "keep_previous": "{{ _gpufleet_nccl_keep_previous | default(omit) }}"}
     desired = (ROLE / "tasks" / "desired.yml").read_text()
     assert "{'sitecustomize': _gpufleet_nccl_sitecustomize_args}" in desired
     assert "{'nccl_conf': _gpufleet_nccl_conf_args}" in desired
@@ -37,7 +39,8 @@ def test_the_apply_takes_each_layer_from_the_dict_the_check_passes():
     assert write["gpufleet.serving.nccl_layers"] == {
         "sitecustomize": "{{ gpufleet_nccl_desired_layers.sitecustomize | default(omit) }}",
         "nccl_conf": "{{ gpufleet_nccl_desired_layers.nccl_conf | default(omit) }}",
-        "backup": "{{ gpufleet_nccl_backup | default(false) }}"}
+        "backup": "{{ gpufleet_nccl_backup | default(false) }}",
+        "keep_previous": "{{ _gpufleet_server_layers_previous }}"}
     assert "gpufleet_nccl_desired_layers | default(none) is not none" in write["when"]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import tarfile
 import time
@@ -104,3 +105,25 @@ def test_installed_tarball_runs_a_playbook_by_fqcn(tarball, tmp_path):
         if holder.poll() is None:
             holder.kill()
             holder.wait()
+
+
+def test_the_documented_install_reinstalls_the_same_version(tarball, tmp_path):
+    """README.md's and the quickstart's `ansible-galaxy collection install` carry --force: without it, installing the
+    version already there says "Nothing to do" and leaves the installed copy as it is (an edited or older build of
+    the same version stays)."""
+    said = {page: re.findall(r"^ansible-galaxy collection install .*$", (ROOT / page).read_text(), re.M)
+            for page in ("README.md", "docs/quickstart.md")}
+    for page, lines in said.items():
+        assert lines, "%s documents no install" % page
+        for line in lines:
+            assert "--force" in line.split("#")[0].split(), "%s: %s" % (page, line)
+    colls = tmp_path / "colls"
+    installed = colls / "ansible_collections" / "gpufleet" / "serving" / "plugins" / "modules" / "gpu_wait.py"
+    install = [str(BIN / "ansible-galaxy"), "collection", "install", str(tarball), "-p", str(colls)]
+    assert run(install, cwd=tmp_path).returncode == 0
+    good = installed.read_text()
+    installed.write_text("# a stale copy\n")
+    r = run(install, cwd=tmp_path)
+    assert r.returncode == 0 and "Nothing to do" in r.stdout and installed.read_text() == "# a stale copy\n", r.stdout
+    r = run(install + ["--force"], cwd=tmp_path)
+    assert r.returncode == 0 and installed.read_text() == good, r.stdout

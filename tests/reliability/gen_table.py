@@ -6,7 +6,8 @@
     .venv/bin/python tests/reliability/gen_table.py --check   # exit 1 and show a diff when it is out of date
 
 Every test in tests/reliability carries `@pytest.mark.reliability(section=..., case=..., provoked=..., outcome=...)`
-(parametrized cases carry it on their pytest.param). pytest's own collection reads them, so the table lists exactly
+(parametrized cases carry it on their pytest.param), and so does each case of another directory named in
+OUTSIDE. pytest's own collection reads them, so the table lists exactly
 the tests pytest runs, by node id. The table sits between the two marker comments of docs/reliability.md; the rest of
 the document is prose and is left alone.
 """
@@ -26,6 +27,11 @@ END = "<!-- END reliability table -->"
 SECTIONS = {"fault": "Fault", "input": "Bad input", "security": "Security", "systemd": "systemd launcher"}
 KEYS = ("section", "case", "provoked", "outcome")
 META_TESTS = ("test_rel_table.py",)  # tests about the table itself, not cases
+# Cases outside tests/reliability (their file's other tests are not rows), by node id, after this directory's.
+OUTSIDE = ("tests/rollout/test_tags.py::test_a_tag_selection_on_an_up_to_date_fleet_changes_nothing_and_a_plain_rollout_"
+           "agrees[tags-nccl_tuning]",
+           "tests/rollout/test_drain.py::test_a_log_path_the_restart_would_refuse_fails_the_host_before_its_drain",
+           "tests/rollout/test_drain.py::test_a_restart_refused_before_its_kill_puts_the_drained_host_back[new-nccl]")
 
 
 class Collector:
@@ -56,7 +62,8 @@ def collect() -> t.Tuple[t.List[t.Dict[str, str]], t.List[str]]:
     import pytest
 
     c = Collector()
-    rc = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", str(HERE)], plugins=[c])
+    rc = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT), str(HERE)]
+                     + [str(ROOT / n) for n in OUTSIDE], plugins=[c])
     if rc not in (0, 5):
         c.errors.append("pytest collection failed (rc %s)" % rc)
     return c.rows, c.errors

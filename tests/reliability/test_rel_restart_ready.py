@@ -269,6 +269,59 @@ def test_gpu_holders_no_kill_would_end_are_refused_before_the_drain(host):
         rec.close()
 
 
+def _refused(case: str, provoked: str, problem: str) -> t.Any:
+    return pytest.param(provoked, problem, id=case.split(" ", 1)[0], marks=pytest.mark.reliability(
+        section="fault", case="%s, behind a load balancer" % case,
+        provoked="a restart forced behind an http balancer entry (a recorder of its API calls on the controller), the "
+                 "old tagged server running; %s" % provoked,
+        outcome="the role's check (server_state, before the drain) fails the host in phase preflight with the restart's "
+                "own words, from the one function both call (_server.restart_problems): 'cannot run this server, "
+                "nothing was stopped: %s': the balancer API gets no call, the old server keeps running (same pids), the "
+                "summary says not out of rotation and not restarted" % problem))
+
+
+@pytest.mark.parametrize("provoked, problem", [
+    _refused("log path under a regular file", "gpufleet_server_log_dir under a regular file of the host",
+             "log_path PLAIN/log/NAME.log lies under PLAIN, which is not a directory"),
+    _refused("state file under a regular file", "gpufleet_server_state_dir under a regular file of the host",
+             "record.state_file PLAIN/state/NAME.json lies under PLAIN, which is not a directory"),
+    _refused("command not on the server's PATH", "gpufleet_server_command[0] a bare name on no directory of the "
+             "server's PATH (gpufleet_server_env PATH)", "command[0] no-such-server-rel is not found on the server's "
+             "PATH (********)"),  # its env's values are hidden (no_log), in the restart's words as in the check's
+])
+def test_what_only_the_restart_refused_is_refused_before_the_drain(host, provoked, problem):
+    """issue 24: server_restart's preflight refused these once the host was drained; the check now refuses them
+    before the drain, in the restart's words."""
+    h = host("relpath")
+    port = _free_port()
+    rec = BalancerRecorder(add_status=204)
+    lb = {"type": "http", "name": "lb-api", "remove": {"url": rec.url, "method": "DELETE"},
+          "add": {"url": rec.url, "method": "PUT", "body": "{}"}}
+    old = h.start_old(port)
+    running = _tagged(h.name)
+    plain = h.base / "plain"
+    plain.write_text("")
+    gv = h.vars(port, gpufleet_server_balancers=[lb])
+    if "log_dir" in provoked:
+        gv["gpufleet_server_log_dir"] = str(plain / "log")
+    elif "state_dir" in provoked:
+        gv["gpufleet_server_state_dir"] = str(plain / "state")
+    else:
+        gv["gpufleet_server_command"] = ["no-such-server-rel"] + gv["gpufleet_server_command"][1:]
+        gv["gpufleet_server_env"] = dict(gv["gpufleet_server_env"], PATH="/nonexistent/bin")
+    try:
+        failure, row, _took = h.play(gv)
+        problem = problem.replace("PLAIN", str(plain)).replace("NAME", h.name)
+        assert failure["failed"] is True, failure
+        assert failure["msg"] == "%s: cannot run this server, nothing was stopped: %s" % (h.name, problem), failure
+        assert row["phase"] == "preflight" and row["restart"] == "no" and row["killed"] == 0, row
+        assert not row["out_of_rotation"], row
+        assert rec.calls == [], rec.calls
+        assert old.poll() is None and _tagged(h.name) == running
+    finally:
+        rec.close()
+
+
 @pytest.mark.reliability(
     section="fault", case="A relaunch that fails its readiness (health 200, the real request hangs)",
     provoked="the new command gets --hang-after-health, gpufleet_server_health_request POST /generate (1 s per try), "

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import typing as t
 from pathlib import Path
@@ -404,29 +405,112 @@ def test_gpu_holders_no_kill_would_end_fail_the_host_before_its_drain(df):
     df.all_in_rotation(timeout=5)
 
 
-def test_a_restart_refused_before_its_kill_puts_the_drained_host_back(df):
-    """A refusal that only the restart's own preflight makes, after the drain: host2's log directory lies under a
-    regular file (the check does not test the log path). Its server was never stopped: the run puts host2 back into
-    both balancers (UP in each) and clears its drain record, fails the host and halts the rollout; the traffic through
-    HAProxy never fails."""
+def _layers(df: DrainFleet, host: str) -> t.Tuple[t.Optional[str], str]:
+    """The host's system sitecustomize.py (its SHA-256) and nccl.conf, byte for byte."""
+    conf = df.fleet.ssh(host, "cat /etc/nccl.conf 2>/dev/null || echo absent").stdout
+    return df.snapshot()[host]["sitecustomize_sha"], conf
+
+
+# A changed NCCL variable for host2: the run writes its layers under the host lock before the check.
+NEW_NCCL = {"gpufleet_nccl_env": {"NCCL_NTHREADS": "128"}}
+
+
+@pytest.mark.reliability(
+    section="fault", case="A restart the check refuses before the drain, with NCCL layers this run wrote",
+    provoked="4 sandbox hosts behind a real HAProxy and SGLang router under load; host2 forced to restart with "
+             "gpufleet_server_log_dir under a regular file (/etc/hostname/gpufleet) and a changed NCCL variable "
+             "(gpufleet_nccl_env NCCL_NTHREADS), which the run writes into the layers under the host lock before its check",
+    outcome="host2 fails in phase preflight with the restart's words ('cannot run this server, nothing was stopped: "
+            "log_path /etc/hostname/gpufleet/demo.log lies under /etc/hostname, ...'), never leaves either balancer "
+            "(fewest in service 4), same server pids, no drain record; the system sitecustomize.py and nccl.conf are "
+            "byte for byte as before (put back from nccl_layers' snapshot), nccl_changed false; the rollout halts; no "
+            "request fails")
+def test_a_log_path_the_restart_would_refuse_fails_the_host_before_its_drain(df):
+    """issue 24: host2's log directory lies under a regular file. server_restart's preflight refused it after the
+    drain; the check refuses it before, with the same words (one function): host2 never leaves either balancer, its
+    server serves on, the host fails and the rollout halts; the traffic never fails. The NCCL layers the run wrote
+    under the lock before its check (a changed NCCL variable) are put back byte for byte: the old server runs on the
+    old values."""
     assert df.playbook("rollout", "--limit", "host2").rc == 0
     before = _pids(df)
-    load = df.load("haproxy", "haproxy-refused")
-    r = df.playbook("rollout", "--limit", "host2,host3",
-                    extra_vars={"gpufleet_rollout_serial": [1]},
-                    host_vars={"host2": {"gpufleet_server_force_restart": True,
-                                         "gpufleet_server_log_dir": "/etc/hostname/gpufleet"}})
+    layers = _layers(df, "host2")
+    load = df.load("haproxy", "haproxy-logpath")
+    r = df.playbook("rollout", "--limit", "host2,host3", extra_vars={"gpufleet_rollout_serial": [1]},
+                    host_vars={"host2": dict(NEW_NCCL, gpufleet_server_force_restart=True,
+                                             gpufleet_server_log_dir="/etc/hostname/gpufleet")})
     res = load.stop()
     assert r.rc != 0, r.tail()
     h = r.summary["host2"]
     assert h["status"] == "failed" and not h["restarted"] and h["killed"] == 0 and h["phase"] == "preflight", h
-    assert h["failure"].startswith("cannot run this server, nothing was stopped: log_path /etc/hostname/gpufleet/"), h
+    assert h["failure"] == ("cannot run this server, nothing was stopped: log_path /etc/hostname/gpufleet/demo.log lies "
+                            "under /etc/hostname, which is not a directory"), h
+    assert h["out_of_rotation"] == [], h
+    assert h["nccl_changed"] is False, h  # written, then put back
+    assert r.summary["host3"]["status"] == "not run", r.summary  # the canary failed: the rollout halted
+    assert _pids(df)["host2"] == before["host2"]  # the server serves as before
+    assert _layers(df, "host2") == layers
+    assert df.drain_record("host2") is None
+    assert res["failed"] == 0, res["failures"]
+    assert res["min_in_service"] == HOSTS, res  # never drained
+    df.all_in_rotation(timeout=5)
+
+
+@pytest.mark.parametrize("new_nccl", [False, pytest.param(True, marks=pytest.mark.reliability(
+    section="fault", case="A restart refused by its own preflight after the drain, with NCCL layers this run wrote",
+    provoked="as above, host2's log directory (absent at the check) made a regular file while the drain waits for a "
+             "request in flight sent to host2 directly; a changed NCCL variable written under the host lock",
+    outcome="server_restart refuses before its kill (phase preflight, killed 0); the run puts host2 back into both "
+            "balancers (UP in each), clears its drain record and puts the NCCL layers back byte for byte (sitecustomize.py "
+            "and nccl.conf as before, nccl_changed false); same server pids; the rollout halts; no request fails"))],
+    ids=["same-nccl", "new-nccl"])
+def test_a_restart_refused_before_its_kill_puts_the_drained_host_back(df, new_nccl):
+    """A refusal that only the restart's own preflight makes, after the drain: host2's log directory is made a regular
+    file while the drain waits for a request in flight (the check, before the drain, found nothing wrong). Its server
+    was never stopped: the run puts host2 back into both balancers (UP in each) and clears its drain record, fails the
+    host and halts the rollout; the traffic through HAProxy never fails. With a changed NCCL variable, the NCCL layers
+    the run wrote under the lock are put back byte for byte."""
+    late = "/var/log/gpufleet/late"
+    assert df.playbook("rollout", "--limit", "host2").rc == 0
+    before = _pids(df)
+    layers = _layers(df, "host2")
+    load = df.load("haproxy", "haproxy-refused")
+    # In flight on host2 for 8 s, sent to it directly: the drain waits for it once host2 is out of the balancers.
+    inflight = subprocess.Popen(["ip", "netns", "exec", df.fleet.hub, "curl", "-s", "-m", "60", "-XPOST",
+                                 "http://%s:30000/generate" % df.fleet.addr("host2"), "-d",
+                                 json.dumps({"text": "slow", "delay": 8})],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    runs: t.List[Run] = []
+    rollout = threading.Thread(target=lambda: runs.append(df.playbook(
+        "rollout", "--limit", "host2,host3", extra_vars={"gpufleet_rollout_serial": [1]},
+        host_vars={"host2": dict(NEW_NCCL if new_nccl else {}, gpufleet_server_force_restart=True,
+                                 gpufleet_server_log_dir=late)})))
+    try:
+        rollout.start()
+        deadline = time.monotonic() + 120
+        while df.haproxy_states().get("host2") != "MAINT":  # drained: the check is behind
+            assert time.monotonic() < deadline and rollout.is_alive(), "host2 was never drained"
+            time.sleep(0.1)
+        df.fleet.ssh("host2", "rm -rf %s && touch %s" % (late, late), check=True)
+        rollout.join(300)
+    finally:
+        inflight.wait(timeout=60)
+        df.fleet.ssh("host2", "rm -f %s" % late)
+    res = load.stop()
+    r = runs[0]
+    assert r.rc != 0, r.tail()
+    h = r.summary["host2"]
+    assert h["status"] == "failed" and not h["restarted"] and h["killed"] == 0 and h["phase"] == "preflight", h
+    assert h["failure"].startswith("cannot run this server, nothing was stopped: log_path %s/demo.log lies under %s, "
+                                   % (late, late)), h
     assert h["out_of_rotation"] == [], h  # back in both balancers
-    assert h["workers_verified"] == 2, h  # the old server's workers, checked by this run, serve on (not 0)
+    # The old server's workers, checked by this run, serve on (not 0); with the new NCCL variable they lack it, and the
+    # check verified none against this run's definition.
+    assert h["workers_verified"] == (0 if new_nccl else 2), h
     assert r.summary["host3"]["status"] == "not run", r.summary  # the canary failed: the rollout halted
     summary = json.loads((df.last_summary / "rollout-summary.json").read_text())
     assert summary["out_of_rotation"] == {} and summary["halted"], summary
     assert _pids(df)["host2"] == before["host2"]  # the server serves as before
+    assert _layers(df, "host2") == layers and h["nccl_changed"] is False, h
     _wait_in_rotation(df, "host2", timeout=5)
     assert df.drain_record("host2") is None
     assert res["failed"] == 0, res["failures"]

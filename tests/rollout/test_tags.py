@@ -14,6 +14,17 @@ ALL = ["host1", "host2", "host3"]
 # Every documented selection (docs/concepts.md "Tags").
 SELECTIONS = [("--tags", "gpufleet_server"), ("--skip-tags", "nccl_tuning"), ("--tags", "nccl_tuning"),
               ("--skip-tags", "gpufleet_server"), ("--tags", "preflight"), ("--tags", "configure")]
+# A row of docs/reliability.md (tests/reliability/gen_table.py's OUTSIDE names this case).
+NCCL_ONLY = pytest.mark.reliability(
+    section="fault", case="--tags nccl_tuning on an up-to-date fleet (no server checked)",
+    provoked="the rollout playbook with --tags nccl_tuning on three up-to-date sandbox hosts, then a plain rollout",
+    outcome="no server task runs (nor the rollout's fast check), nothing changes (same server processes, state files "
+            "and sitecustomize.py); the summary still lists every host, nccl_only and nccl_changed false, and says "
+            "'NCCL layers only, servers not checked or restarted'; the plain rollout after it changes nothing")
+
+
+def _selection(s):
+    return pytest.param(s, id="%s-%s" % (s[0].strip("-"), s[1]), marks=NCCL_ONLY if s == ("--tags", "nccl_tuning") else ())
 
 
 def _unchanged(rf, before, run):
@@ -26,7 +37,7 @@ def _unchanged(rf, before, run):
         assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"]
 
 
-@pytest.mark.parametrize("selection", SELECTIONS, ids=lambda s: "%s-%s" % (s[0].strip("-"), s[1]))
+@pytest.mark.parametrize("selection", [_selection(s) for s in SELECTIONS])
 def test_a_tag_selection_on_an_up_to_date_fleet_changes_nothing_and_a_plain_rollout_agrees(rolled_out, selection):
     rf = rolled_out("clean")
     before = rf.snapshot()

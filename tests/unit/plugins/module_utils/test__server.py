@@ -523,3 +523,35 @@ def test_the_state_file_is_root_only_under_umask_000_and_an_old_0644_one_is_tigh
 def test_a_bad_umask_is_refused(value):
     with pytest.raises(_server.ServerError, match="umask must be an octal mode"):
         _server.parse_umask(value)
+
+
+# ------------------------------------------------- issue 24: one preflight of the restart's files, for the check and the restart
+
+def test_restart_problems_names_each_file_it_could_not_write_and_a_command_not_on_path(tmp_path):
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    files = {"record.state_file": str(plain / "state" / "s.json"), "pidfile": str(tmp_path / "run" / "s.pid"),
+             "release_lock.lock_file": str(tmp_path / "run" / "s.lock"), "log_path": str(plain / "log" / "s.log")}
+    got = _server.restart_problems(files, command="no-such-server-ut", workdir=str(tmp_path), path=str(tmp_path))
+    assert got == [
+        "command[0] no-such-server-ut is not found on the server's PATH (%s)" % tmp_path,
+        "log_path %s/log/s.log lies under %s, which is not a directory" % (plain, plain),
+        "record.state_file %s/state/s.json lies under %s, which is not a directory" % (plain, plain),
+    ]
+    # The restart's default PATH when the server's env sets none: python3 is on it; no command, no launch checked.
+    ok = {k: str(tmp_path / "d" / os.path.basename(v)) for k, v in files.items()}
+    assert _server.restart_problems(ok, command="python3") == []
+    assert _server.restart_problems(dict(ok, log_path=files["log_path"])) == []
+
+
+def test_a_file_under_a_read_only_directory_is_a_problem(tmp_path):
+    """Root may write anywhere but on a read-only filesystem: a read-only tmpfs, in a mount namespace of its own."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    code = ("from ansible_collections.gpufleet.serving.plugins.module_utils import _server; "
+            "print(_server.file_path_problem(%r))" % str(ro / "sub" / "x.pid"))
+    out = subprocess.run(["unshare", "--mount", "sh", "-c", 'mount -t tmpfs -o ro tmpfs "$1" && exec "$2" -c "$3"', "-",
+                          str(ro), sys.executable, code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))).stdout.strip()
+    assert out == "cannot be written: directory %s is not writable (a read-only filesystem, or its mode)" % ro
+    assert _server.file_path_problem(str(ro / "sub" / "x.pid")) is None  # the same directory, writable

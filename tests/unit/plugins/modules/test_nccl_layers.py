@@ -67,3 +67,39 @@ def test_a_refusal_that_says_nothing_was_changed_says_it_once(run_module, args, 
     assert res["failed"] and res["failed_layer"] == "nccl_conf", res
     assert "NCCL_PROTO (line 1)" in res["msg"] and res["msg"].count("nothing was changed") == 1, res["msg"]
     assert conf.read_text() == "NCCL_PROTO=Simple\n" and not (tmp_path / "sitecustomize.py").exists()
+
+
+def test_the_layers_a_call_changed_are_put_back_byte_for_byte_from_its_snapshot(run_module, args, tmp_path):
+    """keep_previous: each file as it was before the call changed it (an existing sitecustomize.py of 0640 with its
+    own lines, an absent nccl.conf); restore_previous puts them back (check mode first: it only says so) and drops the
+    snapshot. The gpu_server role does it after a restart refused before its kill."""
+    site, conf, snap = tmp_path / "sitecustomize.py", tmp_path / "nccl.conf", tmp_path / "run" / "layers.json"
+    site.write_bytes(b"import os  # the host's own \xff\n")
+    site.chmod(0o640)
+    before = site.read_bytes()
+    res = run_module(nccl_layers.main, dict(args, keep_previous=str(snap)))
+    assert res["changed"] and site.read_bytes() != before and conf.exists() and res["previous_kept"] == str(snap)
+    assert oct(snap.stat().st_mode & 0o777) == "0o600"
+    check = run_module(nccl_layers.main, {"restore_previous": str(snap)}, check_mode=True)
+    assert check["changed"] and sorted(check["restored"]) == sorted([str(site), str(conf)]) and snap.exists()
+    res = run_module(nccl_layers.main, {"restore_previous": str(snap)})
+    assert res["changed"] and site.read_bytes() == before and oct(site.stat().st_mode & 0o777) == "0o640"
+    assert not conf.exists() and not snap.exists()
+    again = run_module(nccl_layers.main, {"restore_previous": str(snap)})  # nothing kept: nothing to do
+    assert not again["changed"] and again["restored"] == []
+
+
+def test_a_call_that_changes_nothing_leaves_no_snapshot_and_drops_an_earlier_one(run_module, args, tmp_path):
+    snap = tmp_path / "layers.json"
+    run_module(nccl_layers.main, args)
+    snap.write_text('{"files": [{"path": "%s", "content": null}]}' % (tmp_path / "nccl.conf"))
+    res = run_module(nccl_layers.main, dict(args, keep_previous=str(snap)))
+    assert not res["changed"] and not snap.exists() and "previous_kept" not in res
+    assert not run_module(nccl_layers.main, {"restore_previous": str(snap)})["changed"]
+    assert (tmp_path / "nccl.conf").exists()
+
+
+def test_restore_previous_is_not_mixed_with_layers(run_module, args, tmp_path):
+    res = run_module(nccl_layers.main, dict(args, restore_previous=str(tmp_path / "layers.json")))
+    assert res["failed"] and "mutually exclusive" in res["msg"]
+    assert not (tmp_path / "sitecustomize.py").exists()

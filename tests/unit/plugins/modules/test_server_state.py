@@ -796,3 +796,36 @@ def test_a_rollback_with_no_other_generation_or_a_systemd_unit_is_refused(server
     assert r["failed"] and "no last known good generation other than the one it runs (ffffffffffff (recorded " in r["msg"]
     r = run_module(server_state.main, check_args(paths, rollback={}, systemd={"unit": "x.service", "unit_path": "/x"}))
     assert r["failed"] and r["msg"].startswith("rollback: the rollback by hand is for the process launcher only"), r["msg"]
+
+
+@pytest.mark.parametrize("launchable, problem", [
+    ({"command": "no-such-server-ut"},
+     "command[0] no-such-server-ut is not found on the server's PATH (/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)"),
+    ({"command": "python3", "path": "/nonexistent/bin"},  # the server's env's value, hidden as server_restart hides it
+     "command[0] python3 is not found on the server's PATH (********)"),
+    ({"files": {"log_path": "PLAIN/log/demo.log"}}, "log_path PLAIN/log/demo.log lies under PLAIN, which is not a directory"),
+    ({"files": {"pidfile": "PLAIN/demo.pid"}}, "pidfile PLAIN/demo.pid lies under PLAIN, which is not a directory"),
+    ({"files": {"record.state_file": "PLAIN/s/demo.json"}},
+     "record.state_file PLAIN/s/demo.json lies under PLAIN, which is not a directory"),
+])
+def test_what_the_restart_refuses_about_its_files_and_path_refuses_a_wanted_restart_in_the_check(
+        servers, paths, run_module, tmp_path, launchable, problem):
+    """server_restart's preflight refused these after the drain; the check refuses them before it, with the words of
+    _server.restart_problems, which both call. An up-to-date server is left alone."""
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    running(servers, paths, run_module)
+    la = dict({"command": sys.executable}, **launchable)
+    la["files"] = {k: v.replace("PLAIN", str(plain)) for k, v in la.get("files", {}).items()}
+    problem = problem.replace("PLAIN", str(plain))
+    for check_mode in (True, False):
+        r = run_module(server_state.main, _restart_wanted(paths, "", **la), check_mode=check_mode)
+        assert r["failed"] and r["phase"] == "preflight" and r["launch_problems"] == [problem], r
+        assert r["msg"] == "cannot run this server, nothing was stopped: %s" % problem, r
+        assert not os.path.exists(paths["lock_file"])
+    r = run_module(server_state.main, dict(_restart_wanted(paths, "", **la), fingerprint="f" * 64))
+    assert "failed" not in r and r["needs_restart"] is False, r
+    # The systemd launcher: its unit runs the command, the restart looks no bare name up.
+    if "command" in launchable and "files" not in launchable:
+        full = dict({"user": "root", "workdir": "/", "path": None, "files": {}}, **la)
+        assert server_state.restart_problems({"launchable": full, "systemd": {"unit": "x"}, "rotation_file": None}) == []
