@@ -62,10 +62,11 @@ def _holder(rf: RolloutFleet, host: str) -> str:
 
 
 def _read_only_state_dir(rf: RolloutFleet, host: str) -> str:
-    # The record step writes /var/lib/gpufleet/demo.json: a read-only mount there makes it fail with an OSError
-    # after the server is up (the case that must still release the lock).
+    # The record step writes /var/lib/gpufleet/demo.json: a read-only mount there is refused by the check.
     rf.fleet.ssh(host, "mkdir -p /var/lib/gpufleet && mount -t tmpfs -o ro tmpfs /var/lib/gpufleet", check=True)
-    return "Read-only file system"
+    # The check before the drain finds the directory not writable (the restart's own preflight words) and refuses,
+    # nothing stopped; a record that fails after a good launch is test_rel_faults_full_fs's case.
+    return "record.state_file cannot be written: directory /var/lib/gpufleet is not writable"
 
 
 # phase -> (host2's variables, set-up on host2 returning a text its failure must contain)
@@ -111,8 +112,9 @@ PHASES = {
     "ready": ("at start-up: the server exits (--fail-at-startup)", "'exited during start-up'"),
     "verify_env": ("at the workers' environment check: gpufleet_server_expected_env GPUFLEET_MUST_HAVE=1",
                    "GPUFLEET_MUST_HAVE"),
-    "record": ("when recording the state after a good launch: /var/lib/gpufleet mounted read-only (an OSError)",
-               "'Read-only file system' (and the lock still released)"),
+    "record": ("at the check before the drain: /var/lib/gpufleet (the record's directory) mounted read-only",
+               "'record.state_file cannot be written: directory /var/lib/gpufleet is not writable' (nothing stopped, "
+               "the lock still released)"),
 }
 
 
