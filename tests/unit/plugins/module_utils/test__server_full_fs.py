@@ -36,8 +36,13 @@ try:
                            "root", "/", sys.argv[3] + "/srv.log", os.path.join(d, "sglang.pid"))
         except _server.ServerError as e:
             out["error"] = str(e)
-        out["alive"] = [n for n in os.listdir("/proc") if n.isdigit()
-                        and marker.encode() in open("/proc/%s/cmdline" % n, "rb").read().split(b"\0")]
+        out["alive"] = []
+        for n in os.listdir("/proc"):
+            try:  # a process may exit between the listing and the read
+                if n.isdigit() and marker.encode() in open("/proc/%s/cmdline" % n, "rb").read().split(b"\0"):
+                    out["alive"].append(n)
+            except OSError:
+                pass
     elif what == "space":
         out["problems"] = _server.space_problems({"record.state_file": os.path.join(d, "sub", "sglang.json"),
                                                   "pidfile": sys.argv[3] + "/run/sglang.pid"})
