@@ -264,8 +264,11 @@ class PodmanFleet(_fleet.Fleet):
             while True:
                 left = max(1.0, deadline - time.monotonic())
                 p = podman("exec", ctr, "systemctl", "is-system-running", "--wait", check=False, timeout=left)
-                # Right after `podman start`, systemd may not have opened its bus yet: ask again.
-                if "Failed to connect to bus" not in p.stderr or time.monotonic() > deadline:
+                # Right after `podman start`, systemd may not have opened its bus yet, or not yet created
+                # /run/systemd/system (then systemctl's sd_booted() is false and it prints "offline" at once,
+                # without waiting): ask again until the deadline.
+                starting = "Failed to connect to bus" in p.stderr or p.stdout.strip() == "offline"
+                if not starting or time.monotonic() > deadline:
                     break
                 time.sleep(0.2)
             if p.stdout.strip() not in ("running", "degraded"):
