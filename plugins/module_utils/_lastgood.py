@@ -15,6 +15,7 @@ server_restart's restore launches it and marks it restored())."""
 
 from __future__ import annotations
 
+import os
 import time
 import typing as t
 
@@ -51,6 +52,41 @@ def generation(p: t.Mapping[str, t.Any], fingerprint: str, gate: t.Optional[t.Ma
              # What its workers' environment was verified against, for the verify after a rollback to it.
              expected_env=dict((p.get("verify_env") or {}).get("expected") or {}))
     return g
+
+
+def pending_path(pidfile: str) -> str:
+    """RUN_DIR/NAME.pid -> RUN_DIR/NAME.last_good-pending.json: a verified server's generation whose record could not be
+    written (a full state filesystem). It lives beside the pidfile, on another filesystem than the state file as a
+    rule (/run is a tmpfs), until the check that writes the record again (server_state's rerecord) keeps it."""
+    base = pidfile[:-len(".pid")] if pidfile.endswith(".pid") else pidfile
+    return base + ".last_good-pending.json"
+
+
+def keep_pending(pidfile: str, new: t.Mapping[str, t.Any], generations: int, pid: int) -> None:
+    """Put a generation aside until its record can be written (0600, atomically): `pid` is the verified launcher's,
+    which the rerecord must find running for the generation to count."""
+    _server.write_json_atomic(pending_path(pidfile), {"generation": dict(new), "generations": generations, "pid": pid},
+                              _server.STATE_MODE)
+
+
+def drop_pending(pidfile: str) -> None:
+    """Forget a generation put aside (none there is fine)."""
+    try:
+        os.unlink(pending_path(pidfile))
+    except FileNotFoundError:
+        pass
+
+
+def pending_for(pidfile: str, fingerprint: str, pid: t.Optional[int]) -> t.Optional[t.Dict[str, t.Any]]:
+    """The generation put aside for this definition and this launcher ({generation, generations}), None when there is
+    none. A pending file of another definition or launcher is left as it is (a later launch's to replace): only what
+    was verified counts."""
+    data = _server.read_state(pending_path(pidfile))
+    g = data.get("generation") if isinstance(data, dict) else None
+    if not isinstance(g, dict) or g.get("fingerprint") != fingerprint or pid is None or data.get("pid") != pid:
+        return None
+    n = data.get("generations")
+    return {"generation": g, "generations": n if isinstance(n, int) and n > 0 else 1}
 
 
 def rollback_target(gens: t.Sequence[t.Mapping[str, t.Any]], desired: str,

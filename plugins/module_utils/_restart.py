@@ -623,11 +623,25 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
                     _server.drop_record(p["record"]["state_file"])
                 except OSError:
                     keeps = False  # the mark stays: the next run restarts the server, as before
+            if keeps and p["record"]["generations"] > 0 and not restore:
+                # The server passed every check: its generation waits beside the pidfile until the check that writes
+                # the record again keeps it (otherwise a later rollback would go back past this verified server).
+                try:
+                    _lastgood.keep_pending(p["pidfile"], _lastgood.generation(
+                        p, p["record"]["fingerprint"], measured, p["record"]["layers"]),
+                        p["record"]["generations"], proc.pid)
+                except OSError as e2:
+                    module.warn("the last known good definition could not be put aside in %s either: %s"
+                                % (_lastgood.pending_path(p["pidfile"]), e2.strerror or e2))
             raise StepError("the server was restarted and verified (pid %d), but its record could not be written: %s; %s"
                             % (proc.pid, e.strerror or e,
                                "the next run keeps this server and writes the record once there is room" if keeps
                                else "the next run restarts it (nothing on the host tells it from an unverified launch)"),
                             path=p["record"]["state_file"])
+        try:
+            _lastgood.drop_pending(p["pidfile"])  # one put aside for an earlier launch: this record supersedes it
+        except OSError:
+            pass
         if p["record"]["generations"] > 0 or restore:
             # The server passed every check and is recorded: it is this host's newest last known good (a restored
             # generation again, with its own record, the file noting the rollback).

@@ -420,7 +420,11 @@ unrecorded:
   type: bool
   version_added: 0.2.0
 recorded:
-  description: With V(check), the record of an RV(unrecorded) server was written again by this call.
+  description:
+    - With V(check), the record of an RV(unrecorded) server was written again by this call.
+    - When the restart that verified this server could not write its record, it put the server's last known good
+      generation aside beside O(pidfile) (C(NAME.last_good-pending.json), 0600); this call then also makes it the
+      newest generation (RV(last_good) shows it) and removes the pending file.
   returned: when action is check and it was
   type: bool
   version_added: 0.2.0
@@ -1028,8 +1032,12 @@ def rerecord(module: AnsibleModule, res: t.Dict[str, t.Any]) -> None:
         return
     old = _server.read_state(p["state_file"])
     timings = old.get("timings") if isinstance(old.get("timings"), dict) else {}
+    # A verified restart whose record failed put its last known good generation (and gate measurement) aside.
+    pending = _lastgood.pending_for(p["pidfile"], p["fingerprint"], (res.get("pidfile") or {}).get("pid"))
+    gate = (pending or {}).get("generation", {}).get("gate")
     try:
-        _server.record_state(p["state_file"], p["name"], p["fingerprint"], p["pidfile"], timings or {})
+        _server.record_state(p["state_file"], p["name"], p["fingerprint"], p["pidfile"], timings or {},
+                             gate=gate if isinstance(gate, dict) else None)
     except OSError as e:
         # Said in the result too (the role passes it to the rollout summary): a warning alone scrolls by.
         why = str(e.strerror or e)
@@ -1041,6 +1049,15 @@ def rerecord(module: AnsibleModule, res: t.Dict[str, t.Any]) -> None:
         module.warn(res["record_missing"])
         return
     res["recorded"] = True
+    if pending is None:
+        return
+    lkg = _lastgood.path_for(p["state_file"])
+    try:
+        _lastgood.keep(lkg, pending["generation"], pending["generations"])
+        _lastgood.drop_pending(p["pidfile"])
+    except OSError as e:  # the record is written and the server kept: a warning, as after a restart
+        module.warn("the last known good definitions could not be written to %s: %s" % (lkg, e.strerror or e))
+    res["last_good"] = last_good_report(p["state_file"], _server.read_state(p["state_file"]))
 
 
 def pidfile_state(path: str, procs: t.Mapping[int, _proc.Proc], tag: t.Tuple[str, str]) -> t.Dict[str, t.Any]:

@@ -8,6 +8,7 @@ server again; a full /run/gpufleet left a 0-byte lock and a .lock.<pid>.tmp.
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -122,6 +123,16 @@ def test_a_full_disk_refuses_a_restart_behind_a_balancer_before_its_drain(rf):
         rf.fleet.ssh(H, "umount %s" % STATE_DIR, check=True)
 
 
+def _pending(rf) -> tuple:
+    """(mode, content) of the last known good generation put aside in /run/gpufleet, (None, None) when none is."""
+    out = rf.fleet.ssh(H, "f=/run/gpufleet/demo.last_good-pending.json; [ -e $f ] && stat -c %a $f && cat $f; true",
+                       check=True).stdout
+    if not out.strip():
+        return None, None
+    mode, _sep, text = out.partition("\n")
+    return mode, json.loads(text)
+
+
 # Fills /var/lib/gpufleet once the restart has written its new pidfile: after the preflight and the launch, before
 # the record.
 FILLER = """#!/bin/sh
@@ -141,7 +152,9 @@ true
             "summary keeps workers_verified 2 and restarted yes; no temp file left; the next rollout does not kill the "
             "new server (same processes, rc 0, warning that the record still cannot be written, and 'record still "
             "missing, server kept' after the summary's table); once there is room the next rollout records it "
-            "(fingerprint and pid of the running server) without a restart, and says nothing is missing")
+            "(fingerprint and pid of the running server) without a restart, and says nothing is missing; the verified "
+            "server's last known good generation, put aside in /run/gpufleet (0600) while the record could not be "
+            "written, is then the newest in demo.last_good.json, and the pending file is gone")
 def test_a_record_that_fails_after_a_good_restart_does_not_get_the_server_killed_again(rf):
     _mount_small(rf, STATE_DIR, fill=False)
     try:
@@ -156,6 +169,10 @@ def test_a_record_that_fails_after_a_good_restart_does_not_get_the_server_killed
         assert _ls(rf, STATE_DIR) == ["filler"]  # no demo.json.<pid>.tmp, and the unverified mark is gone
         server = _server(rf.snapshot())
         assert server and not server & old, (server, old)  # the new server
+        # Its last known good generation waits beside the pidfile (the state filesystem is full), root-only.
+        mode, pending = _pending(rf)
+        assert mode == "600" and pending["pid"] == rf.snapshot().launcher(H), pending
+        assert pending["generation"]["fingerprint"] and pending["generation"]["command"], pending
 
         # The removed mark freed a block: fill it too, so the record still cannot be written.
         rf.fleet.ssh(H, "dd if=/dev/zero of=%s/filler2 bs=1024 2>/dev/null; true" % STATE_DIR, check=True)
@@ -167,6 +184,7 @@ def test_a_record_that_fails_after_a_good_restart_does_not_get_the_server_killed
         assert "/demo.json: No space left on device" in run.summary[H]["record_missing"], run.summary[H]
         assert _server(rf.snapshot()) == server
         assert _ls(rf, STATE_DIR) == ["filler", "filler2"]
+        assert _pending(rf)[1] == pending  # still aside
 
         rf.fleet.ssh(H, "rm %s/filler %s/filler2" % (STATE_DIR, STATE_DIR), check=True)
         run = rf.playbook("rollout")
@@ -177,5 +195,9 @@ def test_a_record_that_fails_after_a_good_restart_does_not_get_the_server_killed
         state = snap.state(H)
         assert state and state["fingerprint"] and state.get("verified") is not False, state
         assert state["pid"] == snap.launcher(H) and (state["pid"], state["start_time"]) in server, state
+        # The generation put aside is now the newest last known good (a rollback would not go back past it).
+        gens = json.loads(rf.fleet.ssh(H, "cat %s/demo.last_good.json" % STATE_DIR, check=True).stdout)["generations"]
+        assert gens[0] == pending["generation"] and gens[0]["fingerprint"] == state["fingerprint"], gens
+        assert _pending(rf) == (None, None)
     finally:
         rf.fleet.ssh(H, "pkill -f gpufleet-filler; umount %s; true" % STATE_DIR)
