@@ -36,7 +36,8 @@ description:
   - A host whose verified server was kept although its record still cannot be written (a full state filesystem after a
     record that failed; RV(gpufleet.serving.server_state#module:record_missing)) is named after the table (C(record
     still missing, server kept)), with the file and the error, and its row has C(record_missing). A row has C(gate),
-    the performance gate's numbers (metric, median, baseline, ratio, min_ratio, passed, msg), when the restart ran one,
+    the performance gate's numbers (metric, median, baseline, ratio, min_ratio, passed, msg), when the restart ran one
+    (under C(--check), what it would measure and against what, with C(would_measure), also said after the table),
     and C(rolled_back) (fingerprint, pid, workers_verified, recorded_at) when a failed restart went back to the host's
     last known good; its C(restarted) column then says C(killed, rolled back to FINGERPRINT).
   - "The C(gpufleet.serving.rollback) playbook: each row has C(rollback_to) (C(fingerprint), C(recorded_at), C(from),
@@ -245,6 +246,7 @@ def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.
     notes.append(record_missing(rows))
     notes.append(nccl_only(rows))
     notes.append(nccl_stale(rows))
+    notes.append(gate_plans(rows))
     notes.append(rolled_back(rows))
     return [n for n in notes if n]
 
@@ -271,7 +273,17 @@ def gate_cell(g: t.Any) -> t.Optional[t.Dict[str, t.Any]]:
     None when no gate ran."""
     if not isinstance(g, t.Mapping):
         return None
-    return {k: g.get(k) for k in ("metric", "median", "baseline", "ratio", "min_ratio", "passed", "msg")}
+    cell = {k: g.get(k) for k in ("metric", "median", "baseline", "ratio", "min_ratio", "passed", "msg")}
+    if g.get("would_measure"):
+        cell["would_measure"] = True  # check mode: nothing was sent
+    return cell
+
+
+def gate_plans(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    """Under --check, what each host's performance gate would measure and against what ('' when none)."""
+    out = ["%s %s" % (r["host"], r["gate"]["msg"]) for r in rows
+           if isinstance(r.get("gate"), t.Mapping) and r["gate"].get("would_measure")]
+    return ("performance gate (check mode, no request sent): %s" % "; ".join(out)) if out else ""
 
 
 def record_missing(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:

@@ -342,6 +342,20 @@ def gate_baseline(recorded: t.Optional[t.Mapping[str, t.Any]], g: t.Mapping[str,
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
+def gate_plan(g: t.Mapping[str, t.Any], baseline: t.Optional[float]) -> t.Dict[str, t.Any]:
+    """What the restart's performance gate would measure and against what (check mode: no request is sent). The
+    result has the keys of a measurement's, with `median`, `ratio` and `passed` null and `would_measure` true."""
+    p = dict(g, baseline=baseline)
+    req = check_input(p)
+    msg = "would measure %s" % plan_text(p, req)
+    if baseline is None:
+        msg += " (no baseline for this benchmark on this host yet: the first measurement would be recorded and pass)"
+    else:
+        msg += " (this host's last known good measurement)"
+    return dict(metric=p["metric"], median=None, baseline=baseline, min_ratio=p["min_ratio"], ratio=None, passed=None,
+                msg=msg, key=gate_key(g), url=shown_url(req.url), would_measure=True)
+
+
 def gate(g: t.Mapping[str, t.Any], baseline: t.Optional[float]) -> t.Dict[str, t.Any]:
     """Measure and compare (the restart's performance gate). Returns the measurement with `passed`, `ratio`, `msg`
     and `key`; raises StepError (phase gate) when a request fails or the median falls below min_ratio."""

@@ -513,6 +513,8 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
             result.update(changed=would, would_stop=would)
         else:
             result.update(changed=True, would_launch=True)
+            if p["gate"] and not restore:  # said, not sent: what the gate would measure and against what
+                result["gate"] = _bench.gate_plan(p["gate"], baseline)
         result.pop("phase")
         return
 

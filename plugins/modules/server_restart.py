@@ -625,7 +625,11 @@ gate:
     - The performance gate's measurement (O(gate)) - C(metric), C(rounds), C(median), C(tokens), C(latency_s),
       C(baseline) (this host's last known good, or V(null)), C(ratio), C(min_ratio), C(passed), C(msg) and C(key)
       (what makes two measurements comparable); on a failed request, what failed and the rounds measured so far.
-  returned: when the gate ran
+    - In check mode no request is sent; it says what the gate would measure and against what - C(would_measure)
+      V(true), C(metric), C(baseline) (this host's last known good measurement, or V(null) when the first one would be
+      recorded and pass), C(min_ratio), C(key), C(url) (without userinfo or query) and C(msg) in words; C(median),
+      C(ratio) and C(passed) are V(null).
+  returned: when the gate ran, or in check mode when O(gate) is set
   type: dict
 workers_verified:
   version_added: 0.2.0

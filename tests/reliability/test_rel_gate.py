@@ -61,10 +61,12 @@ def _last_good(rf) -> tuple:
     section="fault", case="A new server slower than the host's last known good (the performance gate)",
     provoked="gpufleet_server_gate (the demo's /generate, 16 tokens, 3 rounds of 6 at concurrency 2, min_ratio 0.15): a "
              "forced restart (no baseline yet), then a definition whose server is ~50x slower (the demo's stand-in "
-             "GPUFLEET_DEMO_TOKEN_DELAY_S=0.02), then the first definition again",
+             "GPUFLEET_DEMO_TOKEN_DELAY_S=0.02; first under --check), then the first definition again",
     outcome="the first gate passes and records the host's baseline (summary: 'no baseline ... recorded as the host's "
             "baseline') and the server as its newest last known good (demo.last_good.json, 0600, its definition, "
-            "layers and measurement); the slow server fails the host in phase gate ('performance gate: output_tokens_per_s fell to "
+            "layers and measurement); --check says what the gate would measure against that baseline (would_measure, "
+            "'performance gate (check mode, no request sent): ...' after the table) and sends and changes nothing; "
+            "the slow server fails the host in phase gate ('performance gate: output_tokens_per_s fell to "
             "... of the baseline'), rc 2, workers_verified 2, the baseline kept; the first definition again is "
             "restarted (the failed one's record is unverified) and passes against the baseline; the failed definition never "
             "became a last known good generation")
@@ -82,6 +84,17 @@ def test_a_slower_server_fails_the_gate_and_the_baseline_is_kept(rf):
     assert gens[0]["command"] == rf.server_vars()["gpufleet_server_command"] and gens[0]["launcher"] == "process"
     assert gens[0]["env"]["NCCL_DEBUG"] == "INFO" and gens[0]["layers"]["sitecustomize"], gens[0]
     assert [x["fingerprint"] for x in gens].count(good) == 1, gens
+
+    # --check says what the gate would measure and against what, and sends nothing.
+    served = _record(rf)
+    run = rf.playbook("rollout", vars_override=_vars(rf, GPUFLEET_DEMO_TOKEN_DELAY_S="0.02"), check=True)
+    assert run.rc == 0, run.tail()
+    g = run.summary[H]["gate"]
+    assert g["would_measure"] is True and g["median"] is None and g["passed"] is None, g
+    assert g["baseline"] == first["median"] and "this host's last known good measurement" in g["msg"], g
+    assert ("performance gate (check mode, no request sent): %s would measure output_tokens_per_s of POST "
+            "http://127.0.0.1:30000/generate" % H) in " ".join(run.out.split()), run.tail()
+    assert _record(rf) == served
 
     run = rf.playbook("rollout", vars_override=_vars(rf, GPUFLEET_DEMO_TOKEN_DELAY_S="0.02"))
     assert run.rc == 2, run.tail()

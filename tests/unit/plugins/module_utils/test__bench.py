@@ -242,3 +242,17 @@ def test_the_plan_says_what_would_be_measured_and_against_what():
     assert _bench.plan_text(p, _bench.check_input(p)).endswith(
         "0 warm-up request(s), then 3 round(s) of 16 request(s) at concurrency 4, the median compared with the "
         "baseline 123.5 (failing below 0.8 of it)")
+
+
+def test_the_gate_plan_says_what_would_be_measured_against_what_and_shows_no_secret():
+    p = params(request={"url": "http://user:secretpw@127.0.0.1:30000/generate?token=abc", "body": {"text": "x"},
+                        "headers": {"Authorization": "Bearer sk-1"}})
+    first = _bench.gate_plan(p, None)
+    assert first["would_measure"] is True and first["median"] is None and first["passed"] is None, first
+    assert first["url"] == "http://127.0.0.1:30000/generate" and first["key"] == _bench.gate_key(p), first
+    assert "no baseline for this benchmark on this host yet: the first measurement would be recorded and pass" in first["msg"]
+    known = _bench.gate_plan(p, 12.5)
+    assert known["baseline"] == 12.5 and "the median compared with the baseline 12.5 (failing below" in known["msg"], known
+    assert "this host's last known good measurement" in known["msg"]
+    for secret in ("secretpw", "token=abc", "Bearer", "sk-1"):
+        assert secret not in json.dumps([first, known])
