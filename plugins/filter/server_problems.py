@@ -52,10 +52,6 @@ _value:
 from ansible_collections.gpufleet.serving.plugins.plugin_utils._preflight import definition_refusal
 
 
-def server_problems(values, stop_only=False):
-    return definition_refusal(values, bool(stop_only))
-
-
 class FilterModule:
     def filters(self):
-        return {"server_problems": server_problems}
+        return {"server_problems": definition_refusal}

@@ -209,13 +209,14 @@ def encode(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-def write_temp(real_path: str, text: str, mode: int = 0o644) -> str:
-    """Write text to a new temp file beside real_path (same filesystem, so the move is atomic)."""
+def write_temp(real_path: str, text: t.Union[str, bytes], mode: int = 0o644) -> str:
+    """Write text (or bytes, as they are) to a new temp file beside real_path (same filesystem, so the move is
+    atomic); nothing is left behind when the write fails."""
     d = os.path.dirname(real_path)
     fd, tmp = tempfile.mkstemp(prefix=".%s.gpufleet-" % os.path.basename(real_path), suffix=".tmp", dir=d)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(encode(text))
+            f.write(text if isinstance(text, bytes) else encode(text))
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
@@ -358,14 +359,8 @@ def _restore(path: str, entries: t.Sequence[t.Mapping[str, t.Any]], check_mode: 
         if want is None:
             os.unlink(real)
             continue
-        fd, tmp = tempfile.mkstemp(prefix=".%s.gpufleet-" % os.path.basename(real), suffix=".tmp",
-                                   dir=os.path.dirname(real))
+        tmp = write_temp(real, want, int(e["mode"]))
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(want)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, int(e["mode"]))
             try:
                 os.chown(tmp, int(e["uid"]), int(e["gid"]))
             except PermissionError:
