@@ -69,6 +69,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: t.List[pytest.It
     items.sort(key=lambda it: rank.get(it.nodeid.split("::")[0], len(rank)))
 
 
+# Seconds per test file (setup + call + teardown of its tests, its module-scoped fleet included), summed where the
+# reports arrive (the controlling pytest under xdist): printed with --durations, so that LONGEST_FIRST and
+# CONTRIBUTING.md's times come from a run, not a guess.
+_FILE_SECONDS: t.Dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    f = report.nodeid.split("::")[0]
+    _FILE_SECONDS[f] = _FILE_SECONDS.get(f, 0.0) + float(getattr(report, "duration", 0.0) or 0.0)
+
+
+def pytest_terminal_summary(terminalreporter: t.Any, exitstatus: int, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") or not _FILE_SECONDS or config.getoption("durations", None) is None:
+        return
+    terminalreporter.write_sep("=", "slowest 25 test files (their tests' setup + call + teardown, summed)")
+    for f, s in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:25]:
+        terminalreporter.write_line("%8.1fs %s" % (s, f))
+    terminalreporter.write_line("%8.1fs in all (%d files)" % (sum(_FILE_SECONDS.values()), len(_FILE_SECONDS)))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def installed_collection() -> Path:
     return install_collection()
