@@ -348,8 +348,8 @@ def gate_plan(g: t.Mapping[str, t.Any], baseline: t.Optional[float]) -> t.Dict[s
     p = dict(g, baseline=baseline)
     req = check_input(p)
     msg = "would measure %s" % plan_text(p, req)
-    if baseline is None:
-        msg += " (no baseline for this benchmark on this host yet: the first measurement would be recorded and pass)"
+    if baseline is None:  # plan_text said there is none
+        msg += " (this host's first measurement of this benchmark: it would be recorded and pass)"
     else:
         msg += " (this host's last known good measurement)"
     return dict(metric=p["metric"], median=None, baseline=baseline, min_ratio=p["min_ratio"], ratio=None, passed=None,

@@ -285,6 +285,9 @@ class Previous:
             os.unlink(path)
         except FileNotFoundError:
             pass
+        except OSError as e:  # a directory there, a read-only /run: said before any layer changes
+            raise StepError("cannot drop the earlier snapshot %s: %s; nothing was changed" % (path, e.strerror or e),
+                            path=path) from None
 
     def keep(self, real_path: str) -> None:
         """Record `real_path` as it is now, once per call, before it changes (the snapshot is written first)."""
@@ -339,6 +342,9 @@ def restore_previous(path: str, check_mode: bool = False) -> t.Dict[str, t.Any]:
         return _restore(path, entries, check_mode)
     except OSError as e:
         raise StepError("cannot put the NCCL layers back from %s: %s" % (path, e.strerror or e), path=path) from None
+    except (ValueError, KeyError, TypeError) as e:  # an entry without its keys, content that is not base64
+        raise StepError("%s is not a snapshot of the NCCL layers (%s: %s); the layers may be partly put back"
+                        % (path, type(e).__name__, e), path=path) from None
 
 
 def _restore(path: str, entries: t.Sequence[t.Mapping[str, t.Any]], check_mode: bool) -> t.Dict[str, t.Any]:
@@ -373,7 +379,10 @@ def _restore(path: str, entries: t.Sequence[t.Mapping[str, t.Any]], check_mode: 
                 pass
             raise
     if not check_mode:
-        os.unlink(path)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:  # gone meanwhile: the layers are back all the same
+            pass
     return {"changed": bool(restored), "restored": restored}
 
 

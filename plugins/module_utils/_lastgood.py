@@ -62,11 +62,11 @@ def pending_path(pidfile: str) -> str:
     return base + ".last_good-pending.json"
 
 
-def keep_pending(pidfile: str, new: t.Mapping[str, t.Any], generations: int, pid: int) -> None:
-    """Put a generation aside until its record can be written (0600, atomically): `pid` is the verified launcher's,
-    which the rerecord must find running for the generation to count."""
-    _server.write_json_atomic(pending_path(pidfile), {"generation": dict(new), "generations": generations, "pid": pid},
-                              _server.STATE_MODE)
+def keep_pending(pidfile: str, new: t.Mapping[str, t.Any], generations: int, launcher: t.Tuple[int, int]) -> None:
+    """Put a generation aside until its record can be written (0600, atomically): `launcher` is the verified
+    launcher's (pid, start time), which the rerecord must find running for the generation to count."""
+    _server.write_json_atomic(pending_path(pidfile), {"generation": dict(new), "generations": generations,
+                                                      "launcher": list(launcher)}, _server.STATE_MODE)
 
 
 def drop_pending(pidfile: str) -> None:
@@ -77,13 +77,15 @@ def drop_pending(pidfile: str) -> None:
         pass
 
 
-def pending_for(pidfile: str, fingerprint: str, pid: t.Optional[int]) -> t.Optional[t.Dict[str, t.Any]]:
-    """The generation put aside for this definition and this launcher ({generation, generations}), None when there is
-    none. A pending file of another definition or launcher is left as it is (a later launch's to replace): only what
-    was verified counts."""
+def pending_for(pidfile: str, fingerprint: str,
+                launcher: t.Optional[t.Tuple[int, int]]) -> t.Optional[t.Dict[str, t.Any]]:
+    """The generation put aside for this definition and this launcher (pid and start time: a reused pid is another
+    process) as {generation, generations}; None when there is none. A pending file of another definition or launcher
+    is left as it is (a later launch's to replace): only what was verified counts."""
     data = _server.read_state(pending_path(pidfile))
     g = data.get("generation") if isinstance(data, dict) else None
-    if not isinstance(g, dict) or g.get("fingerprint") != fingerprint or pid is None or data.get("pid") != pid:
+    if not isinstance(g, dict) or g.get("fingerprint") != fingerprint or launcher is None \
+            or data.get("launcher") != list(launcher):
         return None
     n = data.get("generations")
     return {"generation": g, "generations": n if isinstance(n, int) and n > 0 else 1}

@@ -87,6 +87,7 @@ def argument_spec() -> t.Dict[str, t.Any]:
         release_lock=dict(type="dict", options=dict(
             lock_file=dict(type="path", required=True),
             owner=dict(type="str", required=True),
+            keep_on_failure=dict(type="bool", default=False),
         )),
         gate=dict(type="dict", options=_bench.argument_spec()),
         rollback=dict(type="bool", default=False),
@@ -631,7 +632,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
                 try:
                     _lastgood.keep_pending(p["pidfile"], _lastgood.generation(
                         p, p["record"]["fingerprint"], measured, p["record"]["layers"]),
-                        p["record"]["generations"], proc.pid)
+                        p["record"]["generations"], (proc.pid, proc.start_time))
                 except OSError as e2:
                     module.warn("the last known good definition could not be put aside in %s either: %s"
                                 % (_lastgood.pending_path(p["pidfile"]), e2.strerror or e2))
@@ -936,10 +937,17 @@ def ended(kill: t.Mapping[str, t.Any]) -> int:
     return len(kill.get("processes") or []) - len(kill.get("survivors") or [])
 
 
-def release(p: t.Mapping[str, t.Any], result: t.Dict[str, t.Any], check_mode: bool) -> None:
+def release(p: t.Mapping[str, t.Any], result: t.Dict[str, t.Any], check_mode: bool, failed: bool = False) -> None:
+    """Release the host lock at the end of the cycle; a failed one keeps it with `keep_on_failure`: the caller puts
+    things back under it (the role: the NCCL layers after a refusal before the kill, the host into rotation) and then
+    releases it, instead of another run taking the lock in between."""
     rl = p["release_lock"]
-    if rl and not check_mode:
-        result["lock_released"] = _server.release_lock(rl["lock_file"], rl["owner"])
+    if not rl or check_mode:
+        return
+    if failed and rl.get("keep_on_failure"):
+        result["lock_released"] = False
+        return
+    result["lock_released"] = _server.release_lock(rl["lock_file"], rl["owner"])
 
 
 # Where a failing step's own result goes in the module's result (the others' details go to the top level).

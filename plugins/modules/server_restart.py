@@ -20,10 +20,12 @@ description:
     the process launcher's kill does. A unit file changed on disk is loaded first (C(systemctl daemon-reload)), so
     the stop already uses its grace. The start is C(systemctl start); the unit's main pid is the launcher (written
     to O(pidfile)). A start-up failure names systemd's exit status and its journal lines."
-  - "C(preflight): before anything is stopped, the launch's executable (an absolute O(command[0])), O(user) and
-    O(workdir) must exist and O(gpus) must name GPUs of this host, and the directories of O(record.state_file),
-    O(pidfile), O(release_lock.lock_file) and O(log_path) must each have 16 KiB and 4 inodes free (the failure names
-    the directory and its free bytes); otherwise the module fails and stops nothing.
+  - "C(preflight): before anything is stopped, the launch's executable (O(command[0]), absolute or found on the
+    server's C(PATH)), O(user) and O(workdir) must exist and O(gpus) must name GPUs of this host; O(pidfile),
+    O(record.state_file) and O(log_path) must not lie under a regular file nor in a directory that cannot be written
+    (read-only included); and the directories of O(record.state_file), O(pidfile), O(release_lock.lock_file) and
+    O(log_path) must each have 16 KiB and 4 inodes free (the failure names the directory and its free bytes);
+    otherwise the module fails and stops nothing.
     With O(wait_ready.check_listener), a process that the kill does not select listening on the port of the health
     URL (or of the request's URL) fails it too, named by pid, user and command line (it is never killed): the new
     server could not listen there, and that process would answer for it. A listener holding one of O(gpus) (itself or
@@ -379,7 +381,7 @@ options:
         description: The NCCL layers this run applied (as the caller computed them), kept with the generation.
         type: dict
   release_lock:
-    description: Release this run's host lock at the end, also when a step failed.
+    description: Release this run's host lock at the end, also when a step failed (unless O(release_lock.keep_on_failure)).
     type: dict
     suboptions:
       lock_file:
@@ -390,6 +392,14 @@ options:
         description: This run's owner id.
         type: str
         required: true
+      keep_on_failure:
+        description:
+          - A failed cycle keeps the lock (RV(lock_released) V(false)) for the caller, who puts things back under it
+            and then releases it - the C(gpu_server) role does, for the NCCL layers after a restart refused before its
+            kill and for the return to service after a refusal or a rollback, so that no other run writes between.
+        type: bool
+        default: false
+        version_added: 0.2.0
   gate:
     version_added: 0.2.0
     description:
@@ -845,7 +855,7 @@ def main() -> None:
                                 exception=traceback.format_exc())
         finally:
             # The documented promise: the host lock is released whether the cycle passed or failed, whatever failed.
-            _restart.release(p, result, module.check_mode)
+            _restart.release(p, result, module.check_mode, failed=failure is not None)
     if signals:
         module.warn("%s came during the restart and was not obeyed: the cycle ran to its end (a controller that "
                     "stopped meanwhile does not stop a restart it started)" % ", ".join(sorted(set(signals))))

@@ -1033,7 +1033,12 @@ def rerecord(module: AnsibleModule, res: t.Dict[str, t.Any]) -> None:
     old = _server.read_state(p["state_file"])
     timings = old.get("timings") if isinstance(old.get("timings"), dict) else {}
     # A verified restart whose record failed put its last known good generation (and gate measurement) aside.
-    pending = _lastgood.pending_for(p["pidfile"], p["fingerprint"], (res.get("pidfile") or {}).get("pid"))
+    try:
+        pending = _lastgood.pending_for(p["pidfile"], p["fingerprint"], _server.pidfile_identity(p["pidfile"]))
+    except OSError as e:  # unreadable: the record is still written, without it
+        module.warn("the last known good generation put aside in %s cannot be read: %s"
+                    % (_lastgood.pending_path(p["pidfile"]), e.strerror or e))
+        pending = None
     gate = (pending or {}).get("generation", {}).get("gate")
     try:
         _server.record_state(p["state_file"], p["name"], p["fingerprint"], p["pidfile"], timings or {},
@@ -1057,7 +1062,11 @@ def rerecord(module: AnsibleModule, res: t.Dict[str, t.Any]) -> None:
         _lastgood.drop_pending(p["pidfile"])
     except OSError as e:  # the record is written and the server kept: a warning, as after a restart
         module.warn("the last known good definitions could not be written to %s: %s" % (lkg, e.strerror or e))
-    res["last_good"] = last_good_report(p["state_file"], _server.read_state(p["state_file"]))
+        return
+    try:
+        res["last_good"] = last_good_report(p["state_file"], _server.read_state(p["state_file"]))
+    except OSError:
+        pass  # what the check reported before stays
 
 
 def pidfile_state(path: str, procs: t.Mapping[int, _proc.Proc], tag: t.Tuple[str, str]) -> t.Dict[str, t.Any]:

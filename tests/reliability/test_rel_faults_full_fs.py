@@ -171,7 +171,7 @@ def test_a_record_that_fails_after_a_good_restart_does_not_get_the_server_killed
         assert server and not server & old, (server, old)  # the new server
         # Its last known good generation waits beside the pidfile (the state filesystem is full), root-only.
         mode, pending = _pending(rf)
-        assert mode == "600" and pending["pid"] == rf.snapshot().launcher(H), pending
+        assert mode == "600" and pending["launcher"][0] == rf.snapshot().launcher(H), pending
         assert pending["generation"]["fingerprint"] and pending["generation"]["command"], pending
 
         # The removed mark freed a block: fill it too, so the record still cannot be written.

@@ -250,7 +250,8 @@ def test_the_gate_plan_says_what_would_be_measured_against_what_and_shows_no_sec
     first = _bench.gate_plan(p, None)
     assert first["would_measure"] is True and first["median"] is None and first["passed"] is None, first
     assert first["url"] == "http://127.0.0.1:30000/generate" and first["key"] == _bench.gate_key(p), first
-    assert "no baseline for this benchmark on this host yet: the first measurement would be recorded and pass" in first["msg"]
+    assert "with no baseline to compare the median with (this host's first measurement of this benchmark: it would be " \
+        "recorded and pass)" in first["msg"] and first["msg"].count("baseline") == 1, first["msg"]
     known = _bench.gate_plan(p, 12.5)
     assert known["baseline"] == 12.5 and "the median compared with the baseline 12.5 (failing below" in known["msg"], known
     assert "this host's last known good measurement" in known["msg"]

@@ -140,13 +140,14 @@ def test_what_the_host_runs_is_what_its_launcher_carries_else_the_verified_launc
 def test_a_generation_put_aside_counts_only_for_its_definition_and_launcher_and_is_root_only(tmp_path):
     pidfile = str(tmp_path / "sglang.pid")
     assert _lastgood.pending_path(pidfile) == str(tmp_path / "sglang.last_good-pending.json")
-    assert _lastgood.pending_for(pidfile, "a", 100) is None  # nothing put aside
-    _lastgood.keep_pending(pidfile, _lastgood.generation(P, "a", {"median": 2.5}, None), 4, 100)
+    assert _lastgood.pending_for(pidfile, "a", (100, 7)) is None  # nothing put aside
+    _lastgood.keep_pending(pidfile, _lastgood.generation(P, "a", {"median": 2.5}, None), 4, (100, 7))
     assert stat.S_IMODE(os.stat(_lastgood.pending_path(pidfile)).st_mode) == 0o600  # it holds the env's secrets
-    assert _lastgood.pending_for(pidfile, "b", 100) is None  # another definition
-    assert _lastgood.pending_for(pidfile, "a", 101) is None  # another launcher
+    assert _lastgood.pending_for(pidfile, "b", (100, 7)) is None  # another definition
+    assert _lastgood.pending_for(pidfile, "a", (101, 7)) is None  # another launcher
+    assert _lastgood.pending_for(pidfile, "a", (100, 8)) is None  # its pid reused by another process
     assert _lastgood.pending_for(pidfile, "a", None) is None
-    got = _lastgood.pending_for(pidfile, "a", 100)
+    got = _lastgood.pending_for(pidfile, "a", (100, 7))
     assert got["generations"] == 4 and got["generation"]["fingerprint"] == "a", got
     assert got["generation"]["gate"] == {"median": 2.5} and got["generation"]["env"] == {"HF_TOKEN": "hf_secret"}
     _lastgood.drop_pending(pidfile)

@@ -103,3 +103,14 @@ def test_restore_previous_is_not_mixed_with_layers(run_module, args, tmp_path):
     res = run_module(nccl_layers.main, dict(args, restore_previous=str(tmp_path / "layers.json")))
     assert res["failed"] and "mutually exclusive" in res["msg"]
     assert not (tmp_path / "sitecustomize.py").exists()
+
+
+@pytest.mark.parametrize("entry", ['{"path": "%s"}', '{"path": "%s", "content": "not base64!", "mode": 420, "uid": 0, '
+                                   '"gid": 0}'], ids=["no-content", "bad-base64"])
+def test_a_broken_snapshot_is_a_clear_failure_not_a_traceback(run_module, tmp_path, entry):
+    target, snap = tmp_path / "nccl.conf", tmp_path / "layers.json"
+    target.write_text("NCCL_PROTO=LL\n")
+    snap.write_text('{"files": [%s]}' % (entry % target))
+    res = run_module(nccl_layers.main, {"restore_previous": str(snap)})
+    assert res["failed"] and "is not a snapshot of the NCCL layers" in res["msg"], res
+    assert "Traceback" not in res["msg"] and target.read_text() == "NCCL_PROTO=LL\n"

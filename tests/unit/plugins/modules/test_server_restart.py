@@ -878,3 +878,22 @@ def test_a_restore_of_a_generation_the_host_lacks_fails_before_anything_is_stopp
 def test_a_restore_with_options_it_cannot_honour_is_refused_before_anything(server, run_module, change, said):
     r = run_module(server_restart.main, dict(_restore(server, "a" * 12), **change))
     assert r["failed"] and said in r["msg"], r["msg"]
+
+
+def test_a_failed_cycle_keeps_the_lock_for_the_caller_with_keep_on_failure(server, run_module, nvml):
+    """The role puts the NCCL layers and the host back after a failed restart: under its lock, which the restart then
+    leaves to it (keep_on_failure); a passing cycle still releases it itself."""
+    a = server
+    a["release_lock"] = dict(a["release_lock"], keep_on_failure=True)
+    stray = nvml.hold(gpu=0, mib=4096)  # refused at the clean gate, before the kill
+    _lock(a)
+    a["wait_clean"] = {"timeout": 0.3}
+    r = run_module(server_restart.main, a)
+    assert r["failed"] and r["phase"] == "clean" and r["killed"] == 0, r.get("msg")
+    assert r["lock_released"] is False and _server.lock_holder(a["release_lock"]["lock_file"]) == "ctl:1:run"
+    stray.kill()
+    stray.wait()
+    a["wait_clean"] = {"timeout": 10}
+    r = run_module(server_restart.main, a)
+    assert "failed" not in r, r.get("msg")
+    assert r["lock_released"] is True and not os.path.exists(a["release_lock"]["lock_file"])
