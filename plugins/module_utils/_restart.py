@@ -682,16 +682,38 @@ def run_or_roll_back(module: t.Any, result: t.Dict[str, t.Any]) -> None:
                              "previous": restore["previous"]}
         run(module, result, restore)
         return
-    target = None
+    target, gens = None, []
     if p["rollback"] and p["record"] and not module.check_mode and not p["stop_only"] and not p["keep_failed"]:
-        target = _lastgood.rollback_target(_lastgood.read(_lastgood.path_for(p["record"]["state_file"])),
-                                           p["record"]["fingerprint"], p["launcher"])
+        gens = _lastgood.read(_lastgood.path_for(p["record"]["state_file"]))
+        target = _lastgood.rollback_target(gens, p["record"]["fingerprint"], p["launcher"])
     try:
         run(module, result)
     except StepError as e:
-        if target is None or result.get("phase") not in ROLLBACK_PHASES:
+        if result.get("phase") not in ROLLBACK_PHASES:
+            raise
+        if target is None:
+            why = no_rollback_reason(p, gens)
+            if why:  # asked for and not done: said, not silent (the host is left as the failure says)
+                raise StepError("%s (no rollback: %s)" % (e, why), **e.details) from None
             raise
         roll_back(module, result, target, e)
+
+
+def no_rollback_reason(p: t.Mapping[str, t.Any], gens: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    """Why O(rollback) did not go back after a failure past the kill ('' when it was not asked for)."""
+    if not p["rollback"] or not p["record"] or p["stop_only"]:
+        return ""
+    if p["keep_failed"]:
+        return "keep_failed keeps the failed server instead"
+    if p["launcher"] != "process":
+        return "the systemd launcher's definition is its unit's files, which a generation does not hold"
+    if not gens:
+        return "this host has no last known good generation yet"
+    if gens[0].get("fingerprint") == p["record"]["fingerprint"]:
+        return ("its newest last known good is this very definition (%s), which just failed; the variables that "
+                "failed it (the expected environment, the gate) are not part of the definition"
+                % str(gens[0].get("fingerprint"))[:12])
+    return "its newest last known good generation is not a process launcher's command"
 
 
 def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any], cause: StepError) -> None:
@@ -736,6 +758,11 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
                         **cause.details) from None
     result["rolled_back"] = {"fingerprint": fp, "pid": proc.pid, "workers_verified": verified,
                              "recorded_at": g.get("recorded_at")}
+    stopped = (cause.details.get("new_server") or {}).get("text")
+    if stopped and why.endswith(stopped):
+        # Said when the failed server was stopped, before the rollback: the host serves again now.
+        why = why[:-len(stopped)] + ("The failed new server was stopped; the last known good (pid %d) serves in its "
+                                     "place" % proc.pid)
     raise StepError("rolled back to the last known good %s (recorded %s): %s" % (fp[:12], g.get("recorded_at"), why),
                     **cause.details)
 

@@ -496,7 +496,8 @@ options:
         a message that starts with C(rolled back to the last known good FINGERPRINT) and RV(rolled_back); a rollback
         that fails too says both reasons (RV(rollback_failed)), and what it launched is stopped.
       - Not when the newest generation is the definition that just failed, with O(keep_failed), with the systemd
-        launcher (a unit's definition is its files), or in check mode. Needs O(record).
+        launcher (a unit's definition is its files), or in check mode. Needs O(record). A failure past the kill that
+        it could not answer ends with C((no rollback: WHY)).
     type: bool
     default: false
   restore:

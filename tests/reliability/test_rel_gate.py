@@ -129,7 +129,8 @@ def _serves(rf) -> bool:
     provoked="after a gated, verified rollout (the last known good A): with gpufleet_server_rollback, a definition "
              "whose server is ~50x slower (fails the gate), then one whose server dies at start-up; then A again",
     outcome="each failed restart goes back to A: the host fails (rc 2) with 'rolled back to the last known good "
-            "<A>: ...' and why the new one failed (the gate; the start-up), its restarted column says 'killed, rolled "
+            "<A>: ...' and why the new one failed (the gate; the start-up, then 'The failed new server was stopped; the "
+            "last known good (pid N) serves in its place', never 'not serving'), its restarted column says 'killed, rolled "
             "back to <A>', the JSON row has rolled_back (fingerprint A, workers_verified 2); A's server serves "
             "/generate again, its record says A (verified), no process carries the failed definition's variable; "
             "the rollout with A is then a no-op (restart no)")
@@ -146,6 +147,10 @@ def test_a_failed_restart_rolls_back_to_the_last_known_good_and_serves_again(rf)
         assert run.rc == 2, run.tail()
         row = run.summary[H]
         assert row["failure"].startswith("rolled back to the last known good %s" % good[:12]) and why in row["failure"], row
+        # It serves again: the failure does not say otherwise (the stop of the failed server said so before the rollback).
+        assert "not serving" not in row["failure"], row
+        if not why:
+            assert "The failed new server was stopped; the last known good (pid " in " ".join(row["failure"].split()), row
         assert row["restart"] == "killed, rolled back to %s" % good[:12], row
         assert row["rolled_back"]["fingerprint"] == good and row["workers_verified"] == 2, row
         rec = _record(rf)

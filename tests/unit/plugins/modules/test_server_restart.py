@@ -897,3 +897,20 @@ def test_a_failed_cycle_keeps_the_lock_for_the_caller_with_keep_on_failure(serve
     r = run_module(server_restart.main, a)
     assert "failed" not in r, r.get("msg")
     assert r["lock_released"] is True and not os.path.exists(a["release_lock"]["lock_file"])
+
+
+def test_a_rollback_asked_for_and_not_done_says_why(server, run_module):
+    """issue 26 (found by a new-user pass): with rollback on, a failure past the kill that cannot go back says so and
+    why, instead of leaving the host out of rotation without a word."""
+    a = dict(server, rollback=True)
+    bad = dict(a, verify_env={"expected": {"NCCL_P2P_LEVEL": "NOT-SET"}})
+    r = run_module(server_restart.main, bad)
+    assert r["failed"] and r["phase"] == "verify_env", r.get("msg")
+    assert r["msg"].endswith("(no rollback: this host has no last known good generation yet)"), r["msg"]
+    r = run_module(server_restart.main, a)
+    assert "failed" not in r, r.get("msg")  # now kept as the newest generation, with this fingerprint
+    r = run_module(server_restart.main, bad)
+    assert r["failed"] and "rolled_back" not in r, r.get("msg")
+    assert "(no rollback: its newest last known good is this very definition (%s)" % ("f" * 12) in r["msg"], r["msg"]
+    r = run_module(server_restart.main, dict(bad, keep_failed=True))
+    assert "(no rollback: keep_failed keeps the failed server instead)" in r["msg"], r["msg"]
