@@ -497,7 +497,7 @@ options:
         that fails too says both reasons (RV(rollback_failed)), and what it launched is stopped.
       - Not when the newest generation is the definition that just failed, with O(keep_failed), with the systemd
         launcher (a unit's definition is its files), or in check mode. Needs O(record). A failure past the kill that
-        it could not answer ends with C((no rollback: WHY)).
+        it could not answer ends with C(no rollback) and the reason, in parentheses.
     type: bool
     default: false
   restore:
