@@ -91,6 +91,24 @@ def pending_for(pidfile: str, fingerprint: str,
     return {"generation": g, "generations": n if isinstance(n, int) and n > 0 else 1}
 
 
+def promote_running_pending(pidfile: str, state_file: str, tag_name: str, name: str) -> t.Optional[t.List[t.Dict[str, t.Any]]]:
+    """Before a restart that may roll back: a generation put aside for the server that runs now (its launcher, by pid
+    and start time, alive and carrying the launch tag) becomes the newest last known good, whatever definition the
+    restart brings (its record failed on a full disk; the rerecord only keeps it for the same definition). Returns
+    the generations, None when there was nothing to keep. Called under the host lock."""
+    ident = _server.pidfile_identity(pidfile)
+    if ident is None or not _proc.is_alive(ident) or not _proc.environ_has(ident[0], tag_name, name):
+        return None
+    data = _server.read_state(pending_path(pidfile))
+    g = data.get("generation") if isinstance(data, dict) else None
+    if not isinstance(g, dict) or data.get("launcher") != list(ident):
+        return None
+    n = data.get("generations")
+    gens = keep(path_for(state_file), g, n if isinstance(n, int) and n > 0 else 1)
+    drop_pending(pidfile)
+    return gens
+
+
 def rollback_target(gens: t.Sequence[t.Mapping[str, t.Any]], desired: str,
                     launcher: str) -> t.Optional[t.Dict[str, t.Any]]:
     """The generation a failed restart of `desired` goes back to: the newest, unless it is the definition that just

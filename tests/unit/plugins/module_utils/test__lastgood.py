@@ -153,3 +153,29 @@ def test_a_generation_put_aside_counts_only_for_its_definition_and_launcher_and_
     _lastgood.drop_pending(pidfile)
     assert not os.path.exists(_lastgood.pending_path(pidfile))
     _lastgood.drop_pending(pidfile)  # none there is fine
+
+
+def test_a_generation_put_aside_for_the_running_server_is_kept_before_a_restart_whatever_it_brings(tmp_path):
+    """The running server (a live process carrying the launch tag) was verified but not recorded: its pending
+    generation becomes the newest last known good before a restart of another definition, so a failed restart goes
+    back to it, not past it."""
+    pidfile, state = str(tmp_path / "run" / "sglang.pid"), str(tmp_path / "state" / "sglang.json")
+    os.makedirs(os.path.dirname(pidfile))
+    os.makedirs(os.path.dirname(state))
+    _lastgood.keep(_lastgood.path_for(state), _lastgood.generation(P, "f0", None, None), 3)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env=dict(os.environ, GPUFLEET_SERVICE="sglang"))
+    try:
+        ident = (proc.pid, _proc.read_proc(proc.pid).start_time)
+        with open(pidfile, "w") as f:
+            f.write("%d %d\n" % ident)
+        _lastgood.keep_pending(pidfile, _lastgood.generation(P, "f1", None, None), 3, (proc.pid, ident[1] + 1))
+        assert _lastgood.promote_running_pending(pidfile, state, "GPUFLEET_SERVICE", "sglang") is None  # pid reused
+        _lastgood.keep_pending(pidfile, _lastgood.generation(P, "f1", None, None), 3, ident)
+        assert _lastgood.promote_running_pending(pidfile, state, "GPUFLEET_SERVICE", "other") is None  # not its tag
+        gens = _lastgood.promote_running_pending(pidfile, state, "GPUFLEET_SERVICE", "sglang")
+        assert [g["fingerprint"] for g in gens] == ["f1", "f0"] and not os.path.exists(_lastgood.pending_path(pidfile))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _lastgood.promote_running_pending(pidfile, state, "GPUFLEET_SERVICE", "sglang") is None  # nothing left
