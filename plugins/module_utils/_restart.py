@@ -717,6 +717,10 @@ def no_rollback_reason(p: t.Mapping[str, t.Any], gens: t.Sequence[t.Mapping[str,
         return "the systemd launcher's definition is its unit's files, which a generation does not hold"
     if not gens:
         return "this host has no last known good generation yet"
+    gone = _lastgood.missing_paths(gens[0])
+    if gens[0].get("fingerprint") != p["record"]["fingerprint"] and gone:
+        return ("its newest last known good %s names %s, which no longer exist%s"
+                % (str(gens[0].get("fingerprint"))[:12], ", ".join(gone), "s" if len(gone) == 1 else ""))
     if gens[0].get("fingerprint") == p["record"]["fingerprint"]:
         return ("its newest last known good is this very definition (%s), which just failed; the variables that "
                 "failed it (the expected environment, the gate) are not part of the definition"

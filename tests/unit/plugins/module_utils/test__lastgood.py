@@ -179,3 +179,17 @@ def test_a_generation_put_aside_for_the_running_server_is_kept_before_a_restart_
         proc.kill()
         proc.wait()
     assert _lastgood.promote_running_pending(pidfile, state, "GPUFLEET_SERVICE", "sglang") is None  # nothing left
+
+
+def test_a_generation_whose_files_are_gone_is_no_rollback_target(tmp_path):
+    script, model = tmp_path / "serve.py", tmp_path / "model"
+    script.write_text("")
+    model.mkdir()
+    p = dict(P, command=["python3", str(script), "--model-path=%s" % model, "--log", str(tmp_path / "never")])
+    assert _lastgood.argv_paths(p["command"]) == [str(script), str(model), str(tmp_path / "never")]
+    g = _lastgood.generation(p, "f0", None, None)
+    assert g["paths"] == [str(script), str(model)]  # what existed when it passed
+    assert _lastgood.rollback_target([g], "f1", "process") == g and _lastgood.missing_paths(g) == []
+    script.unlink()
+    assert _lastgood.missing_paths(g) == [str(script)]
+    assert _lastgood.rollback_target([g], "f1", "process") is None
