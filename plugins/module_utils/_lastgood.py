@@ -41,6 +41,24 @@ def path_for(state_file: str) -> str:
     return base + ".last_good.json"
 
 
+def argv_paths(command: t.Any) -> t.List[str]:
+    """The absolute paths a command's arguments name (`/opt/serve.py`, `--model-path=/models/x`), its executable
+    aside (the launch's own check finds that): what must still be there for a generation to run again."""
+    out: t.List[str] = []
+    for a in (command or [])[1:] if isinstance(command, list) else []:
+        a = str(a)
+        v = a.split("=", 1)[1] if a.startswith("-") and "=" in a else a
+        if v.startswith("/") and v not in out:
+            out.append(v)
+    return out
+
+
+def missing_paths(g: t.Mapping[str, t.Any]) -> t.List[str]:
+    """The files or directories the generation's arguments named when it was recorded that are gone now."""
+    kept = g.get("paths")
+    return [x for x in kept if isinstance(x, str) and not os.path.exists(x)] if isinstance(kept, list) else []
+
+
 def generation(p: t.Mapping[str, t.Any], fingerprint: str, gate: t.Optional[t.Mapping[str, t.Any]],
                layers: t.Optional[t.Mapping[str, t.Any]]) -> t.Dict[str, t.Any]:
     """One generation from server_restart's parameters: the definition, the NCCL layers this run applied (as the
@@ -50,7 +68,9 @@ def generation(p: t.Mapping[str, t.Any], fingerprint: str, gate: t.Optional[t.Ma
              systemd_unit=(p.get("systemd") or {}).get("unit"), layers=dict(layers) if layers else None,
              gate=dict(gate) if gate else None,
              # What its workers' environment was verified against, for the verify after a rollback to it.
-             expected_env=dict((p.get("verify_env") or {}).get("expected") or {}))
+             expected_env=dict((p.get("verify_env") or {}).get("expected") or {}),
+             # The paths its arguments named that existed when it passed: a rollback checks they still do.
+             paths=[x for x in argv_paths(p.get("command")) if os.path.exists(x)])
     return g
 
 
@@ -91,6 +111,24 @@ def pending_for(pidfile: str, fingerprint: str,
     return {"generation": g, "generations": n if isinstance(n, int) and n > 0 else 1}
 
 
+def promote_running_pending(pidfile: str, state_file: str, tag_name: str, name: str) -> t.Optional[t.List[t.Dict[str, t.Any]]]:
+    """Before a restart that may roll back: a generation put aside for the server that runs now (its launcher, by pid
+    and start time, alive and carrying the launch tag) becomes the newest last known good, whatever definition the
+    restart brings (its record failed on a full disk; the rerecord only keeps it for the same definition). Returns
+    the generations, None when there was nothing to keep. Called under the host lock."""
+    ident = _server.pidfile_identity(pidfile)
+    if ident is None or not _proc.is_alive(ident) or not _proc.environ_has(ident[0], tag_name, name):
+        return None
+    data = _server.read_state(pending_path(pidfile))
+    g = data.get("generation") if isinstance(data, dict) else None
+    if not isinstance(g, dict) or data.get("launcher") != list(ident):
+        return None
+    n = data.get("generations")
+    gens = keep(path_for(state_file), g, n if isinstance(n, int) and n > 0 else 1)
+    drop_pending(pidfile)
+    return gens
+
+
 def rollback_target(gens: t.Sequence[t.Mapping[str, t.Any]], desired: str,
                     launcher: str) -> t.Optional[t.Dict[str, t.Any]]:
     """The generation a failed restart of `desired` goes back to: the newest, unless it is the definition that just
@@ -101,7 +139,7 @@ def rollback_target(gens: t.Sequence[t.Mapping[str, t.Any]], desired: str,
     g = dict(gens[0])
     if g.get("fingerprint") == desired or launcher != "process" or g.get("launcher") != "process":
         return None
-    if not isinstance(g.get("command"), list) or not g["command"]:
+    if not isinstance(g.get("command"), list) or not g["command"] or missing_paths(g):
         return None
     return g
 

@@ -683,7 +683,13 @@ def run_or_roll_back(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         run(module, result, restore)
         return
     target, gens = None, []
-    if p["rollback"] and p["record"] and not module.check_mode and not p["stop_only"] and not p["keep_failed"]:
+    if p["rollback"] and p["record"] and not module.check_mode and not p["stop_only"] and not p["keep_failed"] \
+            and p["record"]["generations"] > 0:
+        try:
+            _lastgood.promote_running_pending(p["pidfile"], p["record"]["state_file"], p["tag_name"], p["name"])
+        except OSError as e:  # the rollback goes back to what the file holds
+            module.warn("the last known good generation put aside in %s could not be kept: %s"
+                        % (_lastgood.pending_path(p["pidfile"]), e.strerror or e))
         gens = _lastgood.read(_lastgood.path_for(p["record"]["state_file"]))
         target = _lastgood.rollback_target(gens, p["record"]["fingerprint"], p["launcher"])
     try:
@@ -705,10 +711,16 @@ def no_rollback_reason(p: t.Mapping[str, t.Any], gens: t.Sequence[t.Mapping[str,
         return ""
     if p["keep_failed"]:
         return "keep_failed keeps the failed server instead"
+    if p["record"]["generations"] <= 0:
+        return "record.generations is 0, no last known good is kept (gpufleet_server_last_good_generations)"
     if p["launcher"] != "process":
         return "the systemd launcher's definition is its unit's files, which a generation does not hold"
     if not gens:
         return "this host has no last known good generation yet"
+    gone = _lastgood.missing_paths(gens[0])
+    if gens[0].get("fingerprint") != p["record"]["fingerprint"] and gone:
+        return ("its newest last known good %s names %s, which no longer exist%s"
+                % (str(gens[0].get("fingerprint"))[:12], ", ".join(gone), "s" if len(gone) == 1 else ""))
     if gens[0].get("fingerprint") == p["record"]["fingerprint"]:
         return ("its newest last known good is this very definition (%s), which just failed; the variables that "
                 "failed it (the expected environment, the gate) are not part of the definition"

@@ -495,8 +495,10 @@ options:
         against what they were verified against then, and record it. The module still fails (the restart did), with
         a message that starts with C(rolled back to the last known good FINGERPRINT) and RV(rolled_back); a rollback
         that fails too says both reasons (RV(rollback_failed)), and what it launched is stopped.
-      - Not when the newest generation is the definition that just failed, with O(keep_failed), with the systemd
-        launcher (a unit's definition is its files), or in check mode. Needs O(record). A failure past the kill that
+      - Not when the newest generation is the definition that just failed, with O(keep_failed), with
+        O(record.generations) V(0), with the systemd launcher (a unit's definition is its files), or in check mode.
+        Before the kill, a generation put aside for the running server (its record could not be written) becomes the
+        newest. Needs O(record). A failure past the kill that
         it could not answer ends with C(no rollback) and the reason, in parentheses.
     type: bool
     default: false

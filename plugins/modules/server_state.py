@@ -743,6 +743,11 @@ def rollback_choice(module: AnsibleModule) -> t.Dict[str, t.Any]:
     except _lastgood.TargetError as e:
         module.fail_json(msg="rollback: %s; nothing was changed" % e, running_fingerprint=running,
                          last_good=_lastgood.summary(f["generations"]))
+    gone = _lastgood.missing_paths(g)
+    if gone:  # refused before the drain and the kill: the healthy server would be stopped for one that cannot run
+        module.fail_json(msg="rollback: the last known good %s names %s, which no longer exist%s on this host; nothing "
+                             "was changed" % (str(g["fingerprint"])[:12], ", ".join(gone), "s" if len(gone) == 1 else ""),
+                         running_fingerprint=running, last_good=_lastgood.summary(f["generations"]))
     choice = {"fingerprint": g["fingerprint"], "recorded_at": g.get("recorded_at"), "from": running,
               "inventory_fingerprint": p["fingerprint"]}
     p["fingerprint"] = g["fingerprint"]

@@ -153,3 +153,43 @@ def test_a_generation_put_aside_counts_only_for_its_definition_and_launcher_and_
     _lastgood.drop_pending(pidfile)
     assert not os.path.exists(_lastgood.pending_path(pidfile))
     _lastgood.drop_pending(pidfile)  # none there is fine
+
+
+def test_a_generation_put_aside_for_the_running_server_is_kept_before_a_restart_whatever_it_brings(tmp_path):
+    """The running server (a live process carrying the launch tag) was verified but not recorded: its pending
+    generation becomes the newest last known good before a restart of another definition, so a failed restart goes
+    back to it, not past it."""
+    pidfile, state = str(tmp_path / "run" / "sglang.pid"), str(tmp_path / "state" / "sglang.json")
+    os.makedirs(os.path.dirname(pidfile))
+    os.makedirs(os.path.dirname(state))
+    _lastgood.keep(_lastgood.path_for(state), _lastgood.generation(P, "f0", None, None), 3)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env=dict(os.environ, GPUFLEET_SERVICE="sglang"))
+    try:
+        ident = (proc.pid, _proc.read_proc(proc.pid).start_time)
+        with open(pidfile, "w") as f:
+            f.write("%d %d\n" % ident)
+        _lastgood.keep_pending(pidfile, _lastgood.generation(P, "f1", None, None), 3, (proc.pid, ident[1] + 1))
+        assert _lastgood.promote_running_pending(pidfile, state, "GPUFLEET_SERVICE", "sglang") is None  # pid reused
+        _lastgood.keep_pending(pidfile, _lastgood.generation(P, "f1", None, None), 3, ident)
+        assert _lastgood.promote_running_pending(pidfile, state, "GPUFLEET_SERVICE", "other") is None  # not its tag
+        gens = _lastgood.promote_running_pending(pidfile, state, "GPUFLEET_SERVICE", "sglang")
+        assert [g["fingerprint"] for g in gens] == ["f1", "f0"] and not os.path.exists(_lastgood.pending_path(pidfile))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _lastgood.promote_running_pending(pidfile, state, "GPUFLEET_SERVICE", "sglang") is None  # nothing left
+
+
+def test_a_generation_whose_files_are_gone_is_no_rollback_target(tmp_path):
+    script, model = tmp_path / "serve.py", tmp_path / "model"
+    script.write_text("")
+    model.mkdir()
+    p = dict(P, command=["python3", str(script), "--model-path=%s" % model, "--log", str(tmp_path / "never")])
+    assert _lastgood.argv_paths(p["command"]) == [str(script), str(model), str(tmp_path / "never")]
+    g = _lastgood.generation(p, "f0", None, None)
+    assert g["paths"] == [str(script), str(model)]  # what existed when it passed
+    assert _lastgood.rollback_target([g], "f1", "process") == g and _lastgood.missing_paths(g) == []
+    script.unlink()
+    assert _lastgood.missing_paths(g) == [str(script)]
+    assert _lastgood.rollback_target([g], "f1", "process") is None

@@ -914,3 +914,5 @@ def test_a_rollback_asked_for_and_not_done_says_why(server, run_module):
     assert "(no rollback: its newest last known good is this very definition (%s)" % ("f" * 12) in r["msg"], r["msg"]
     r = run_module(server_restart.main, dict(bad, keep_failed=True))
     assert "(no rollback: keep_failed keeps the failed server instead)" in r["msg"], r["msg"]
+    r = run_module(server_restart.main, dict(bad, record=dict(bad["record"], generations=0)))
+    assert "(no rollback: record.generations is 0, no last known good is kept" in r["msg"], r["msg"]

@@ -787,6 +787,25 @@ def test_the_rollback_check_compares_the_host_with_the_generation_it_goes_back_t
     assert "hf_secret" not in json.dumps(r)
 
 
+def test_a_rollback_to_a_generation_whose_files_are_gone_is_refused_before_anything(servers, paths, run_module, tmp_path):
+    """A new-user pass (issue 26): the script a generation ran was deleted; the rollback by hand stopped the healthy
+    server for it. The check refuses it first, naming the file, and takes no lock."""
+    running(servers, paths, run_module)
+    path = _last_good_file(paths, "f" * 64, "e" * 64)
+    script = tmp_path / "old_server.py"
+    data = json.loads(Path(path).read_text())
+    data["generations"][1]["paths"] = [str(script)]  # recorded when it existed
+    Path(path).write_text(json.dumps(data))
+    lock = {"lock_file": paths["lock_file"], "owner": "ctl:1:run"}
+    r = run_module(server_state.main, check_args(paths, rollback={}, **lock))
+    assert r["failed"] and r["msg"] == ("rollback: the last known good eeeeeeeeeeee names %s, which no longer exists on "
+                                        "this host; nothing was changed" % script), r["msg"]
+    assert not os.path.exists(paths["lock_file"])
+    script.write_text("")
+    r = run_module(server_state.main, check_args(paths, rollback={}, **lock))
+    assert "failed" not in r and r["rollback"]["fingerprint"] == "e" * 64, r
+
+
 def test_a_rollback_with_no_other_generation_or_a_systemd_unit_is_refused(servers, paths, run_module):
     running(servers, paths, run_module)
     r = run_module(server_state.main, check_args(paths, rollback={}))
