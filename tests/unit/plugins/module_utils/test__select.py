@@ -223,7 +223,13 @@ def real_sleep():
         e = dict(os.environ, **(env or {}))
         po = subprocess.Popen(["sleep", "600"], env=e, start_new_session=True, preexec_fn=demote)
         started.append(po)
+        # Popen returns once exec has closed its error pipe, which the kernel does before it maps the new
+        # argv: /proc/PID/cmdline can read empty for a moment (seen in CI). Wait for it, bounded.
+        deadline = time.monotonic() + 5.0
         p = _proc.read_proc(po.pid)
+        while (p is None or p.cmdline != ["sleep", "600"]) and time.monotonic() < deadline:
+            time.sleep(0.005)
+            p = _proc.read_proc(po.pid)
         assert p is not None and p.cmdline == ["sleep", "600"], p
         return p
 
