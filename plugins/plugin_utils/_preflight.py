@@ -84,6 +84,20 @@ def number_problems(values: t.Mapping[str, t.Any]) -> t.List[str]:
             + ["%s must be > 0" % n for n, v, m in numeric if m == 1 and (v.startswith("-") or set(v) <= set("0."))])
 
 
+_CONVERSION = re.compile(r"argument '([a-z_]+)' is of type \w+ and we were unable to convert to (int|float|bool)\b.*", re.S)
+
+
+def _conversion_message(message: str, values: t.Mapping[str, t.Any]) -> str:
+    """The validator's message for an option of the wrong type, said by name with the value (a count, a ratio or a
+    timeout: none of them a secret); other messages as they are."""
+    m = _CONVERSION.fullmatch(message)
+    if not m or m.group(1) not in values:
+        return message
+    kind = {"int": "an integer", "float": "a number", "bool": "true or false"}[m.group(2)]
+    return "%s must be %s, got %s %s" % (m.group(1), kind, type_name(values[m.group(1)]),
+                                         truncate(to_json(values[m.group(1)]), 40))
+
+
 def gate_problems(gate: t.Any) -> t.List[str]:
     """gpufleet_server_gate against server_bench's own rules (the same Python as on the host), one sentence each."""
     if gate is None or gate == {}:
@@ -97,9 +111,12 @@ def gate_problems(gate: t.Any) -> t.List[str]:
     from ansible_collections.gpufleet.serving.plugins.module_utils import _bench
     if not isinstance(gate, t.Mapping):
         return ["gpufleet_server_gate must be a dict of server_bench's options (got %s)" % type_name(gate)]
-    res = ArgumentSpecValidator(_bench.argument_spec()).validate({k: gate[k] for k in gate})
+    # Plain types first: ansible-core 2.19's validator names the class of a value it cannot convert, and an
+    # inventory's "abc" is an _AnsibleTaggedStr there ("<class '...._AnsibleTaggedStr'> cannot be converted").
+    values = plain(gate)
+    res = ArgumentSpecValidator(_bench.argument_spec()).validate(values)
     if res.error_messages:
-        return ["gpufleet_server_gate: %s" % m for m in res.error_messages]
+        return ["gpufleet_server_gate: %s" % _conversion_message(m, values) for m in res.error_messages]
     return ["gpufleet_server_gate: %s" % m for m in _bench.input_problems(dict(res.validated_parameters, baseline=None))]
 
 
