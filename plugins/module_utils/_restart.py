@@ -786,7 +786,8 @@ def stop_failed(module: t.Any, p: t.Mapping[str, t.Any], result: t.Mapping[str, 
     sentence in the docs' terms (docs/runbook.md, "The new server failed its readiness") for the failure message."""
     alive = [pid for pid in _proc.list_pids() if _proc.environ_has(pid, p["tag_name"], p["name"])]
     if p["keep_failed"]:
-        return {"kept": True, "stopped": False, "processes": len(alive), "text": (
+        # kept: something of it runs (the summary's "failed new server kept"); a launcher that died kept nothing.
+        return {"kept": bool(alive), "stopped": False, "processes": len(alive), "text": (
             "The failed new server was kept for debugging (keep_failed): %d process(es) of it (pid %s) still run and "
             "hold its GPUs, serving nobody; stop it by hand when done (runbook: The new server failed its readiness)"
             % (len(alive), result.get("pid")) if alive else

@@ -746,6 +746,17 @@ def test_a_relaunch_failing_its_readiness_is_stopped_unless_kept_for_debugging(s
         r["pid"]) in r["msg"], r["msg"]
 
 
+def test_keep_failed_with_a_launcher_that_died_keeps_nothing_and_says_so(server, run_module):
+    """issue 26: the summary's "failed new server kept" comes from new_server.kept; a server that exited during its
+    start-up leaves nothing to keep, and the result must not say it kept something."""
+    a = dict(server, keep_failed=True, command=[sys.executable, "-c", "import sys; sys.exit(3)"])
+    r = run_module(server_restart.main, a)
+    assert r["failed"] and r["phase"] in ("startup", "ready"), r
+    assert r["new_server"]["kept"] is False and r["new_server"]["processes"] == 0, r["new_server"]
+    assert "Nothing of the failed new server is left running (keep_failed had nothing to keep)" in r["msg"], r["msg"]
+    assert _tagged(a) == []
+
+
 def test_with_gpus_unset_a_gpu_the_ready_server_leaves_idle_fails_early_and_names_the_gpus_to_set(
         server, run_module):
     a = server
