@@ -97,18 +97,37 @@ def drop_pending(pidfile: str) -> None:
         pass
 
 
-def pending_for(pidfile: str, fingerprint: str,
-                launcher: t.Optional[t.Tuple[int, int]]) -> t.Optional[t.Dict[str, t.Any]]:
-    """The generation put aside for this definition and this launcher (pid and start time: a reused pid is another
-    process) as {generation, generations}; None when there is none. A pending file of another definition or launcher
-    is left as it is (a later launch's to replace): only what was verified counts."""
+def _read_pending(pidfile: str, launcher: t.Optional[t.Tuple[int, int]]) -> t.Optional[t.Dict[str, t.Any]]:
+    """The generation put aside for this launcher (pid and start time: a reused pid is another process) as
+    {generation, generations}; None when there is none, or it was put aside for another launcher. One reading for
+    both of its users (rerecord and the promotion before a restart)."""
+    if launcher is None:
+        return None
     data = _server.read_state(pending_path(pidfile))
     g = data.get("generation") if isinstance(data, dict) else None
-    if not isinstance(g, dict) or g.get("fingerprint") != fingerprint or launcher is None \
-            or data.get("launcher") != list(launcher):
+    if not isinstance(g, dict) or data.get("launcher") != list(launcher):
         return None
     n = data.get("generations")
     return {"generation": g, "generations": n if isinstance(n, int) and n > 0 else 1}
+
+
+def pending_for(pidfile: str, fingerprint: str,
+                launcher: t.Optional[t.Tuple[int, int]]) -> t.Optional[t.Dict[str, t.Any]]:
+    """The generation put aside for this definition and this launcher as {generation, generations}; None when there is
+    none. A pending file of another definition or launcher is left as it is (a later launch's to replace): only what
+    was verified counts."""
+    pending = _read_pending(pidfile, launcher)
+    if pending is None or pending["generation"].get("fingerprint") != fingerprint:
+        return None
+    return pending
+
+
+def promote(pidfile: str, state_file: str, pending: t.Mapping[str, t.Any]) -> t.List[t.Dict[str, t.Any]]:
+    """Make a generation put aside (pending_for / _read_pending) the newest last known good, then forget it: the file
+    is dropped only once the generations are written. Returns the generations."""
+    gens = keep(path_for(state_file), pending["generation"], pending["generations"])
+    drop_pending(pidfile)
+    return gens
 
 
 def promote_running_pending(pidfile: str, state_file: str, tag_name: str, name: str) -> t.Optional[t.List[t.Dict[str, t.Any]]]:
@@ -119,14 +138,8 @@ def promote_running_pending(pidfile: str, state_file: str, tag_name: str, name: 
     ident = _server.pidfile_identity(pidfile)
     if ident is None or not _proc.is_alive(ident) or not _proc.environ_has(ident[0], tag_name, name):
         return None
-    data = _server.read_state(pending_path(pidfile))
-    g = data.get("generation") if isinstance(data, dict) else None
-    if not isinstance(g, dict) or data.get("launcher") != list(ident):
-        return None
-    n = data.get("generations")
-    gens = keep(path_for(state_file), g, n if isinstance(n, int) and n > 0 else 1)
-    drop_pending(pidfile)
-    return gens
+    pending = _read_pending(pidfile, ident)
+    return None if pending is None else promote(pidfile, state_file, pending)
 
 
 def rollback_target(gens: t.Sequence[t.Mapping[str, t.Any]], desired: str,

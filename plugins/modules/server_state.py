@@ -1061,12 +1061,11 @@ def rerecord(module: AnsibleModule, res: t.Dict[str, t.Any]) -> None:
     res["recorded"] = True
     if pending is None:
         return
-    lkg = _lastgood.path_for(p["state_file"])
     try:
-        _lastgood.keep(lkg, pending["generation"], pending["generations"])
-        _lastgood.drop_pending(p["pidfile"])
+        _lastgood.promote(p["pidfile"], p["state_file"], pending)
     except OSError as e:  # the record is written and the server kept: a warning, as after a restart
-        module.warn("the last known good definitions could not be written to %s: %s" % (lkg, e.strerror or e))
+        module.warn("the last known good definitions could not be written to %s: %s"
+                    % (_lastgood.path_for(p["state_file"]), e.strerror or e))
         return
     try:
         res["last_good"] = last_good_report(p["state_file"], _server.read_state(p["state_file"]))
