@@ -71,6 +71,22 @@ options:
     ini:
       - section: gpufleet
         key: summary_dir
+  fork_gc_freeze:
+    description:
+      - Make the garbage collector of ansible-playbook's forked workers (one per task and host) skip what they
+        inherited from the main process (C(gc.freeze()) in each child, right after the fork; the main process is
+        untouched). Their collections otherwise walk, and copy page by page, the whole heap of the main process on
+        every task. It lowers the controller's CPU time of a rollout (docs/benchmarks.md, bench/fork_gc.py).
+      - It applies to the whole C(ansible-playbook) process this callback is enabled in, and stays for its life once
+        on. Set V(false) to leave ansible-core's workers as they are.
+    type: bool
+    default: true
+    version_added: 0.2.0
+    env:
+      - name: GPUFLEET_FORK_GC_FREEZE
+    ini:
+      - section: gpufleet
+        key: fork_gc_freeze
 """
 
 import json
@@ -80,6 +96,7 @@ import typing as t
 
 from ansible import context
 from ansible.plugins.callback import CallbackBase
+from ansible_collections.gpufleet.serving.plugins.plugin_utils import _forkgc
 
 
 # The collection's playbooks, which name the table.
@@ -313,6 +330,15 @@ class CallbackModule(CallbackBase):
         # Set by the rollout's batch gate (gpu_server tasks/batch_end.yml) when a batch failed beyond
         # gpufleet_rollout_max_fail_percentage and the later batches were not started.
         self.halted: t.Optional[t.Dict[str, t.Any]] = None
+
+    def set_options(self, task_keys: t.Any = None, var_options: t.Any = None, direct: t.Any = None) -> None:
+        super().set_options(task_keys=task_keys, var_options=var_options, direct=direct)
+        # ansible-core sets a callback's options when it loads it, in the main process, before the first worker fork.
+        try:
+            if self.get_option("fork_gc_freeze"):
+                _forkgc.install()
+        except Exception:  # the summary must never break a run
+            pass
 
     def v2_playbook_on_start(self, playbook: t.Any) -> None:
         # The command line's playbooks, from context.CLIARGS as ansible-core's own callbacks read the command line

@@ -61,6 +61,12 @@ CASES: t.Dict[str, t.Tuple[t.Dict[str, t.Any], str, str]] = {
                      "cannot run this server: user no-such-user-rel does not exist."),
     "workdir-missing": ({"gpufleet_server_workdir": "/nonexistent/dir"}, FAIL_HOST,
                         "cannot run this server: workdir /nonexistent/dir is not a directory."),
+    # The role's argument spec checks the gate's options first (before gate_problems, the preflight's rules):
+    # ansible-core 2.19-2.21 also print the class of the tagged string there, after naming option and type.
+    "gate-min-ratio-string": ({"gpufleet_server_gate": {"request": {"url": "http://127.0.0.1:9/generate"},
+                                                        "min_ratio": "abc"}}, ARGSPEC,
+                              "argument 'min_ratio' is of type str found in 'gpufleet_server_gate'. and we were "
+                              "unable to convert to float"),
 }
 
 
@@ -201,3 +207,13 @@ def test_unlaunchable_definition_fails_before_the_kill(outcome):
 def test_line_breaks_cannot_inject_into_names_or_units(outcome):
     _check(outcome, ["name-trailing-newline", "systemd-env-newline", "name-too-long", "name-dot-dot"])
     assert not outcome["after"]["pwned"]
+
+
+@pytest.mark.reliability(
+    section="input", case="A performance gate option of the wrong type",
+    provoked="gpufleet_server_gate: {request: {url: ...}, min_ratio: abc}, with a tagged server running",
+    outcome="the role's argument spec validation fails naming the option, the gate and the type ('argument "
+            "'min_ratio' is of type str found in 'gpufleet_server_gate'. and we were unable to convert to float', "
+            "ansible-core's words); nothing changed on the host")
+def test_a_gate_option_of_the_wrong_type_is_refused_by_the_argument_spec(outcome):
+    _check(outcome, ["gate-min-ratio-string"])

@@ -35,25 +35,10 @@ def test_types_and_unknown_keys_are_refused_by_the_argument_spec():
     assert "requests" in got and "int" in got, got
 
 
-def test_a_value_of_the_wrong_type_is_named_with_its_value_also_from_an_inventory(tmp_path):
-    """Through a real ansible-playbook: 2.19 hands the filter tagged strings, whose class name the argument spec
-    validator printed ("<class '...._AnsibleTaggedStr'> cannot be converted to a float")."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
+
+def test_a_value_of_the_wrong_type_is_named_with_its_value():
+    """issue 26: the validator's "<class '...'> cannot be converted to a float" said by name (the role's play, where
+    2.19 hands the filter tagged strings, is tests/reliability/test_rel_bad_input_server.py)."""
     got = gate_problems({"request": {"url": URL}, "min_ratio": "abc", "requests": "x", "rounds": 2})
     assert got == ['gpufleet_server_gate: requests must be an integer, got str "x"',
                    'gpufleet_server_gate: min_ratio must be a number, got str "abc"'], got
-    play = tmp_path / "play.yml"
-    play.write_text(
-        "- hosts: localhost\n  gather_facts: false\n  vars:\n"
-        "    g: {request: {url: '%s'}, min_ratio: abc}\n"
-        "  tasks:\n    - ansible.builtin.copy:\n        dest: %s\n"
-        "        content: \"{{ g | gpufleet.serving.gate_problems | to_json }}\"\n" % (URL, tmp_path / "out.json"))
-    root = Path(__file__).resolve().parents[4]
-    r = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), str(play)], cwd=str(root),
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
-    assert r.returncode == 0, r.stdout[-3000:]
-    out = json.loads((tmp_path / "out.json").read_text())
-    assert out == ['gpufleet_server_gate: min_ratio must be a number, got str "abc"'], out
