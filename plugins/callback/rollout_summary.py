@@ -89,6 +89,7 @@ options:
         key: fork_gc_freeze
 """
 
+import gc
 import json
 import os
 import re
@@ -96,7 +97,27 @@ import typing as t
 
 from ansible import context
 from ansible.plugins.callback import CallbackBase
-from ansible_collections.gpufleet.serving.plugins.plugin_utils import _forkgc
+
+
+# fork_gc_freeze. ansible-core forks one worker per task and host from its main process, whose heap holds every loaded
+# plugin, parsed role and host variable. A worker's first cyclic collections walk every object it inherited and write
+# the GC header of each, so the kernel copies nearly every page of that heap into the worker, on every task, for objects
+# the worker never frees. gc.freeze() in the child right after the fork moves what it inherited to the permanent
+# generation: its collections look only at what it allocates itself. Nothing inherited is collected in the worker, which
+# lives for one task and leaves with os._exit. The main process is untouched. The standard library's
+# os.register_at_fork is the whole mechanism (no ansible-core internals patched); a handler cannot be removed, so it is
+# registered once per process. Kept in this file, not plugin_utils: tools/gpufleet_ci loads it by path, without the
+# collection loader. Measured by bench/fork_gc.py (docs/benchmarks.md).
+_FORK_GC_FREEZE = {"installed": False}
+
+
+def install_fork_gc_freeze() -> bool:
+    """Freeze the inherited heap in every child forked from now on; True when this call registered it."""
+    if _FORK_GC_FREEZE["installed"] or not hasattr(os, "register_at_fork"):
+        return False
+    os.register_at_fork(after_in_child=gc.freeze)
+    _FORK_GC_FREEZE["installed"] = True
+    return True
 
 
 # The collection's playbooks, which name the table.
@@ -336,7 +357,7 @@ class CallbackModule(CallbackBase):
         # ansible-core sets a callback's options when it loads it, in the main process, before the first worker fork.
         try:
             if self.get_option("fork_gc_freeze"):
-                _forkgc.install()
+                install_fork_gc_freeze()
         except Exception:  # the summary must never break a run
             pass
 

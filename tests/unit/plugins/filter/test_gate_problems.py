@@ -35,10 +35,9 @@ def test_types_and_unknown_keys_are_refused_by_the_argument_spec():
     assert "requests" in got and "int" in got, got
 
 
-
 def test_a_value_of_the_wrong_type_is_named_with_its_value():
-    """issue 26: the validator's "<class '...'> cannot be converted to a float" said by name (the role's play, where
-    2.19 hands the filter tagged strings, is tests/reliability/test_rel_bad_input_server.py)."""
+    """issue 26: the validator's "<class '...'> cannot be converted to a float" said by name and value (in the
+    gpu_server role its argument spec refuses such a value first: tests/reliability/test_rel_bad_input_server.py)."""
     got = gate_problems({"request": {"url": URL}, "min_ratio": "abc", "requests": "x", "rounds": 2})
     assert got == ['gpufleet_server_gate: requests must be an integer, got str "x"',
                    'gpufleet_server_gate: min_ratio must be a number, got str "abc"'], got
