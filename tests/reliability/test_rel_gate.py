@@ -39,6 +39,13 @@ def rf(sandbox_fleet_module, tmp_path_factory):
     r.reset()
 
 
+# The gate test's two servers differ in the demo's stand-in generation time per token, so that a measurement is mostly
+# sleep, not CPU: a same-speed restart measured 0.098 of a baseline taken on a quiet moment when the 2-core box got
+# busy (CI), with no stand-in delay at all. 0.002 s against 0.05 s per token: 25x apart in the sleep alone.
+FAST = {"GPUFLEET_DEMO_TOKEN_DELAY_S": "0.002"}
+SLOW = {"GPUFLEET_DEMO_TOKEN_DELAY_S": "0.05"}
+
+
 def _vars(rf, **env):
     v = dict(rf.server_vars(), gpufleet_server_gate=GATE)
     v["gpufleet_server_env"] = dict(v["gpufleet_server_env"], **env)
@@ -60,8 +67,9 @@ def _last_good(rf) -> tuple:
 @pytest.mark.reliability(
     section="fault", case="A new server slower than the host's last known good (the performance gate)",
     provoked="gpufleet_server_gate (the demo's /generate, 16 tokens, 3 rounds of 6 at concurrency 2, min_ratio 0.15): a "
-             "forced restart (no baseline yet), then a definition whose server is ~50x slower (the demo's stand-in "
-             "GPUFLEET_DEMO_TOKEN_DELAY_S=0.02; first under --check), then the first definition again",
+             "forced restart of a server with the demo's stand-in GPUFLEET_DEMO_TOKEN_DELAY_S=0.002 (no baseline yet), "
+             "then a definition whose server takes 0.05 s per token, 25x slower (first under --check), then the first "
+             "definition again",
     outcome="the first gate passes and records the host's baseline (summary: 'no baseline ... recorded as the host's "
             "baseline') and the server as its newest last known good (demo.last_good.json, 0600, its definition, "
             "layers and measurement); --check says what the gate would measure against that baseline (would_measure, "
@@ -71,7 +79,7 @@ def _last_good(rf) -> tuple:
             "restarted (the failed one's record is unverified) and passes against the baseline; the failed definition never "
             "became a last known good generation")
 def test_a_slower_server_fails_the_gate_and_the_baseline_is_kept(rf):
-    run = rf.playbook("rollout", vars_override=_vars(rf), extra_vars={"gpufleet_server_force_restart": True})
+    run = rf.playbook("rollout", vars_override=_vars(rf, **FAST), extra_vars={"gpufleet_server_force_restart": True})
     assert run.rc == 0, run.tail()
     g = run.summary[H]["gate"]
     assert g["passed"] is True and g["baseline"] is None and "recorded as the host's baseline" in g["msg"], g
@@ -87,7 +95,7 @@ def test_a_slower_server_fails_the_gate_and_the_baseline_is_kept(rf):
 
     # --check says what the gate would measure and against what, and sends nothing.
     served = _record(rf)
-    run = rf.playbook("rollout", vars_override=_vars(rf, GPUFLEET_DEMO_TOKEN_DELAY_S="0.02"), check=True)
+    run = rf.playbook("rollout", vars_override=_vars(rf, **SLOW), check=True)
     assert run.rc == 0, run.tail()
     g = run.summary[H]["gate"]
     assert g["would_measure"] is True and g["median"] is None and g["passed"] is None, g
@@ -96,7 +104,7 @@ def test_a_slower_server_fails_the_gate_and_the_baseline_is_kept(rf):
             "http://127.0.0.1:30000/generate" % H) in " ".join(run.out.split()), run.tail()
     assert _record(rf) == served
 
-    run = rf.playbook("rollout", vars_override=_vars(rf, GPUFLEET_DEMO_TOKEN_DELAY_S="0.02"))
+    run = rf.playbook("rollout", vars_override=_vars(rf, **SLOW))
     assert run.rc == 2, run.tail()
     row = run.summary[H]
     assert row["phase"] == "gate" and row["restarted"] and row["workers_verified"] == 2, row
@@ -107,7 +115,7 @@ def test_a_slower_server_fails_the_gate_and_the_baseline_is_kept(rf):
     assert rec["gate"] == first and rec.get("verified") is False, rec  # the last known good stays the baseline
     assert _last_good(rf)[1] == gens  # a server that failed its gate is no last known good
 
-    run = rf.playbook("rollout", vars_override=_vars(rf))
+    run = rf.playbook("rollout", vars_override=_vars(rf, **FAST))
     assert run.rc == 0, run.tail()
     row = run.summary[H]
     assert row["restarted"] and row["gate"]["passed"] is True and row["gate"]["baseline"] == first["median"], row
