@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import os
 import sys
 import typing as t
 from pathlib import Path
@@ -46,6 +47,12 @@ pytest_plugins = ["sandbox.fixtures"]  # sandbox_fleet / sandbox_fleet_module (t
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The AnsiballZ dependency memo (tests/accel/_gpufleet_ansiballz_memo.py): every ansible-playbook the suite starts
+    # skips re-parsing sources it has seen (CONTRIBUTING.md). GPUFLEET_ANSIBALLZ_MEMO= (empty) turns it off.
+    if "GPUFLEET_ANSIBALLZ_MEMO" not in os.environ:
+        memo = ROOT / ".cache" / "ansiballz-memo"
+        memo.mkdir(parents=True, exist_ok=True)
+        os.environ["GPUFLEET_ANSIBALLZ_MEMO"] = str(memo)
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None:
         install_collection()  # the controlling pytest: once, before any xdist worker starts
