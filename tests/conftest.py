@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import typing as t
@@ -42,6 +43,32 @@ LONGEST_FIRST: t.List[str] = [
     "tests/foundation/test_sanity.py",
     "tests/release/test_demo.py",
 ]
+
+
+def _sandbox_server_vars_without_rollback() -> None:
+    """The suite's sandbox server definitions (gpufleet_ci.sandbox.server_vars, in-process) say
+    gpufleet_server_rollback: false. Most tests assert what a failed restart leaves behind (the host failed, out of
+    rotation, the failed server stopped), which the role's default (on since 0.3.0) would turn into a rollback wherever
+    the host has a last known good. The rollback tests ask for the role's default (rollout_helpers.ROLE_DEFAULT); the
+    demo, gpufleet_ci and molecule, run as processes, get the default."""
+    try:
+        from gpufleet_ci import sandbox
+    except ImportError:  # an installed copy without tools/ (ansible-test units)
+        return
+    orig = sandbox.server_vars
+    if getattr(orig, "gpufleet_suite", False):
+        return
+
+    @functools.wraps(orig)  # __wrapped__: the product's own, for tests that compare with what a process of it writes
+    def server_vars(*args: t.Any, **kwargs: t.Any) -> t.Dict[str, t.Any]:
+        return dict(orig(*args, **kwargs), gpufleet_server_rollback=False)
+
+    server_vars.gpufleet_suite = True  # type: ignore[attr-defined]
+    sandbox.server_vars = server_vars
+
+
+sys.path.insert(0, str(ROOT / "tools"))
+_sandbox_server_vars_without_rollback()
 
 pytest_plugins = ["sandbox.fixtures"]  # sandbox_fleet / sandbox_fleet_module (tests/sandbox/fixtures.py)
 

@@ -31,7 +31,8 @@ def test_servers_inventory_is_sandbox_server_vars_of_the_fleet_python(tmp_path, 
     group = inv["gpufleet_servers"]
     assert sorted(group["hosts"]) == ["host1", "host2", "host3"]
     gv = group["vars"]
-    expected = sandbox.server_vars("/usr/bin/python3")
+    # The product's server_vars, not the suite's (tests/conftest.py adds gpufleet_server_rollback: false in-process).
+    expected = getattr(sandbox.server_vars, "__wrapped__", sandbox.server_vars)("/usr/bin/python3")
     # Only the timeouts/poll interval may differ (quick on 2 cores), plus the scenario's own vars.
     quick = {"gpufleet_server_kill_grace", "gpufleet_server_clean_timeout", "gpufleet_server_start_timeout",
              "gpufleet_server_ready_interval"}

@@ -18,7 +18,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 
 from collection_copy import private_collections  # noqa: E402
-from rollout_helpers import PCIE_ONLY, ROOT, BalancerRecorder, RolloutFleet, nccl, workers  # noqa: E402
+from rollout_helpers import PCIE_ONLY, ROLE_DEFAULT, ROOT, BalancerRecorder, RolloutFleet, nccl, workers  # noqa: E402
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
@@ -134,24 +134,26 @@ def _serves(rf) -> bool:
 
 @pytest.mark.reliability(
     section="fault", case="Automatic rollback to the last known good (gpufleet_server_rollback)",
-    provoked="after a gated, verified rollout (the last known good A): with gpufleet_server_rollback, a definition "
-             "whose server is ~50x slower (fails the gate), then one whose server dies at start-up; then A again",
+    provoked="after a gated, verified rollout (the last known good A, the demo's stand-in at 0.002 s per token): with "
+             "gpufleet_server_rollback as the role has it by default (on), a definition whose server takes 0.05 s per "
+             "token (fails the gate), then one whose server dies at start-up; then A again",
     outcome="each failed restart goes back to A: the host fails (rc 2) with 'rolled back to the last known good "
             "<A>: ...' and why the new one failed (the gate; the start-up, then 'The failed new server was stopped; the "
             "last known good (pid N) serves in its place', never 'not serving'), its restarted column says 'killed, rolled "
             "back to <A>', the JSON row has rolled_back (fingerprint A, workers_verified 2); A's server serves "
-            "/generate again, its record says A (verified), no process carries the failed definition's variable; "
+            "/generate again, its record says A (verified), no process carries the failed definition's value; "
             "the rollout with A is then a no-op (restart no)")
 def test_a_failed_restart_rolls_back_to_the_last_known_good_and_serves_again(rf):
-    run = rf.playbook("rollout", vars_override=_vars(rf))
+    # FAST and SLOW differ mostly in sleep, so the gate's verdict does not hang on how busy the machine is.
+    run = rf.playbook("rollout", vars_override=_vars(rf, **FAST))
     assert run.rc == 0, run.tail()
     good = _record(rf)["fingerprint"]
     assert _last_good(rf)[1][0]["fingerprint"] == good
 
-    for bad, why in ((_vars(rf, GPUFLEET_DEMO_TOKEN_DELAY_S="0.02"), "performance gate: output_tokens_per_s fell to"),
-                     (dict(_vars(rf), gpufleet_server_command=rf.server_vars()["gpufleet_server_command"]
+    for bad, why in ((_vars(rf, **SLOW), "performance gate: output_tokens_per_s fell to"),
+                     (dict(_vars(rf, **FAST), gpufleet_server_command=rf.server_vars()["gpufleet_server_command"]
                            + ["--fail-at-startup"]), "")):
-        run = rf.playbook("rollout", vars_override=dict(bad, gpufleet_server_rollback=True))
+        run = rf.playbook("rollout", vars_override=dict(bad, gpufleet_server_rollback=ROLE_DEFAULT))
         assert run.rc == 2, run.tail()
         row = run.summary[H]
         assert row["failure"].startswith("rolled back to the last known good %s" % good[:12]) and why in row["failure"], row
@@ -164,12 +166,13 @@ def test_a_failed_restart_rolls_back_to_the_last_known_good_and_serves_again(rf)
         rec = _record(rf)
         assert rec["fingerprint"] == good and rec.get("verified") is not False, rec
         snap = rf.snapshot()
-        assert all("GPUFLEET_DEMO_TOKEN_DELAY_S" not in p["env"] for p in snap.procs(H)), snap.procs(H)
+        assert all(p["env"].get("GPUFLEET_DEMO_TOKEN_DELAY_S") != SLOW["GPUFLEET_DEMO_TOKEN_DELAY_S"]
+                   for p in snap.procs(H)), snap.procs(H)
         assert "--fail-at-startup" not in json.dumps(snap.procs(H))
         assert _serves(rf)
         assert _last_good(rf)[1][0]["fingerprint"] == good  # neither failed definition became one
 
-    run = rf.playbook("rollout", vars_override=_vars(rf))
+    run = rf.playbook("rollout", vars_override=_vars(rf, **FAST))
     assert run.rc == 0 and run.summary[H]["restart"] == "no", run.tail()
 
 

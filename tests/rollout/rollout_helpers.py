@@ -124,6 +124,11 @@ rm -rf /var/lib/gpufleet /run/gpufleet /var/log/gpufleet /var/lib/demo /var/lib/
 '''
 
 
+
+# A vars_override value that drops the variable from the inventory: the role's default applies (e.g. for
+# gpufleet_server_rollback, which tests/conftest.py turns off in the suite's sandbox server definitions).
+ROLE_DEFAULT = object()
+
 class Snapshot(dict):
     """host -> probe result, with helpers."""
 
@@ -289,6 +294,7 @@ class RolloutFleet:
         d.mkdir()
         shutil.copy(self.fleet.inventory, d / "fleet.yml")
         gv = dict(self.server_vars(), **dict(vars_override or {}))
+        gv = {k: v for k, v in gv.items() if v is not ROLE_DEFAULT}
         (d / "servers.yml").write_text(sandbox.servers_inventory(self.hosts, gv, host_vars))
         return d
 

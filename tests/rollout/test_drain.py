@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rollout_helpers import ROOT, BalancerRecorder, RolloutFleet, Run, sandbox  # noqa: E402
+from rollout_helpers import ROLE_DEFAULT, ROOT, BalancerRecorder, RolloutFleet, Run, sandbox  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests" / "sandbox"))
 import balancer as _balancer  # noqa: E402
@@ -806,7 +806,7 @@ def _wait_in_rotation(df: DrainFleet, host: str, timeout: float = 20) -> None:
 
 
 def test_a_canary_that_never_gets_ready_is_rolled_back_and_serves_again_under_load(df):
-    """issue 26: with gpufleet_server_rollback, host1's new definition dies at start-up; the restart goes back to
+    """issue 26: with gpufleet_server_rollback as the role has it by default, host1's new definition dies at start-up; the restart goes back to
     host1's last known good (its forced restart just before), which goes back into both balancers; host1 fails, the
     rollout halts before the later batches, and the traffic through HAProxy never fails."""
     r = df.playbook("rollout", "--limit", "host1", extra_vars={"gpufleet_server_force_restart": True})
@@ -814,8 +814,8 @@ def test_a_canary_that_never_gets_ready_is_rolled_back_and_serves_again_under_lo
     before = _pids(df)
     load = df.load("haproxy", "haproxy-rollback")
     bad = df.server_vars()["gpufleet_server_command"] + ["--fail-at-startup"]
-    r = df.playbook("rollout", extra_vars={"gpufleet_rollout_serial": [1, "25%"], "gpufleet_server_rollback": True},
-                    host_vars={"host1": {"gpufleet_server_command": bad}})
+    r = df.playbook("rollout", extra_vars={"gpufleet_rollout_serial": [1, "25%"]},
+                    vars_override={"gpufleet_server_rollback": ROLE_DEFAULT}, host_vars={"host1": {"gpufleet_server_command": bad}})
     _wait_in_rotation(df, "host1")
     res = load.stop()
     assert r.rc != 0
