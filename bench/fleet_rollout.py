@@ -28,6 +28,7 @@ Needs root. Prints Markdown tables and writes JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import typing as t
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -134,11 +136,16 @@ def profile_runs(run: Runner, pb, n: int, outdir: str) -> dict:
     return out
 
 
-def bench_size(n: int, repeats: int, light: bool, extras: bool, profile_dir: str = "") -> dict:
+@contextlib.contextmanager
+def sandbox_fleet(n: int, gpus: int, env: t.Optional[t.Mapping[str, str]] = None):
+    """A sandbox fleet of `n` hosts with `gpus` fake GPUs each and the demo server's inventory, torn down on exit.
+
+    Yields (fleet, python, hosts, run, pb): the tests/sandbox Fleet, the hosts' python, their names, a Runner (each
+    run in its own cgroup, with `env`, this tree's ansible.cfg and collections) and the ansible-playbook command line
+    (the inventory, one batch) to which a playbook name is added."""
     state = tempfile.mkdtemp(prefix="gpufleet-bench-")
     fl = load_fleet()
     sandbox = load("gpufleet_ci_sandbox", os.path.join(TREE, "tools", "gpufleet_ci", "sandbox.py"))
-    gpus = 1 if light else 2
     try:
         subprocess.run([PY, fleet_py(), "up", "--hosts", str(n), "--gpus", str(gpus), "--state-dir", state], check=True,
                        stdout=subprocess.DEVNULL)
@@ -147,12 +154,22 @@ def bench_size(n: int, repeats: int, light: bool, extras: bool, profile_dir: str
         hosts = ["host%d" % i for i in range(1, n + 1)]
         inv = os.path.join(state, "inv")
         os.makedirs(inv)
-        subprocess.run(["cp", os.path.join(state, "inventory.yml"), os.path.join(inv, "fleet.yml")], check=True)
+        shutil.copy(os.path.join(state, "inventory.yml"), os.path.join(inv, "fleet.yml"))
         with open(os.path.join(inv, "servers.yml"), "w") as fh:
             fh.write(sandbox.servers_inventory(hosts, sandbox.server_vars(python, gpus=gpus)))
-        run = Runner(state, dict(os.environ, ANSIBLE_CONFIG=os.path.join(TREE, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-                                    ANSIBLE_COLLECTIONS_PATH=os.path.join(TREE, "collections")))
+        run = Runner(state, dict(env if env is not None else os.environ, ANSIBLE_CONFIG=os.path.join(TREE, "ansible.cfg"),
+                                 ANSIBLE_NOCOLOR="1", ANSIBLE_COLLECTIONS_PATH=os.path.join(TREE, "collections")))
         pb = [os.path.join(BIN, "ansible-playbook"), "-i", inv, "-e", json.dumps({"gpufleet_rollout_serial": ["100%"]})]
+        yield f, python, hosts, run, pb
+    finally:
+        down = subprocess.run([PY, fleet_py(), "down", "--state-dir", state], stdout=subprocess.DEVNULL)
+        if down.returncode == 0:  # else leave the state dir: `fleet.py down --state-dir` needs it to clean up
+            shutil.rmtree(state, ignore_errors=True)
+
+
+def bench_size(n: int, repeats: int, light: bool, extras: bool, profile_dir: str = "") -> dict:
+    gpus = 1 if light else 2
+    with sandbox_fleet(n, gpus) as (f, python, hosts, run, pb):
         ping = [os.path.join(BIN, "ansible"), "all", "-i", inv, "-m", "ansible.builtin.ping"]
         run.run(pb + ["gpufleet.serving.rollout"])  # first rollout: tune + launch everywhere
         res = {"hosts": n, "light_server": light, "load_before": os.getloadavg()[0]}
@@ -182,10 +199,6 @@ def bench_size(n: int, repeats: int, light: bool, extras: bool, profile_dir: str
             res["profile"] = profile_runs(run, pb, n, profile_dir)
         res["load_after"] = os.getloadavg()[0]
         return res
-    finally:
-        down = subprocess.run([PY, fleet_py(), "down", "--state-dir", state], stdout=subprocess.DEVNULL)
-        if down.returncode == 0:  # else leave the state dir: `fleet.py down --state-dir` needs it to clean up
-            shutil.rmtree(state, ignore_errors=True)
 
 
 def med(xs):

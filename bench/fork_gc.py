@@ -15,10 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fleet_rollout as fr  # noqa: E402
@@ -33,26 +30,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json")
     a = ap.parse_args()
-    state = tempfile.mkdtemp(prefix="gpufleet-bench-forkgc-")
-    fl = fr.load_fleet()
-    sandbox = fr.load("gpufleet_ci_sandbox", os.path.join(fr.TREE, "tools", "gpufleet_ci", "sandbox.py"))
     res = {"hosts": a.hosts, "repeats": a.repeats, "load_before": os.getloadavg()[0]}
-    try:
-        subprocess.run([fr.PY, fr.fleet_py(), "up", "--hosts", str(a.hosts), "--gpus", "2", "--state-dir", state],
-                       check=True, stdout=subprocess.DEVNULL)
-        python = fl.Fleet(state).load()["python"]
-        hosts = ["host%d" % i for i in range(1, a.hosts + 1)]
-        inv = os.path.join(state, "inv")
-        os.makedirs(inv)
-        shutil.copy(os.path.join(state, "inventory.yml"), os.path.join(inv, "fleet.yml"))
-        with open(os.path.join(inv, "servers.yml"), "w") as fh:
-            fh.write(sandbox.servers_inventory(hosts, sandbox.server_vars(python, gpus=2)))
-        base = dict(os.environ, ANSIBLE_CONFIG=os.path.join(fr.TREE, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-                    ANSIBLE_COLLECTIONS_PATH=os.path.join(fr.TREE, "collections"))
-        base.pop("GPUFLEET_FORK_GC_FREEZE", None)
-        run = fr.Runner(state, base)
+    base = {k: v for k, v in os.environ.items() if k != "GPUFLEET_FORK_GC_FREEZE"}
+    with fr.sandbox_fleet(a.hosts, 2, base) as (_fleet, _python, _hosts, run, pb):
         env = {"on": run.env, "off": dict(run.env, GPUFLEET_FORK_GC_FREEZE="false")}
-        pb = [os.path.join(fr.BIN, "ansible-playbook"), "-i", inv, "-e", json.dumps({"gpufleet_rollout_serial": ["100%"]})]
         run.run(pb + ["gpufleet.serving.rollout"])  # first rollout: tune + launch everywhere
         for k in KINDS:
             for s in SETTINGS:
@@ -63,10 +44,6 @@ def main() -> int:
                 res["restart_" + s].append(run.run(pb + ["gpufleet.serving.restart"], env[s]))
                 res["noop_" + s].append(run.run(pb + ["gpufleet.serving.rollout"], env[s]))
         res["load_after"] = os.getloadavg()[0]
-    finally:
-        down = subprocess.run([fr.PY, fr.fleet_py(), "down", "--state-dir", state], stdout=subprocess.DEVNULL)
-        if down.returncode == 0:
-            shutil.rmtree(state, ignore_errors=True)
     n = a.hosts
     out = ["| %d hosts, median of %d | CPU s per host, on | off | on / off | forks on / off | main process on / off |"
            % (n, a.repeats), "|---|---|---|---|---|---|"]

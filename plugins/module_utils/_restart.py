@@ -30,7 +30,7 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _bench, _envcheck, _gpumod, _lastgood, _layers, _gpuwait, _killmod, _listener, _nvml, _proc, _select, _server, _systemd)
+    _bench, _envblock, _envcheck, _gpumod, _lastgood, _layers, _gpuwait, _killmod, _listener, _nvml, _proc, _select, _server, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 
@@ -91,6 +91,7 @@ def argument_spec() -> t.Dict[str, t.Any]:
         )),
         gate=dict(type="dict", options=_bench.argument_spec()),
         rollback=dict(type="bool", default=False),
+        layers_previous=dict(type="path"),
         restore=dict(type="str"),
     )
     return spec
@@ -703,6 +704,7 @@ def run_or_roll_back(module: t.Any, result: t.Dict[str, t.Any]) -> None:
                 raise StepError("%s (no rollback: %s)" % (e, why), **e.details) from None
             raise
         roll_back(module, result, target, e)
+    drop_layers_snapshot(module)
 
 
 def no_rollback_reason(p: t.Mapping[str, t.Any], gens: t.Sequence[t.Mapping[str, t.Any]]) -> str:
@@ -728,6 +730,32 @@ def no_rollback_reason(p: t.Mapping[str, t.Any], gens: t.Sequence[t.Mapping[str,
     return "its newest last known good generation is not a process launcher's command"
 
 
+def drop_layers_snapshot(module: t.Any) -> None:
+    """The restart passed: this run's snapshot of the NCCL layers (O(layers_previous)) is of no more use; only a restart
+    refused before its kill puts the layers back from it (the role's rescue)."""
+    path = module.params.get("layers_previous")
+    if not path or module.check_mode:
+        return
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:  # left for the next run's nccl_layers call, which drops it before it keeps its own
+        module.warn("cannot remove the NCCL layers' snapshot %s: %s" % (path, e.strerror or e))
+
+
+def layers_differ_from_before_run(snapshot: t.Optional[str], rollback_changed: bool) -> bool:
+    """After a rollback: do the NCCL layers differ from what they were before this run? `snapshot` is this run's
+    (_envblock.Previous: each layer file as it was before the run changed it), None when the run changed no layer. A
+    rollback that put back exactly what the run replaced leaves the layers as they were (byte for byte, mode included)."""
+    if not snapshot:
+        return rollback_changed  # the run's write changed nothing: only the rollback could have
+    try:
+        return bool(_envblock.restore_previous(snapshot, check_mode=True)["restored"])
+    except StepError:
+        return True  # an unreadable snapshot: cannot say they are as they were
+
+
 def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any], cause: StepError) -> None:
     """Stop what is left of the failed new server, put back the generation's NCCL layers, launch its definition, wait
     until it is ready, verify its workers against what they were verified against then, and record it. Always raises:
@@ -744,9 +772,10 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
             left = stop_failed(module, p, result, gate)
             if left.get("error"):
                 raise StepError(left["text"])
+        layers_changed = False
         if g.get("layers"):
             # The module is the file operations (atomic moves); without them a layer that differs cannot be written.
-            _layers.apply(dict(g["layers"], backup=False), warn=module.warn, files=module)
+            layers_changed = bool(_layers.apply(dict(g["layers"], backup=False), warn=module.warn, files=module).get("changed"))
         env = _server.validate_env(g.get("env") or {})
         env[p["tag_name"] + _server.FINGERPRINT_SUFFIX] = fp  # the record below could fail: the launch says what it is
         tail_since = _server.log_stamp(r["log_tail_path"]) if r["log_tail_path"] else None
@@ -769,7 +798,9 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
         raise StepError("%s; the rollback to the last known good %s failed too: %s" % (why, fp[:12], e),
                         **cause.details) from None
     result["rolled_back"] = {"fingerprint": fp, "pid": proc.pid, "workers_verified": verified,
-                             "recorded_at": g.get("recorded_at")}
+                             "recorded_at": g.get("recorded_at"),
+                             "nccl_changed": layers_differ_from_before_run(p.get("layers_previous"), layers_changed)}
+    drop_layers_snapshot(module)
     stopped = (cause.details.get("new_server") or {}).get("text")
     if stopped and why.endswith(stopped):
         # Said when the failed server was stopped, before the rollback: the host serves again now.

@@ -502,6 +502,16 @@ options:
         it could not answer ends with C(no rollback) and the reason, in parentheses.
     type: bool
     default: false
+  layers_previous:
+    version_added: 0.3.0
+    description:
+      - The snapshot this run's M(gpufleet.serving.nccl_layers) call kept of the NCCL layers before it changed them
+        (its C(keep_previous) path, returned as C(previous_kept)); leave it unset when that call
+        changed no layer.
+      - After a rollback, RV(rolled_back) says with C(nccl_changed) whether the layers now differ from what they were
+        before this run (a rollback that put back exactly what the run replaced leaves them as they were). When the
+        restart passes or rolls back, the snapshot is removed (it only serves a restart refused before its kill).
+    type: path
   restore:
     version_added: 0.2.0
     description:
@@ -616,7 +626,8 @@ layers_restored:
 rolled_back:
   version_added: 0.2.0
   description: After a failure past the kill, the last known good this host went back to - C(fingerprint), C(pid),
-    C(workers_verified) and C(recorded_at) (when that generation was recorded).
+    C(workers_verified), C(recorded_at) (when that generation was recorded) and C(nccl_changed) (whether the NCCL
+    layers differ from what they were before this run, see O(layers_previous)).
   returned: failure, when O(rollback) went back to a last known good
   type: dict
 rollback_failed:

@@ -132,15 +132,24 @@ def _serves(rf) -> bool:
     return rf.fleet.ssh(H, "%s -c \"%s\"" % (rf.python, code)).stdout.strip() == "200"
 
 
+def _layer_digests(rf):
+    """sha256 and mode of the host's NCCL layer files (the system sitecustomize.py, /etc/nccl.conf), '-' when absent."""
+    out = rf.fleet.ssh(H, "for f in %s /etc/nccl.conf; do if [ -e $f ]; then echo $f $(stat -c %%a $f) "
+                          "$(sha256sum < $f); else echo $f -; fi; done" % rf.original_sitecustomize(H)[0], check=True)
+    return out.stdout
+
+
 @pytest.mark.reliability(
     section="fault", case="Automatic rollback to the last known good (gpufleet_server_rollback)",
     provoked="after a gated, verified rollout (the last known good A, the demo's stand-in at 0.002 s per token): with "
              "gpufleet_server_rollback as the role has it by default (on), a definition whose server takes 0.05 s per "
-             "token (fails the gate), then one whose server dies at start-up; then A again",
+             "token (fails the gate), then one whose server dies at start-up, then that one with another NCCL profile "
+             "(custom, NCCL_ALGO=Tree); then A again",
     outcome="each failed restart goes back to A: the host fails (rc 2) with 'rolled back to the last known good "
             "<A>: ...' and why the new one failed (the gate; the start-up, then 'The failed new server was stopped; the "
             "last known good (pid N) serves in its place', never 'not serving'), its restarted column says 'killed, rolled "
-            "back to <A>', the JSON row has rolled_back (fingerprint A, workers_verified 2); A's server serves "
+            "back to <A>', the JSON row has rolled_back (fingerprint A, workers_verified 2) and nccl_changed false (the "
+            "layer files the same bytes and mode as before each run, the other profile's included); A's server serves "
             "/generate again, its record says A (verified), no process carries the failed definition's value; "
             "the rollout with A is then a no-op (restart no)")
 def test_a_failed_restart_rolls_back_to_the_last_known_good_and_serves_again(rf):
@@ -150,9 +159,13 @@ def test_a_failed_restart_rolls_back_to_the_last_known_good_and_serves_again(rf)
     good = _record(rf)["fingerprint"]
     assert _last_good(rf)[1][0]["fingerprint"] == good
 
+    failing = rf.server_vars()["gpufleet_server_command"] + ["--fail-at-startup"]
+    layers = _layer_digests(rf)
     for bad, why in ((_vars(rf, **SLOW), "performance gate: output_tokens_per_s fell to"),
-                     (dict(_vars(rf, **FAST), gpufleet_server_command=rf.server_vars()["gpufleet_server_command"]
-                           + ["--fail-at-startup"]), "")):
+                     (dict(_vars(rf, **FAST), gpufleet_server_command=failing), ""),
+                     # This run rewrites the NCCL layers (another profile); the rollback puts A's back, byte for byte.
+                     (dict(_vars(rf, **FAST), gpufleet_server_command=failing, gpufleet_nccl_profile="custom",
+                           gpufleet_nccl_env={"NCCL_ALGO": "Tree"}), "")):
         run = rf.playbook("rollout", vars_override=dict(bad, gpufleet_server_rollback=ROLE_DEFAULT))
         assert run.rc == 2, run.tail()
         row = run.summary[H]
@@ -163,6 +176,7 @@ def test_a_failed_restart_rolls_back_to_the_last_known_good_and_serves_again(rf)
             assert "The failed new server was stopped; the last known good (pid " in " ".join(row["failure"].split()), row
         assert row["restart"] == "killed, rolled back to %s" % good[:12], row
         assert row["rolled_back"]["fingerprint"] == good and row["workers_verified"] == 2, row
+        assert _layer_digests(rf) == layers and row["nccl_changed"] is False, row
         rec = _record(rf)
         assert rec["fingerprint"] == good and rec.get("verified") is not False, rec
         snap = rf.snapshot()
@@ -174,6 +188,40 @@ def test_a_failed_restart_rolls_back_to_the_last_known_good_and_serves_again(rf)
 
     run = rf.playbook("rollout", vars_override=_vars(rf, **FAST))
     assert run.rc == 0 and run.summary[H]["restart"] == "no", run.tail()
+
+
+@pytest.mark.reliability(
+    section="fault", case="Automatic rollback to a last known good whose files are gone",
+    provoked="a verified rollout A whose command runs a copy of the demo server at /opt/gf-gone/demo_server.py (the last "
+             "known good A), the copy then deleted while A runs; a definition whose server dies at start-up, with "
+             "gpufleet_server_rollback as the role has it by default (on)",
+    outcome="no rollback is tried: the host fails (rc 2) with the start-up failure, ending '(no rollback: its newest "
+            "last known good <A> names /opt/gf-gone/demo_server.py, which no longer exists)'; its restarted column says "
+            "killed, not serving; no process of the service runs (nothing was launched from a file that is gone)")
+def test_a_last_known_good_whose_files_are_gone_is_not_rolled_back_to_and_the_failure_says_so(rf):
+    cmd = rf.server_vars()["gpufleet_server_command"]
+    copy = "/opt/gf-gone/demo_server.py"
+    rf.fleet.ssh(H, "mkdir -p /opt/gf-gone && cp %s %s" % (cmd[1], copy), check=True)
+    a = dict(_vars(rf, **FAST), gpufleet_server_command=[cmd[0], copy] + cmd[2:])
+    try:
+        run = rf.playbook("rollout", vars_override=a)
+        assert run.rc == 0, run.tail()
+        good = _record(rf)["fingerprint"]
+        assert _last_good(rf)[1][0]["fingerprint"] == good
+        rf.fleet.ssh(H, "rm -rf /opt/gf-gone", check=True)
+        bad = dict(_vars(rf, **FAST), gpufleet_server_command=cmd + ["--fail-at-startup"],
+                   gpufleet_server_rollback=ROLE_DEFAULT)
+        run = rf.playbook("rollout", vars_override=bad)
+        assert run.rc == 2, run.tail()
+        row = run.summary[H]
+        want = "(no rollback: its newest last known good %s names %s, which no longer exists)" % (good[:12], copy)
+        assert " ".join(row["failure"].split()).endswith(want), row
+        assert not row.get("rolled_back") and row["restart"].startswith("killed, not serving"), row
+        assert not rf.snapshot().tagged(H), rf.snapshot().procs(H)
+    finally:
+        rf.fleet.ssh(H, "rm -rf /opt/gf-gone")
+        run = rf.playbook("rollout", vars_override=_vars(rf, **FAST))  # the next test's host serves again
+        assert run.rc == 0, run.tail()
 
 
 @pytest.mark.reliability(

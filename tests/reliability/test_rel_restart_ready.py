@@ -327,7 +327,8 @@ def test_what_only_the_restart_refused_is_refused_before_the_drain(host, provoke
     provoked="the new command gets --hang-after-health, gpufleet_server_health_request POST /generate (1 s per try), "
              "start timeout 8 s; the old tagged server runs",
     outcome="the host fails in phase ready; the failed new server is stopped (no process carries the launch tag) and "
-            "its GPU verified clean; the failure ends with what was left and the summary says 'killed, not serving "
+            "its GPU verified clean; the failure ends with what was left and, the rollback being on by default, '(no "
+            "rollback: this host has no last known good generation yet)'; the summary says 'killed, not serving "
             "(failed new server stopped)'")
 def test_a_relaunch_failing_its_readiness_is_stopped_and_the_summary_says_what_was_left(host):
     h = host("relhang")
@@ -339,8 +340,10 @@ def test_a_relaunch_failing_its_readiness_is_stopped_and_the_summary_says_what_w
     assert failure["failed"] is True, failure
     assert "/health answered 200 but the real request did not succeed" in failure["msg"], failure["msg"]
     # Its launcher, its worker and multiprocessing's resource tracker.
+    # gpufleet_server_rollback is on by default; a host whose server was started by hand has nothing to go back to.
     assert re.search(r"\. The failed new server was stopped \(3 process\(es\) ended\) and its GPUs are clean: nothing "
-                     r"of this service runs on the host, which is not serving$", failure["msg"]), failure["msg"]
+                     r"of this service runs on the host, which is not serving \(no rollback: this host has no last known "
+                     r"good generation yet\)$", failure["msg"]), failure["msg"]
     assert old.wait(timeout=10) is not None
     assert _tagged(h.name) == set() and h.holders(0) == []
     assert row["status"] == "failed" and row["phase"] == "ready", row

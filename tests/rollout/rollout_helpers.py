@@ -123,11 +123,10 @@ done
 rm -rf /var/lib/gpufleet /run/gpufleet /var/log/gpufleet /var/lib/demo /var/lib/demo-stale /var/log/demo-stale.log
 '''
 
-
-
 # A vars_override value that drops the variable from the inventory: the role's default applies (e.g. for
 # gpufleet_server_rollback, which tests/conftest.py turns off in the suite's sandbox server definitions).
 ROLE_DEFAULT = object()
+
 
 class Snapshot(dict):
     """host -> probe result, with helpers."""
