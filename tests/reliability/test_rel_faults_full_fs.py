@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 
-from rollout_helpers import BalancerRecorder, RolloutFleet  # noqa: E402
+from rollout_helpers import ROLE_DEFAULT, BalancerRecorder, RolloutFleet  # noqa: E402
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
@@ -198,6 +198,46 @@ def test_a_record_that_fails_after_a_good_restart_does_not_get_the_server_killed
         # The generation put aside is now the newest last known good (a rollback would not go back past it).
         gens = json.loads(rf.fleet.ssh(H, "cat %s/demo.last_good.json" % STATE_DIR, check=True).stdout)["generations"]
         assert gens[0] == pending["generation"] and gens[0]["fingerprint"] == state["fingerprint"], gens
+        assert _pending(rf) == (None, None)
+    finally:
+        rf.fleet.ssh(H, "pkill -f gpufleet-filler; umount %s; true" % STATE_DIR)
+
+
+@pytest.mark.reliability(
+    section="fault", case="A failed restart goes back to the server whose record could not be written",
+    provoked="an empty 64 KiB tmpfs over /var/lib/gpufleet, filled as soon as a forced restart launched its new server "
+             "(the record fails; the verified server's last known good is put aside in /run/gpufleet); the filler "
+             "removed, a rollout of a definition whose server dies at start-up, with gpufleet_server_rollback as the role "
+             "has it by default (on)",
+    outcome="before the kill the generation put aside becomes the newest last known good (the only one: the state "
+            "directory was empty), so the failed restart goes back to it: rc 2, 'rolled back to the last known good "
+            "<its fingerprint>', the record then names it, the server runs again (a new process, its fingerprint), "
+            "demo.last_good.json's newest generation is it, and the pending file is gone")
+def test_a_failed_restart_goes_back_to_the_server_whose_record_could_not_be_written(rf):
+    _mount_small(rf, STATE_DIR, fill=False)
+    try:
+        rf.fleet.ssh(H, "cat > /tmp/gpufleet-filler && chmod 755 /tmp/gpufleet-filler", input=FILLER, check=True)
+        rf.fleet.ssh(H, "nohup setsid /tmp/gpufleet-filler >/dev/null 2>&1 </dev/null &", check=True)
+        run = rf.playbook("restart")
+        assert run.rc == 2 and run.summary[H]["phase"] == "record", run.tail()
+        verified = _server(rf.snapshot())
+        _mode, pending = _pending(rf)
+        fp = pending["generation"]["fingerprint"]
+        rf.fleet.ssh(H, "pkill -f '[g]pufleet-filler'; rm -f %s/filler; true" % STATE_DIR, check=True)  # [g]: not this shell
+
+        bad = {"gpufleet_server_command": rf.server_vars()["gpufleet_server_command"] + ["--fail-at-startup"],
+               "gpufleet_server_rollback": ROLE_DEFAULT}
+        run = rf.playbook("rollout", vars_override=bad)
+        assert run.rc == 2, run.tail()
+        row = run.summary[H]
+        assert row["failure"].startswith("rolled back to the last known good %s" % fp[:12]), row
+        assert row["rolled_back"]["fingerprint"] == fp and row["workers_verified"] == 2, row
+        snap = rf.snapshot()
+        state = snap.state(H)
+        assert state and state["fingerprint"] == fp and state["pid"] == snap.launcher(H), state
+        assert _server(snap) and not _server(snap) & verified  # relaunched: the failed restart had killed it
+        gens = json.loads(rf.fleet.ssh(H, "cat %s/demo.last_good.json" % STATE_DIR, check=True).stdout)["generations"]
+        assert [g["fingerprint"] for g in gens] == [fp], gens
         assert _pending(rf) == (None, None)
     finally:
         rf.fleet.ssh(H, "pkill -f gpufleet-filler; umount %s; true" % STATE_DIR)
