@@ -39,7 +39,9 @@ description:
     the performance gate's numbers (metric, median, baseline, ratio, min_ratio, passed, msg), when the restart ran one
     (under C(--check), what it would measure and against what, with C(would_measure), also said after the table),
     and C(rolled_back) (fingerprint, pid, workers_verified, recorded_at) when a failed restart went back to the host's
-    last known good; its C(restarted) column then says C(killed, rolled back to FINGERPRINT).
+    last known good; its C(restarted) column then says C(killed, rolled back to FINGERPRINT). When that rollback failed
+    too, the row has C(rollback_failed) (fingerprint, error) and the column ends with C(; rollback to FINGERPRINT
+    failed).
   - "The C(gpufleet.serving.rollback) playbook: each row has C(rollback_to) (C(fingerprint), C(recorded_at), C(from),
     what the host ran, and C(inventory_fingerprint)), and its C(restarted) column says C(rolled back to FINGERPRINT),
     C(would roll back to FINGERPRINT) (C(--check)) or C(no, runs FINGERPRINT already). The hosts rolled back whose
@@ -141,7 +143,7 @@ def _count(v: t.Any) -> int:
 
 
 def restart_cell(status: t.Optional[str], restarted: bool, would: bool, phase: t.Optional[str],
-                 new_server: t.Optional[t.Mapping[str, t.Any]] = None) -> str:
+                 new_server: t.Optional[t.Mapping[str, t.Any]] = None, ended: t.Optional[int] = None) -> str:
     """The `restarted` column: whether the old server is gone, and what took its place (docs/runbook.md's terms)."""
     if would:
         return "would"
@@ -156,7 +158,8 @@ def restart_cell(status: t.Optional[str], restarted: bool, would: bool, phase: t
             return "killed, failed new server kept"
         if new_server.get("error"):
             return "killed, failed new server not stopped"
-        if new_server.get("stopped"):
+        # Stopped with nothing left to end (`ended` 0: it had died): the message says "not running any more", so does this.
+        if new_server.get("stopped") and ended != 0:
             return "killed, not serving (failed new server stopped)"
         return "killed, not serving"
     return "yes"
@@ -451,6 +454,7 @@ class CallbackModule(CallbackBase):
             h.update(killed=res["killed"], timings=res["timings"], phase=res.get("phase"))
             if isinstance(res.get("new_server"), dict):
                 h["new_server"] = {k: res["new_server"].get(k) for k in ("kept", "stopped", "error")}
+                h["new_server_ended"] = res["new_server"].get("killed")
 
     def v2_runner_on_unreachable(self, result: t.Any) -> None:
         h = self._host(result.host.get_name())
@@ -489,9 +493,11 @@ class CallbackModule(CallbackBase):
             stopped = bool(h.get("stopped"))
             restarted = not stopped and (bool(h.get("restarted")) or (killed > 0 and not would))
             cell = ("would stop" if h.get("would_stop") else "stopped" if killed > 0 else "nothing to stop") if stopped else \
-                restart_cell(h.get("status"), restarted, would, h.get("phase"), h.get("new_server"))
+                restart_cell(h.get("status"), restarted, would, h.get("phase"), h.get("new_server"), h.get("new_server_ended"))
             if h.get("rolled_back"):
                 cell = "killed, rolled back to %s" % str(h["rolled_back"].get("fingerprint") or "")[:12]
+            elif isinstance(h.get("rollback_failed"), dict):
+                cell = "%s; rollback to %s failed" % (cell, str(h["rollback_failed"].get("fingerprint") or "")[:12])
             if isinstance(h.get("rollback_to"), dict):
                 cell = rollback_cell(dict(h, restarted=restarted, would_restart=would), cell)
             if h.get("restart_unknown"):
@@ -521,6 +527,7 @@ class CallbackModule(CallbackBase):
                 "record_missing": h.get("record_missing") or None,
                 "gate": gate_cell(h.get("gate")),
                 "rolled_back": dict(h["rolled_back"]) if isinstance(h.get("rolled_back"), dict) else None,
+                "rollback_failed": dict(h["rollback_failed"]) if isinstance(h.get("rollback_failed"), dict) else None,
                 "rollback_to": dict(h["rollback_to"]) if isinstance(h.get("rollback_to"), dict) else None,
                 "would_return": bool((h.get("rotation") or {}).get("would_return")),
                 "nccl_changed": h.get("nccl_changed"),

@@ -744,16 +744,18 @@ def drop_layers_snapshot(module: t.Any) -> None:
         module.warn("cannot remove the NCCL layers' snapshot %s: %s" % (path, e.strerror or e))
 
 
-def layers_differ_from_before_run(snapshot: t.Optional[str], rollback_changed: bool) -> bool:
-    """After a rollback: do the NCCL layers differ from what they were before this run? `snapshot` is this run's
-    (_envblock.Previous: each layer file as it was before the run changed it), None when the run changed no layer. A
-    rollback that put back exactly what the run replaced leaves the layers as they were (byte for byte, mode included)."""
-    if not snapshot:
-        return rollback_changed  # the run's write changed nothing: only the rollback could have
-    try:
-        return bool(_envblock.restore_previous(snapshot, check_mode=True)["restored"])
-    except StepError:
-        return True  # an unreadable snapshot: cannot say they are as they were
+def restore_layers_for_rollback(module: t.Any, g: t.Mapping[str, t.Any]) -> bool:
+    """Undo this run's writes to the NCCL layers (O(layers_previous): each file as it was before the run, a file the
+    run created removed), then apply the generation's layers. Returns whether the layers now differ from what they
+    were before the run (the summary's nccl_changed): after the undo they are as they were, so only the generation's
+    apply can have changed them."""
+    snapshot = module.params.get("layers_previous")
+    if snapshot:
+        _envblock.restore_previous(snapshot)  # drops the snapshot too
+    if not g.get("layers"):
+        return False
+    # The module is the file operations (atomic moves); without them a layer that differs cannot be written.
+    return bool(_layers.apply(dict(g["layers"], backup=False), warn=module.warn, files=module).get("changed"))
 
 
 def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any], cause: StepError) -> None:
@@ -772,10 +774,7 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
             left = stop_failed(module, p, result, gate)
             if left.get("error"):
                 raise StepError(left["text"])
-        layers_changed = False
-        if g.get("layers"):
-            # The module is the file operations (atomic moves); without them a layer that differs cannot be written.
-            layers_changed = bool(_layers.apply(dict(g["layers"], backup=False), warn=module.warn, files=module).get("changed"))
+        layers_changed = restore_layers_for_rollback(module, g)
         env = _server.validate_env(g.get("env") or {})
         env[p["tag_name"] + _server.FINGERPRINT_SUFFIX] = fp  # the record below could fail: the launch says what it is
         tail_since = _server.log_stamp(r["log_tail_path"]) if r["log_tail_path"] else None
@@ -795,12 +794,15 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
         if proc is not None:
             stop_failed(module, p, result, gate)  # the rollback's server serves nobody either
         result["rollback_failed"] = {"fingerprint": fp, "error": str(e)}
-        raise StepError("%s; the rollback to the last known good %s failed too: %s" % (why, fp[:12], e),
+        # Both reasons, the rollback's (short) first: the summary keeps a long failure's head and end, and the new
+        # server's own cause is at the end of its message (its log tail).
+        err = str(e) if len(str(e)) <= 300 else str(e)[:297] + "..."
+        raise StepError("the rollback to the last known good %s failed too (%s); the new server failed: %s"
+                        % (fp[:12], err, why),
                         **cause.details) from None
     result["rolled_back"] = {"fingerprint": fp, "pid": proc.pid, "workers_verified": verified,
                              "recorded_at": g.get("recorded_at"),
-                             "nccl_changed": layers_differ_from_before_run(p.get("layers_previous"), layers_changed)}
-    drop_layers_snapshot(module)
+                             "nccl_changed": layers_changed}
     stopped = (cause.details.get("new_server") or {}).get("text")
     if stopped and why.endswith(stopped):
         # Said when the failed server was stopped, before the rollback: the host serves again now.

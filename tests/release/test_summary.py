@@ -90,7 +90,7 @@ def test_json_and_markdown_files(summary_run):
 FAKE_RESTART = '''#!/usr/bin/python
 from ansible.module_utils.basic import AnsibleModule
 m = AnsibleModule(argument_spec=dict(phase=dict(type="str"), killed=dict(type="int"), timings=dict(type="dict"),
-                                     new_server=dict(type="dict")))
+                                     new_server=dict(type="dict"), rollback_failed=dict(type="dict")))
 m.fail_json(msg="demo: failed in step %s" % m.params["phase"], **m.params)
 '''
 FAILED_RESTARTS = """
@@ -105,6 +105,9 @@ FAILED_RESTARTS = """
       hkept: {phase: ready, killed: 3, timings: {kill_s: 1.0}, new_server: {kept: true, stopped: false}}
       henv: {phase: verify_env, killed: 3, timings: {kill_s: 1.0, clean_s: 0.1, launch_s: 0.02, ready_s: 4.0}}
       hnothing: {phase: clean, killed: 0, timings: {kill_s: 0.0}}
+      hdied: {phase: startup, killed: 3, timings: {kill_s: 1.0}, new_server: {kept: false, stopped: true, killed: 0}}
+      hrbfail: {phase: startup, killed: 3, timings: {kill_s: 1.0}, new_server: {kept: false, stopped: true, killed: 1},
+                rollback_failed: {fingerprint: 0123456789abcdef, error: "FileExistsError: /var/lib/demo"}}
   tasks:
     - name: Decide like the gpu_server role
       ansible.builtin.set_fact:
@@ -117,7 +120,9 @@ FAILED_RESTARTS = """
       rescue:
         - name: Record the failure like the role's rescue
           ansible.builtin.set_fact:
-            gpufleet_server_result: "{{ gpufleet_server_result | combine({'failed': true, 'failure': ansible_failed_result.msg}) }}"
+            gpufleet_server_result: "{{ gpufleet_server_result | combine({'failed': true, 'failure': ansible_failed_result.msg})
+                                        | combine({'rollback_failed': ansible_failed_result.rollback_failed}
+                                                  if ansible_failed_result.rollback_failed else {}) }}"
 
         - name: Fail the host
           ansible.builtin.fail:
@@ -145,7 +150,8 @@ def test_a_host_that_failed_after_the_kill_shows_its_old_server_killed_and_the_k
     (tmp_path / "library").mkdir()
     (tmp_path / "library" / "fake_restart.py").write_text(FAKE_RESTART)
     (tmp_path / "pb.yml").write_text(FAILED_RESTARTS)
-    r, data = _play(tmp_path, tmp_path / "pb.yml", ["hclean", "hstartup", "hkept", "henv", "hnothing"])
+    hosts = ["hclean", "hstartup", "hkept", "henv", "hnothing", "hdied", "hrbfail"]
+    r, data = _play(tmp_path, tmp_path / "pb.yml", hosts)
     assert r.returncode == 2, r.stdout
     cells = _cells(r.stdout, "GPUFLEET ROLLOUT SUMMARY")
     # host, status, restarted, kill_s, clean_s, launch_s, ready_s, workers_verified, failure
@@ -161,6 +167,12 @@ def test_a_host_that_failed_after_the_kill_shows_its_old_server_killed_and_the_k
     assert [(hosts[n]["restarted"], hosts[n]["killed"], hosts[n]["phase"]) for n in ("hclean", "hstartup", "hnothing")] == [
         (True, 3, "clean"), (True, 3, "startup"), (False, 0, "clean")]
     assert hosts["hkept"]["new_server"] == {"kept": True, "stopped": False, "error": None}
+    # A new server that had died by itself: its stop ended nothing (the message says "not running any more").
+    assert cells["hdied"][2] == "killed, not serving", cells["hdied"]
+    # A rollback that failed too: said in the column and kept in the JSON row.
+    assert cells["hrbfail"][2] == "killed, not serving (failed new server stopped); rollback to 0123456789ab failed", cells
+    assert hosts["hrbfail"]["rollback_failed"] == {"fingerprint": "0123456789abcdef", "error": "FileExistsError: /var/lib/demo"}
+    assert hosts["hstartup"]["rollback_failed"] is None
 
 
 AUDIT = """

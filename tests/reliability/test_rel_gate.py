@@ -144,12 +144,13 @@ def _layer_digests(rf):
     provoked="after a gated, verified rollout (the last known good A, the demo's stand-in at 0.002 s per token): with "
              "gpufleet_server_rollback as the role has it by default (on), a definition whose server takes 0.05 s per "
              "token (fails the gate), then one whose server dies at start-up, then that one with another NCCL profile "
-             "(custom, NCCL_ALGO=Tree); then A again",
+             "(custom, NCCL_ALGO=Tree) written to both layers (A has no /etc/nccl.conf); then A again",
     outcome="each failed restart goes back to A: the host fails (rc 2) with 'rolled back to the last known good "
             "<A>: ...' and why the new one failed (the gate; the start-up, then 'The failed new server was stopped; the "
             "last known good (pid N) serves in its place', never 'not serving'), its restarted column says 'killed, rolled "
             "back to <A>', the JSON row has rolled_back (fingerprint A, workers_verified 2) and nccl_changed false (the "
-            "layer files the same bytes and mode as before each run, the other profile's included); A's server serves "
+            "layer files the same bytes and mode as before each run, the other profile's included, its /etc/nccl.conf "
+            "removed again); A's server serves "
             "/generate again, its record says A (verified), no process carries the failed definition's value; "
             "the rollout with A is then a no-op (restart no)")
 def test_a_failed_restart_rolls_back_to_the_last_known_good_and_serves_again(rf):
@@ -163,9 +164,11 @@ def test_a_failed_restart_rolls_back_to_the_last_known_good_and_serves_again(rf)
     layers = _layer_digests(rf)
     for bad, why in ((_vars(rf, **SLOW), "performance gate: output_tokens_per_s fell to"),
                      (dict(_vars(rf, **FAST), gpufleet_server_command=failing), ""),
-                     # This run rewrites the NCCL layers (another profile); the rollback puts A's back, byte for byte.
+                     # This run rewrites the NCCL layers (another profile) and writes /etc/nccl.conf, which A's layers
+                     # never had: the rollback puts A's back byte for byte and removes that file.
                      (dict(_vars(rf, **FAST), gpufleet_server_command=failing, gpufleet_nccl_profile="custom",
-                           gpufleet_nccl_env={"NCCL_ALGO": "Tree"}), "")):
+                           gpufleet_nccl_env={"NCCL_ALGO": "Tree"}, gpufleet_nccl_layers=["sitecustomize", "nccl_conf"]),
+                      "")):
         run = rf.playbook("rollout", vars_override=dict(bad, gpufleet_server_rollback=ROLE_DEFAULT))
         assert run.rc == 2, run.tail()
         row = run.summary[H]
@@ -220,6 +223,40 @@ def test_a_last_known_good_whose_files_are_gone_is_not_rolled_back_to_and_the_fa
         assert not rf.snapshot().tagged(H), rf.snapshot().procs(H)
     finally:
         rf.fleet.ssh(H, "rm -rf /opt/gf-gone")
+        run = rf.playbook("rollout", vars_override=_vars(rf, **FAST))  # the next test's host serves again
+        assert run.rc == 0, run.tail()
+
+
+@pytest.mark.reliability(
+    section="fault", case="Automatic rollback that fails too",
+    provoked="a verified rollout A (the last known good; its server's --state-dir /var/lib/demo), then /var/lib/demo "
+             "replaced by a file so that A's server cannot start; a definition with --state-dir /var/lib/demo2 whose "
+             "server dies at start-up, with gpufleet_server_rollback as the role has it by default (on)",
+    outcome="rc 2; the failure starts with 'the rollback to the last known good <A> failed too (' and its end keeps the "
+            "new server's own cause (its log tail: 'demo failure at startup'); the restarted column ends with "
+            "'; rollback to <A> failed' and the JSON row has rollback_failed (fingerprint A, its error); no process of "
+            "the service runs")
+def test_a_rollback_that_fails_too_says_both_reasons(rf):
+    run = rf.playbook("rollout", vars_override=_vars(rf, **FAST))
+    assert run.rc == 0, run.tail()
+    good = _record(rf)["fingerprint"]
+    assert _last_good(rf)[1][0]["fingerprint"] == good
+    cmd = rf.server_vars()["gpufleet_server_command"]
+    i = cmd.index("--state-dir")
+    new = cmd[:i + 1] + ["/var/lib/demo2"] + cmd[i + 2:] + ["--fail-at-startup"]
+    rf.fleet.ssh(H, "rm -rf /var/lib/demo && touch /var/lib/demo", check=True)
+    try:
+        run = rf.playbook("rollout", vars_override=dict(_vars(rf, **FAST), gpufleet_server_command=new,
+                                                        gpufleet_server_rollback=ROLE_DEFAULT))
+        assert run.rc == 2, run.tail()
+        row = run.summary[H]
+        assert row["failure"].startswith("the rollback to the last known good %s failed too (" % good[:12]), row
+        assert "demo failure at startup" in row["failure"], row
+        assert row["restart"].endswith("; rollback to %s failed" % good[:12]), row
+        assert row["rollback_failed"]["fingerprint"] == good and row["rollback_failed"]["error"], row
+        assert not rf.snapshot().tagged(H), rf.snapshot().procs(H)
+    finally:
+        rf.fleet.ssh(H, "rm -f /var/lib/demo")
         run = rf.playbook("rollout", vars_override=_vars(rf, **FAST))  # the next test's host serves again
         assert run.rc == 0, run.tail()
 

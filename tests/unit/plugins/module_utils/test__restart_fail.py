@@ -11,7 +11,7 @@ import pytest
 from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 from ansible_collections.gpufleet.serving.plugins.module_utils._restart import (
-    drop_layers_snapshot, fail_result, layers_differ_from_before_run)
+    drop_layers_snapshot, fail_result, restore_layers_for_rollback)
 
 ENV = {"processes": [{"pid": 11}, {"pid": 12}]}
 
@@ -50,47 +50,17 @@ class _Files:
         os.replace(src, dest)
 
 
-def _write_through_snapshot(tmp_path, path, data):
-    """This run's write of a layer file, kept first in a real _envblock.Previous snapshot (as nccl_layers does)."""
+def _write_through_snapshot(tmp_path, writes):
+    """This run's writes of layer files, each kept first in one real _envblock.Previous snapshot (as nccl_layers does)."""
     snap = str(tmp_path / "layers-previous.json")
     files = _envblock.Previous(_Files(), snap)
-    tmp = str(path) + ".new"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.chmod(tmp, 0o644)
-    files.atomic_move(tmp, str(path))
+    for path, data in writes:
+        tmp = str(path) + ".new"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        files.atomic_move(tmp, str(path))
     return snap
-
-
-def test_a_rollback_that_put_back_what_the_run_replaced_leaves_the_layers_as_before(tmp_path):
-    layer = tmp_path / "sitecustomize.py"
-    layer.write_bytes(b"A\n")
-    layer.chmod(0o644)
-    snap = _write_through_snapshot(tmp_path, layer, b"B\n")
-    assert layer.read_bytes() == b"B\n"
-    layer.write_bytes(b"A\n")  # the rollback put the generation's layer back: the same bytes as before the run
-    assert layers_differ_from_before_run(snap, rollback_changed=True) is False
-    assert os.path.exists(snap)  # only read: removing it is drop_layers_snapshot's
-
-
-def test_a_rollback_to_other_layers_than_before_the_run_changed_them(tmp_path):
-    layer = tmp_path / "sitecustomize.py"
-    layer.write_bytes(b"A\n")
-    layer.chmod(0o644)
-    snap = _write_through_snapshot(tmp_path, layer, b"B\n")
-    layer.write_bytes(b"C\n")  # the generation's layer is neither
-    assert layers_differ_from_before_run(snap, rollback_changed=True) is True
-
-
-@pytest.mark.parametrize("rollback_changed", [True, False])
-def test_without_a_snapshot_only_the_rollback_can_have_changed_the_layers(rollback_changed):
-    assert layers_differ_from_before_run(None, rollback_changed) is rollback_changed
-
-
-def test_an_unreadable_snapshot_is_not_taken_for_unchanged_layers(tmp_path):
-    snap = tmp_path / "layers-previous.json"
-    snap.write_text("not json")
-    assert layers_differ_from_before_run(str(snap), rollback_changed=True) is True
 
 
 class _Module:
@@ -101,6 +71,31 @@ class _Module:
 
     def warn(self, msg):
         self.warnings.append(msg)
+
+
+def test_a_rollback_first_undoes_what_the_run_wrote_to_the_layers_a_created_file_included(tmp_path):
+    layer, created = tmp_path / "sitecustomize.py", tmp_path / "nccl.conf"
+    layer.write_bytes(b"A\n")
+    layer.chmod(0o644)
+    snap = _write_through_snapshot(tmp_path, [(layer, b"B\n"), (created, b"NCCL_ALGO=Tree\n")])
+    assert layer.read_bytes() == b"B\n" and created.exists()
+    # A generation without layers of its own: the undo alone, so the layers are as before the run.
+    assert restore_layers_for_rollback(_Module(snap), {"layers": None}) is False
+    assert layer.read_bytes() == b"A\n" and not created.exists() and not os.path.exists(snap)
+
+
+def test_without_a_snapshot_a_generation_without_layers_changes_nothing(tmp_path):
+    layer = tmp_path / "sitecustomize.py"
+    layer.write_bytes(b"B\n")
+    assert restore_layers_for_rollback(_Module(None), {"layers": None}) is False
+    assert layer.read_bytes() == b"B\n"
+
+
+def test_an_unreadable_snapshot_fails_the_rollback_rather_than_guess(tmp_path):
+    snap = tmp_path / "layers-previous.json"
+    snap.write_text("not json")
+    with pytest.raises(StepError, match="is not a snapshot of the NCCL layers"):
+        restore_layers_for_rollback(_Module(str(snap)), {"layers": None})
 
 
 def test_a_restart_that_passed_removes_the_snapshot_but_not_in_check_mode(tmp_path):
