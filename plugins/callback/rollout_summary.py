@@ -39,7 +39,8 @@ description:
     the performance gate's numbers (metric, median, baseline, ratio, min_ratio, passed, msg), when the restart ran one
     (under C(--check), what it would measure and against what, with C(would_measure), also said after the table),
     and C(rolled_back) (fingerprint, pid, workers_verified, recorded_at) when a failed restart went back to the host's
-    last known good; its C(restarted) column then says C(killed, rolled back to FINGERPRINT). When that rollback failed
+    last known good; its C(restarted) column then says C(killed, rolled back to FINGERPRINT), and a line after the table
+    names those hosts and says that the inventory still describes the definition that failed. When that rollback failed
     too, the row has C(rollback_failed) (fingerprint, error) and the column ends with C(; rollback to FINGERPRINT
     failed).
   - "The C(gpufleet.serving.rollback) playbook: each row has C(rollback_to) (C(fingerprint), C(recorded_at), C(from),
@@ -275,6 +276,18 @@ def rolled_back(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
             % ("would roll back" if all(r.get("would_restart") for r in hosts) else "rolled back", "; ".join(named)))
 
 
+def auto_rolled_back(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    """The line naming the hosts whose failed restart went back to their last known good (gpufleet_server_rollback;
+    '' when none): the inventory still describes the definition that failed, which the next rollout restarts them to
+    again."""
+    hosts = [r for r in rows if isinstance(r.get("rolled_back"), dict)]
+    if not hosts:
+        return ""
+    return ("rolled back to the last known good: %s; the inventory still describes the definition that failed, so the "
+            "next rollout restarts these hosts to it again: fix or revert it first (docs/runbook.md)"
+            % "; ".join("%s (to %s)" % (r["host"], str(r["rolled_back"].get("fingerprint") or "")[:12]) for r in hosts))
+
+
 def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.Mapping[str, t.Any]]) -> t.List[str]:
     """The lines said after the table, each a sentence about the whole run: why the rollout halted, which hosts it
     left out of rotation. A new line about the run goes here, and every output (terminal, files, gpufleet_ci) says it."""
@@ -289,6 +302,7 @@ def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.
     notes.append(nccl_stale(rows))
     notes.append(gate_plans(rows))
     notes.append(rolled_back(rows))
+    notes.append(auto_rolled_back(rows))
     return [n for n in notes if n]
 
 

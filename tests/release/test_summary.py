@@ -432,3 +432,17 @@ def test_the_rollback_says_what_each_host_went_back_to_and_that_the_inventory_is
     would = r.render_markdown([dict(rows[0], restarted=False, would_restart=True)], None)
     assert "**would roll back: h1 (to %s" % a[:12] in would, would
     assert "rolled back" not in r.render_markdown(rows[1:], None)
+
+
+def test_an_automatic_rollback_is_named_after_the_table_with_what_the_next_rollout_would_do():
+    """helper-24: after an automatic rollback the inventory still describes the definition that failed; the next
+    rollout would restart the host to it again (killing the healthy last known good), which the summary says."""
+    from gpufleet_ci.__main__ import summary_renderer
+    r = summary_renderer()
+    rows = [{"host": "h1", "status": "failed", "restarted": True,
+             "rolled_back": {"fingerprint": "0123456789abcdef", "pid": 7, "workers_verified": 2}},
+            {"host": "h2", "status": "failed", "restarted": True, "rolled_back": None}]
+    md = r.render_markdown(rows, None)
+    assert ("rolled back to the last known good: h1 (to 0123456789ab); the inventory still describes the definition "
+            "that failed, so the next rollout restarts these hosts to it again") in md, md
+    assert "h2 (to" not in md and "rolled back to the last known good" not in r.render_markdown(rows[1:], None)
