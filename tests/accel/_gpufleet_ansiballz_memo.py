@@ -1,21 +1,33 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Test-only: remember across ansible-playbook runs what ansible-core's AnsiballZ builder learns from parsing a file.
+"""Test-only: remember across ansible-playbook runs what compiling the same Python files again would give.
 
-Why: every ansible-playbook run builds each module's AnsiballZ payload anew, and most of that is
-`module_common.recursive_finder` compiling the AST of every module_util file (about 80 per gpufleet module, 3 ms each)
-only to list its imports. The suite runs ansible-playbook hundreds of times over the same files, so about 15 % of its
-CPU went to parsing the same sources again (py-spy and cProfile on tests/reliability/test_rel_two_services.py).
+Why: the suite runs ansible-playbook hundreds of times over the same files, and three places compile them anew each time:
+- ansible-core's AnsiballZ builder: `module_common.recursive_finder` compiles the AST of every module_util a module
+  pulls in (about 80 per gpufleet module, 3 ms each) only to list its imports (about 15 % of the suite's CPU, by py-spy
+  and cProfile on tests/reliability/test_rel_two_services.py);
+- the module on the target: zipimport compiles every source of the payload on each module run, as it cannot keep
+  bytecode in a zip (~120 ms of a gpufleet module's ~200 ms start on this machine, about a third of what the sandbox
+  hosts spent on a drain test);
+- the collection loader on the controller, which keeps no bytecode either: each forked worker that loads an action
+  plugin compiles it and its module_utils again.
 
-What: a memo of `ModuleDepFinder`'s two outputs (`submodules`, `optional_imports`) keyed by the sha256 of the file's
-source, its fully qualified name, whether it is a package `__init__`, and the versions of ansible-core and Python.
-Everything else stays ansible-core's own: which file an import resolves to (collection paths, redirects), what goes into
-the zip, the module itself (its metadata comes from its real AST). A file whose content changes gets a new key. The
-payloads are byte-for-byte the ones ansible-core builds without it (tests/foundation/test_ansiballz_memo.py).
+What:
+- a memo of `ModuleDepFinder`'s two outputs (`submodules`, `optional_imports`) keyed by the sha256 of the file's source,
+  its fully qualified name, whether it is a package `__init__`, and the versions of ansible-core and Python. Which file
+  an import resolves to (collection paths, redirects), what goes into the zip and the module itself (its metadata comes
+  from its real AST) stay ansible-core's own. A file whose content changes gets a new key;
+- beside each .py of a payload, its .pyc (hash-based and checked: zipimport compares it with the .py beside it and
+  compiles the source where they differ; a target interpreter with another magic number ignores it). The sources are
+  byte-for-byte the ones ansible-core puts there without the memo; a module's __file__ ends in .pyc, and its code
+  objects name the file /gpufleet-suite-bytecode/<path in the zip> (the payload's real path on the target is a new temp
+  dir on each run);
+- the collection loader's code objects, marshalled, keyed by source, file name and magic number.
+tests/foundation/test_ansiballz_memo.py checks each.
 
 How it attaches: scripts/setup puts a .pth file into .venv that imports this file; it does nothing unless
 GPUFLEET_ANSIBALLZ_MEMO names a directory (tests/conftest.py sets it for the suite), and then only patches
-`ansible.executor.module_common` when a controller process imports it. Product code never sees it. Unset the variable
-(or set it empty) to run the suite without it.
+`ansible.executor.module_common` and the collection loader when a controller process imports them. Product code never
+sees it. Unset the variable (or set it empty) to run the suite without it.
 """
 from __future__ import annotations
 
@@ -29,6 +41,7 @@ if TYPE_CHECKING:  # typing alone costs every interpreter start ~10 ms
 
 _TARGET = "ansible.executor.module_common"
 _ENV = "GPUFLEET_ANSIBALLZ_MEMO"
+_PYC_FILENAME_PREFIX = "/gpufleet-suite-bytecode"
 
 
 class _Deferred:
@@ -115,28 +128,146 @@ def patch(module_common: t.Any, memo_dir: str) -> None:
     orig_finder.__init__ = finder_init
     module_common._get_module_metadata = get_module_metadata
 
+    orig_add = getattr(module_common, "_add_module_to_zip", None)
+    if orig_add is None:
+        return
+
+    def add_module_to_zip(zf: t.Any, *args: t.Any, **kwargs: t.Any) -> None:
+        orig_add(zf, *args, **kwargs)  # the payload's last file: every .py is in it now
+        add_bytecode(zf, memo_dir)
+
+    module_common._add_module_to_zip = add_module_to_zip
+
+
+def _pyc(memo_dir: str, name: str, source: bytes) -> bytes:
+    """A checked hash-based .pyc of `source` for this interpreter, compiled once per source and memoised."""
+    import hashlib
+    import importlib.util
+    import marshal
+    import _imp
+    filename = "%s/%s" % (_PYC_FILENAME_PREFIX, name)
+    key = hashlib.sha256(source + b"\0" + filename.encode() + b"\0" + importlib.util.MAGIC_NUMBER).hexdigest()
+    path = os.path.join(memo_dir, key + ".pyc")
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        pass
+    # The file name tracebacks show: the payload's real path differs on every run (a temp dir on the target). It keeps
+    # the '/ansible_collections/NS/COLL/plugins/...' shape ansible-core's deprecator reads from a frame.
+    code = compile(source, filename, "exec", dont_inherit=True)
+    data = bytes(importlib.util.MAGIC_NUMBER) + (0b11).to_bytes(4, "little") + \
+        _imp.source_hash(importlib.util._RAW_MAGIC_NUMBER, source) + marshal.dumps(code)  # type: ignore[attr-defined]
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+    return data
+
+
+def add_bytecode(zf: t.Any, memo_dir: str) -> None:
+    """Beside each .py of an AnsiballZ payload, its .pyc: zipimport on the target then loads the bytecode instead of
+    compiling about 80 sources on every module run (~120 ms of a module's ~200 ms start on this machine; zipimport
+    cannot cache bytecode in a zip). The .pyc is hash-based and checked: zipimport compares it with the .py beside it,
+    and an interpreter with another magic number (another Python minor version on the target) ignores it and compiles
+    the .py as without it. Module code, __name__ and imports are the same; __file__ of a module ends in .pyc."""
+    import zipfile
+    names = set(zf.namelist())
+    for info in list(zf.infolist()):
+        if not info.filename.endswith(".py") or info.filename + "c" in names:
+            continue
+        source = zf.read(info.filename)
+        zinfo = zipfile.ZipInfo(info.filename + "c", info.date_time)
+        zinfo.compress_type = info.compress_type
+        zf.writestr(zinfo, _pyc(memo_dir, info.filename, source))
+
+
+def patch_collection_loader(finder: t.Any, memo_dir: str) -> None:
+    """The collection loader compiles a collection's Python file from source on every import (it keeps no bytecode):
+    in every ansible-playbook, and again in each forked worker that loads an action plugin and its module_utils. Its
+    code objects, marshalled, are memoised by source, file name and magic number: what it returns is what compile()
+    returns for that source and name."""
+    base = getattr(finder, "_AnsibleCollectionPkgLoaderBase", None)
+    orig_get_code = getattr(base, "get_code", None)
+    if orig_get_code is None or not hasattr(base, "get_source") or not hasattr(base, "get_filename"):
+        return
+
+    def get_code(self: t.Any, fullname: str) -> t.Any:
+        if getattr(self, "_compiled_code", None):
+            return self._compiled_code
+        filename = self.get_filename(fullname) or "<string>"
+        source = self.get_source(fullname)
+        if source is None or not isinstance(source, (str, bytes)):
+            return orig_get_code(self, fullname)
+        import hashlib
+        import importlib.util
+        import marshal
+        data = source if isinstance(source, bytes) else source.encode("utf-8", "surrogateescape")
+        key = hashlib.sha256(data + b"\0" + filename.encode("utf-8", "surrogateescape") + b"\0" +
+                             importlib.util.MAGIC_NUMBER).hexdigest()
+        path = os.path.join(memo_dir, key + ".code")
+        try:
+            with open(path, "rb") as f:
+                self._compiled_code = marshal.loads(f.read())
+            return self._compiled_code
+        except (OSError, ValueError, EOFError, TypeError):
+            pass
+        code = orig_get_code(self, fullname)
+        if code is not None:
+            tmp = "%s.%d.tmp" % (path, os.getpid())
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(marshal.dumps(code))
+                os.replace(tmp, path)
+            except (OSError, ValueError):
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+        return code
+
+    base.get_code = get_code
+
+
+_PATCHES = {
+    _TARGET: "patch",
+    "ansible.utils.collection_loader._collection_finder": "patch_collection_loader",
+}
+
 
 class _Hook:
-    """Patches module_common right after it is first imported; every other import passes through untouched."""
+    """Patches module_common and the collection loader right after each is first imported; every other import passes
+    through untouched."""
 
     def __init__(self, memo_dir: str) -> None:
         self.memo_dir = memo_dir
+        self.pending = dict(_PATCHES)
 
     def find_spec(self, fullname: str, path: t.Any = None, target: t.Any = None) -> t.Any:
-        if fullname != _TARGET:
+        patch_name = self.pending.pop(fullname, None)
+        if patch_name is None:
             return None
-        sys.meta_path.remove(self)
+        if not self.pending:
+            sys.meta_path.remove(self)
         import importlib.util
+        # find_spec below runs the other finders (this one answers None for a name it has done)
         spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None:
             return spec
         loader = spec.loader
         exec_module = loader.exec_module
         memo_dir = self.memo_dir
+        patcher = globals()[patch_name]
 
         def exec_then_patch(module: t.Any) -> None:
             exec_module(module)
-            patch(module, memo_dir)
+            patcher(module, memo_dir)
 
         loader.exec_module = exec_then_patch  # type: ignore[method-assign]
         return spec

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Run by tests/foundation/test_ansiballz_memo.py in a fresh interpreter: build the AnsiballZ zip of every module of the
-installed gpufleet collection with ansible-core's recursive_finder, print each zip's files (names and sha256) and how
-many sources were compiled, as JSON. Whether the memo is in use is the environment's choice (GPUFLEET_ANSIBALLZ_MEMO)."""
+installed gpufleet collection as ansible-core's _find_module_utils does (recursive_finder, then _add_module_to_zip),
+print each zip's files (names and sha256) and how many sources were compiled, as JSON. Whether the memo is in use is
+the environment's choice (GPUFLEET_ANSIBALLZ_MEMO). A second argument: a directory to write each zip to."""
 from __future__ import annotations
 
 import datetime
@@ -39,10 +40,14 @@ for path in sorted(modules.glob("*.py")):
     if path.name == "__init__.py":
         continue
     buf = io.BytesIO()
+    fqn = "ansible_collections.gpufleet.serving.plugins.modules." + path.stem
+    when = datetime.datetime(2026, 1, 1)
     with zipfile.ZipFile(buf, "w") as zf:
-        module_common.recursive_finder(
-            path.stem, "ansible_collections.gpufleet.serving.plugins.modules." + path.stem, path.read_bytes(), zf,
-            datetime.datetime(2026, 1, 1), _builder.ExtensionManager.create(task_vars={}))
+        # As module_common._find_module_utils builds a payload: the module_utils, then the module and its packages.
+        module_common.recursive_finder(path.stem, fqn, path.read_bytes(), zf, when, _builder.ExtensionManager.create(task_vars={}))
+        module_common._add_module_to_zip(zf, when, fqn, path.read_bytes(), str(path), _builder.ExtensionManager.create(task_vars={}))
+    if len(sys.argv) > 2:  # where to leave each zip, for a test that imports from it
+        Path(sys.argv[2], path.stem + ".zip").write_bytes(buf.getvalue())
     with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as zf:
         out["modules"][path.stem] = {n: hashlib.sha256(zf.read(n)).hexdigest() for n in sorted(zf.namelist())}
 out["compiled"] = len(compiled)
