@@ -174,11 +174,16 @@ def read(path: str) -> t.List[t.Dict[str, t.Any]]:
 
 
 def keep(path: str, new: t.Mapping[str, t.Any], generations: int) -> t.List[t.Dict[str, t.Any]]:
-    """Put `new` first (an older generation with its fingerprint gives way to it) and keep `generations` of them;
-    written atomically, 0600. Returns what the file holds now. A rollback by hand is forgotten once another definition
-    becomes the newest generation (the host was rolled forward); the same definition restarted keeps it."""
+    """Put `new` first (an older generation with its fingerprint gives way to it, but its `recorded_at` stays: when the
+    definition first passed on the host, as restored() keeps it too) and keep `generations` of them; written
+    atomically, 0600. Returns what the file holds now. A rollback by hand is forgotten once another definition becomes
+    the newest generation (the host was rolled forward); the same definition restarted keeps it."""
     cur = read_file(path)
-    gens = [dict(new)] + [g for g in cur["generations"] if g.get("fingerprint") != new.get("fingerprint")]
+    new = dict(new)
+    first = [g.get("recorded_at") for g in cur["generations"] if g.get("fingerprint") == new.get("fingerprint")]
+    if first and first[0]:
+        new["recorded_at"] = first[0]
+    gens = [new] + [g for g in cur["generations"] if g.get("fingerprint") != new.get("fingerprint")]
     gens = gens[:max(generations, 0)]
     data: t.Dict[str, t.Any] = {"generations": gens}
     if cur["rolled_back"] and cur["rolled_back"].get("to") == new.get("fingerprint"):

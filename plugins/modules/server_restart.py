@@ -626,7 +626,7 @@ layers_restored:
 rolled_back:
   version_added: 0.2.0
   description: After a failure past the kill, the last known good this host went back to - C(fingerprint), C(pid),
-    C(workers_verified), C(recorded_at) (when that generation was recorded) and C(nccl_changed) (whether the NCCL
+    C(workers_verified), C(recorded_at) (when that definition first passed on the host) and C(nccl_changed) (whether the NCCL
     layers differ from what they were before this run, see O(layers_previous)).
   returned: failure, when O(rollback) went back to a last known good
   type: dict
@@ -638,8 +638,9 @@ rollback_failed:
 last_good:
   version_added: 0.2.0
   description:
-    - The last known good generations after the record (newest first) - C(fingerprint), C(recorded_at) and
-      C(gate_median) of each; never their definitions.
+    - The last known good generations after the record (newest first) - C(fingerprint), C(recorded_at) (when that
+      definition first passed on the host; a later restart of the same definition keeps it) and C(gate_median) of
+      each; never their definitions.
   returned: when the record was written and O(record.generations) is above 0
   type: list
   elements: dict

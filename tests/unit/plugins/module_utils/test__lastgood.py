@@ -38,6 +38,17 @@ def test_generations_newest_first_one_per_fingerprint_bounded_and_root_only(tmp_
     assert "hf_secret" not in json.dumps(shown)
 
 
+def test_the_same_definition_verified_again_keeps_when_it_was_first_recorded(tmp_path):
+    path = str(tmp_path / "sglang.last_good.json")
+    first = dict(_lastgood.generation(P, "a", {"median": 1.0}, None), recorded_at="2026-12-01T10:00:00+0000")
+    _lastgood.keep(path, first, 3)
+    _lastgood.keep(path, _lastgood.generation(P, "b", None, None), 3)
+    gens = _lastgood.keep(path, _lastgood.generation(P, "a", {"median": 2.0}, None), 3)
+    assert [g["fingerprint"] for g in gens] == ["a", "b"]
+    assert gens[0]["recorded_at"] == "2026-12-01T10:00:00+0000" and gens[0]["gate"] == {"median": 2.0}
+    assert gens[1]["recorded_at"] != gens[0]["recorded_at"]  # another definition: its own time
+
+
 def test_an_unreadable_file_is_no_generations_and_is_replaced(tmp_path):
     path = tmp_path / "x.last_good.json"
     for text in ("not json", '{"generations": "x"}', "[1]"):
