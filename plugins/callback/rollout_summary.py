@@ -39,7 +39,8 @@ description:
     the performance gate's numbers (metric, median, baseline, ratio, min_ratio, passed, msg), when the restart ran one
     (under C(--check), what it would measure and against what, with C(would_measure), also said after the table),
     and C(rolled_back) (fingerprint, pid, workers_verified, recorded_at) when a failed restart went back to the host's
-    last known good; its C(restarted) column then says C(killed, rolled back to FINGERPRINT), and a line after the table
+    last known good; its C(restarted) column then says C(killed, rolled back to FINGERPRINT) (C(rolled back to
+    FINGERPRINT) where no server ran before the restart), and a line after the table
     names those hosts and says that the inventory still describes the definition that failed. When that rollback failed
     too, the row has C(rollback_failed) (fingerprint, error) and the column ends with C(; rollback to FINGERPRINT
     failed).
@@ -164,6 +165,13 @@ def restart_cell(status: t.Optional[str], restarted: bool, would: bool, phase: t
             return "killed, not serving (failed new server stopped)"
         return "killed, not serving"
     return "yes"
+
+
+def rolled_back_cell(rolled_back: t.Mapping[str, t.Any], killed: int) -> str:
+    """The `restarted` column of a host whose failed restart went back to its last known good. Where no server ran
+    before the restart (nothing killed), there was nothing to kill: it only says what runs now."""
+    fp = str(rolled_back.get("fingerprint") or "")[:12]
+    return ("killed, rolled back to %s" if killed > 0 else "rolled back to %s") % fp
 
 
 # OpenSSH's warning banner (@@@@...@@@ lines, "@    WARNING: ...    @"): the @s carry no information, only length.
@@ -509,7 +517,7 @@ class CallbackModule(CallbackBase):
             cell = ("would stop" if h.get("would_stop") else "stopped" if killed > 0 else "nothing to stop") if stopped else \
                 restart_cell(h.get("status"), restarted, would, h.get("phase"), h.get("new_server"), h.get("new_server_ended"))
             if h.get("rolled_back"):
-                cell = "killed, rolled back to %s" % str(h["rolled_back"].get("fingerprint") or "")[:12]
+                cell = rolled_back_cell(h["rolled_back"], killed)
             elif isinstance(h.get("rollback_failed"), dict):
                 cell = "%s; rollback to %s failed" % (cell, str(h["rollback_failed"].get("fingerprint") or "")[:12])
             if isinstance(h.get("rollback_to"), dict):

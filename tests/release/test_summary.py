@@ -446,3 +446,17 @@ def test_an_automatic_rollback_is_named_after_the_table_with_what_the_next_rollo
     assert ("rolled back to the last known good: h1 (to 0123456789ab); the inventory still describes the definition "
             "that failed, so the next rollout restarts these hosts to it again") in md, md
     assert "h2 (to" not in md and "rolled back to the last known good" not in r.render_markdown(rows[1:], None)
+
+
+def test_a_rollback_where_no_server_ran_before_does_not_say_killed():
+    """helper-24: a host with no server running whose failed restart went back to its last known good said 'killed,
+    rolled back to X' (kill_s 0.00)."""
+    from gpufleet_ci.__main__ import summary_renderer
+    r = summary_renderer()
+    g = {"fingerprint": "0123456789abcdef", "pid": 7, "workers_verified": 2}
+    cb = r.CallbackModule()
+    for name, killed in (("h1", 2), ("h2", 0)):  # server_restart's `killed`: how many processes it ended
+        cb.hosts[name] = {"host": name, "status": "failed", "restarted": True, "killed": killed, "phase": "startup",
+                          "timings": {"kill_s": 0.0}, "rolled_back": g}
+    cells = {row["host"]: row["restart"] for row in cb.rows()}
+    assert cells == {"h1": "killed, rolled back to 0123456789ab", "h2": "rolled back to 0123456789ab"}, cells
