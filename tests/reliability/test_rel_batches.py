@@ -367,8 +367,9 @@ def test_two_rollouts_at_once_in_batches_the_earlier_finishes_the_fleet(fleet4, 
 
 @pytest.mark.reliability(
     section="fault", case="A later controller's rollout meets an earlier one on its canary (wait-die)",
-    provoked="4 hosts, serial [1, '50%'], a fleet-wide NCCL change, servers taking 30 s to start; rollout A starts; as "
-             "soon as A restarts host1 (its canary, under its lock), rollout B starts with the same inventory",
+    provoked="4 hosts, serial [1, '50%'], a fleet-wide NCCL change (NCCL_NTHREADS 256), the canary's server taking 30 s to "
+             "start; rollout A starts; as soon as A restarts host1 (its canary, under its lock), rollout B starts with "
+             "the same inventory",
     outcome="B stops on host1 at once: 'host is locked by an earlier gpufleet run <A's id> (started HH:MM:SS); this "
             "later run stops here, the earlier one goes on; run again after it', changed=0 there, exit code 2, no "
             "later batch and no other host touched by B; A finishes every host, exit code 0; each server launched once")
@@ -376,9 +377,11 @@ def test_a_later_rollout_stops_on_the_earlier_ones_canary_and_its_batch_gate_hal
     rf = fleet4
     rf.playbook("rollout", extra_vars={"gpufleet_rollout_serial": ["100%"]})  # every host right
     launches = {h: _launches(rf, h) for h in HOSTS}
-    # A's servers take 30 s to start: B (its own start-up, validation, fast check) meets A's lock on host1.
-    inv = rf.inventory({"gpufleet_nccl_env": {"NCCL_NTHREADS": "512"}, "gpufleet_server_start_timeout": 150,
-                        "gpufleet_server_command": rf.server_vars()["gpufleet_server_command"] + ["--startup-delay", "30"]})
+    # A changes every host's NCCL_NTHREADS (the profile's is 512), and its canary takes 30 s to start: B (its own
+    # start-up, validation, fast check) meets A's lock on host1. The later batches start at once (B stops at the canary).
+    inv = rf.inventory({"gpufleet_nccl_env": {"NCCL_NTHREADS": "256"}, "gpufleet_server_start_timeout": 150},
+                       {"host1": {"gpufleet_server_command": rf.server_vars()["gpufleet_server_command"] +
+                                  ["--startup-delay", "30"]}})
     ev = {"gpufleet_rollout_serial": [1, "50%"], "gpufleet_rollout_max_fail_percentage": 0}
     a = CliRun(tmp_path, "a", "gpufleet.serving.rollout", [inv], ev)
     wait_for(lambda: "Restart the server (kill" in a.text() or a.proc.poll() is not None, 240, "A to restart its canary")
@@ -398,7 +401,7 @@ def test_a_later_rollout_stops_on_the_earlier_ones_canary_and_its_batch_gate_hal
     for h in HOSTS:
         assert _launches(rf, h) == launches[h] + 1, h
         for w in workers(after, h):
-            assert w["env"].get("NCCL_NTHREADS") == "512", (h, w)
+            assert w["env"].get("NCCL_NTHREADS") == "256", (h, w)
     assert all(v is None for v in _locks(rf, after).values())
 
 

@@ -222,9 +222,8 @@ def test_a_last_known_good_whose_files_are_gone_is_not_rolled_back_to_and_the_fa
         assert not row.get("rolled_back") and row["restart"].startswith("killed, not serving"), row
         assert not rf.snapshot().tagged(H), rf.snapshot().procs(H)
     finally:
+        # The host is left with no server: the next test starts with its own rollout (which launches one).
         rf.fleet.ssh(H, "rm -rf /opt/gf-gone")
-        run = rf.playbook("rollout", vars_override=_vars(rf, **FAST))  # the next test's host serves again
-        assert run.rc == 0, run.tail()
 
 
 @pytest.mark.reliability(
