@@ -9,7 +9,9 @@ Why: the suite runs ansible-playbook hundreds of times over the same files, and 
   bytecode in a zip (~120 ms of a gpufleet module's ~200 ms start on this machine, about a third of what the sandbox
   hosts spent on a drain test);
 - the collection loader on the controller, which keeps no bytecode either: each forked worker that loads an action
-  plugin compiles it and its module_utils again.
+  plugin compiles it and its module_utils again;
+- ansible-core's cache of built payloads lives in the run's own temp dir: each ansible-playbook builds (and deflates,
+  ~2 MB with the bytecode) each module's payload again, ~0.13 s each.
 
 What:
 - a memo of `ModuleDepFinder`'s two outputs (`submodules`, `optional_imports`) keyed by the sha256 of the file's source,
@@ -21,7 +23,11 @@ What:
   byte-for-byte the ones ansible-core puts there without the memo; a module's __file__ ends in .pyc, and its code
   objects name the file /gpufleet-suite-bytecode/<path in the zip> (the payload's real path on the target is a new temp
   dir on each run);
-- the collection loader's code objects, marshalled, keyed by source, file name and magic number.
+- the collection loader's code objects, marshalled, keyed by source, file name and magic number;
+- ansible-core's own cache of built payloads (its file format and lock), in a directory named by what the payload is
+  made of: the module's source, ansible-core's and Python's versions and, for a gpufleet module, every file of the
+  collection's plugins/module_utils and meta/runtime.yml; an ansible-core module's by ansible-core's install. Other
+  collections' modules are built as ansible-core builds them (their module_utils may come from a third collection).
 tests/foundation/test_ansiballz_memo.py checks each.
 
 How it attaches: scripts/setup puts a .pth file into .venv that imports this file; it does nothing unless
@@ -42,6 +48,7 @@ if TYPE_CHECKING:  # typing alone costs every interpreter start ~10 ms
 _TARGET = "ansible.executor.module_common"
 _ENV = "GPUFLEET_ANSIBALLZ_MEMO"
 _PYC_FILENAME_PREFIX = "/gpufleet-suite-bytecode"
+_MEMO_FORMAT = "1"  # bump when what the memo stores changes shape
 
 
 class _Deferred:
@@ -137,6 +144,82 @@ def patch(module_common: t.Any, memo_dir: str) -> None:
         add_bytecode(zf, memo_dir)
 
     module_common._add_module_to_zip = add_module_to_zip
+
+    orig_fmu = getattr(module_common, "_find_module_utils", None)
+    consts = getattr(module_common, "C", None)
+    if orig_fmu is None or consts is None:
+        return
+
+    def find_module_utils(*args: t.Any, **kwargs: t.Any) -> t.Any:
+        key = built_key(kwargs.get("module_path"), kwargs.get("b_module_data"), salt)
+        if key is None or args:
+            return orig_fmu(*args, **kwargs)
+        # ansible-core keeps what it built in DEFAULT_LOCAL_TMP/ansiballz_cache for the rest of this run, its lock and
+        # file format its own: the same, in a directory named by everything the payload is made of, for later runs too.
+        module_common.C = _Constants(consts, os.path.join(memo_dir, "built", key))
+        try:
+            return orig_fmu(*args, **kwargs)
+        finally:
+            module_common.C = consts
+
+    module_common._find_module_utils = find_module_utils
+
+
+class _Constants:
+    """ansible.constants with another DEFAULT_LOCAL_TMP, for one call of _find_module_utils (a worker runs one task)."""
+
+    def __init__(self, consts: t.Any, local_tmp: str) -> None:
+        self._consts, self._local_tmp = consts, local_tmp
+
+    def __getattr__(self, name: str) -> t.Any:
+        return self._local_tmp if name == "DEFAULT_LOCAL_TMP" else getattr(self._consts, name)
+
+
+_TREE_HASHES: t.Dict[str, str] = {}
+
+
+def _tree_hash(root: str) -> str:
+    """sha256 over every file's path (relative) and content under `root`, walked in sorted order."""
+    import hashlib
+    if root in _TREE_HASHES:
+        return _TREE_HASHES[root]
+    h = hashlib.sha256()
+    for d, dirs, files in sorted(os.walk(root)):
+        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+        for f in sorted(files):
+            path = os.path.join(d, f)
+            h.update(os.path.relpath(path, root).encode("utf-8", "surrogateescape") + b"\0")
+            with open(path, "rb") as fh:
+                h.update(hashlib.sha256(fh.read()).digest())
+    _TREE_HASHES[root] = h.hexdigest()
+    return _TREE_HASHES[root]
+
+
+def built_key(module_path: t.Any, module_data: t.Any, salt: str) -> t.Optional[str]:
+    """What a built payload is made of, for this suite's modules: the module's source; for a gpufleet module, every
+    file of its collection's plugins/module_utils and meta/runtime.yml (its imports resolve there and to ansible-core;
+    recursive_finder follows them); for an ansible-core module, ansible-core itself (the version in `salt`). None for
+    any other module (another collection's module_utils may come from a third collection): built as ansible-core does."""
+    import hashlib
+    if not isinstance(module_path, str) or not isinstance(module_data, bytes):
+        return None
+    h = hashlib.sha256(("%s\0%s\0" % (salt, _MEMO_FORMAT)).encode())
+    h.update(hashlib.sha256(module_data).digest())
+    marker = os.sep + os.path.join("ansible_collections", "gpufleet", "serving", "plugins", "modules") + os.sep
+    if marker in module_path:
+        root = module_path[:module_path.index(marker)] + os.sep + os.path.join("ansible_collections", "gpufleet", "serving")
+        h.update(_tree_hash(os.path.join(root, "plugins", "module_utils")).encode())
+        runtime = os.path.join(root, "meta", "runtime.yml")
+        if os.path.exists(runtime):
+            with open(runtime, "rb") as fh:
+                h.update(hashlib.sha256(fh.read()).digest())
+        return h.hexdigest()
+    import ansible
+    core = os.path.dirname(os.path.abspath(ansible.__file__)) + os.sep
+    if os.path.abspath(module_path).startswith(core):
+        h.update(core.encode("utf-8", "surrogateescape"))
+        return h.hexdigest()
+    return None
 
 
 def _pyc(memo_dir: str, name: str, source: bytes) -> bytes:

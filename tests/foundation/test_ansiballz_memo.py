@@ -4,7 +4,7 @@ builds a payload and how fast its modules start, never what they run: every gpuf
 sources, byte for byte, with the memo cold, warm and off, and with it a checked .pyc beside each; a warm memo compiles
 only the modules themselves; an edited module_util is parsed again (its new import reaches the payload); the target's
 interpreter loads the bytecode, and the source where the .pyc does not match it; the collection loader gets the code
-compile() gives for the file."""
+compile() gives for the file; a built payload is reused by later runs until what it is made of changes."""
 from __future__ import annotations
 
 import json
@@ -144,6 +144,53 @@ def test_the_collection_loader_gets_the_code_compile_gives(collections, tmp_path
     assert cold["same"] and warm["same"], runs
     assert cold["file"].endswith("module_utils/_envblock.py")
     assert cold_files and warm_files == cold_files  # the warm run wrote nothing (not even the same file again): it read
+
+
+_PLAY = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: A gpufleet module (its payload from the collection under test)
+      gpufleet.serving.process_env:
+        tag: GPUFLEET_NO_SUCH_SERVICE=memo-test
+        expected: {NCCL_ALGO: Ring}
+        target: all_selected
+        allow_empty: true
+    - name: An ansible-core module
+      ansible.builtin.ping:
+"""
+
+
+def test_a_built_payload_is_reused_by_later_runs_until_a_module_util_changes(collections, tmp_path):
+    """ansible-core's per-run cache of built payloads, kept across runs in a directory named by what the payload is
+    made of: a second run reuses it (the file is not written again), an edited module_util gets a new one."""
+    memo = tmp_path / "memo"
+    memo.mkdir()
+    play = tmp_path / "play.yml"
+    play.write_text(_PLAY)
+    env = dict(os.environ, GPUFLEET_ANSIBALLZ_MEMO=str(memo), ANSIBLE_COLLECTIONS_PATH=str(collections))
+
+    def run() -> dict:
+        r = helpers.run_playbook(play, env=env, timeout=120)
+        assert r.returncode == 0 and "ok=2" in r.stdout, r.stdout[-3000:]
+        return {str(p.relative_to(memo)): p.stat().st_mtime_ns for p in (memo / "built").glob("*/ansiballz_cache/*")
+                if not p.name.endswith(".lock")}
+
+    first = run()
+    names = sorted(n.split("/")[-1] for n in first)
+    assert names == ["ansible.modules.ping-ZIP_DEFLATED-none",
+                     "ansible_collections.gpufleet.serving.plugins.modules.process_env-ZIP_DEFLATED-none"], first
+    assert run() == first  # reused: neither written again nor a new one
+    mu = collections / "ansible_collections/gpufleet/serving/plugins/module_utils/_nolog.py"  # any module_util
+    mu.write_text(mu.read_text() + "\n# edited\n")
+    third = run()
+    new = {n for n in third if n not in first}
+    assert [n.split("/")[-1] for n in new] == ["ansible_collections.gpufleet.serving.plugins.modules.process_env-ZIP_DEFLATED-none"], third
+    assert all(third[n] == first[n] for n in first)  # the ping payload did not depend on it
+    mu.write_text(mu.read_text() + "# edited again\n")
+    r = helpers.run_playbook(play, env=dict(env, GPUFLEET_ANSIBALLZ_MEMO=""), timeout=120)  # off: built as without it
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert sorted((memo / "built").iterdir()) == sorted({(memo / n).parent.parent for n in third})
 
 
 def test_setup_attaches_the_memo_to_the_venv_only_when_asked():
