@@ -145,7 +145,7 @@ def _count(v: t.Any) -> int:
 
 
 def restart_cell(status: t.Optional[str], restarted: bool, would: bool, phase: t.Optional[str],
-                 new_server: t.Optional[t.Mapping[str, t.Any]] = None, ended: t.Optional[int] = None) -> str:
+                 new_server: t.Optional[t.Mapping[str, t.Any]] = None) -> str:
     """The `restarted` column: whether the old server is gone, and what took its place (docs/runbook.md's terms)."""
     if would:
         return "would"
@@ -160,8 +160,8 @@ def restart_cell(status: t.Optional[str], restarted: bool, would: bool, phase: t
             return "killed, failed new server kept"
         if new_server.get("error"):
             return "killed, failed new server not stopped"
-        # Stopped with nothing left to end (`ended` 0: it had died): the message says "not running any more", so does this.
-        if new_server.get("stopped") and ended != 0:
+        # Stopped with nothing left to end (`killed` 0: it had died): the message says "not running any more", so does this.
+        if new_server.get("stopped") and new_server.get("killed") != 0:
             return "killed, not serving (failed new server stopped)"
         return "killed, not serving"
     return "yes"
@@ -475,8 +475,7 @@ class CallbackModule(CallbackBase):
         if "killed" in res and "timings" in res:
             h.update(killed=res["killed"], timings=res["timings"], phase=res.get("phase"))
             if isinstance(res.get("new_server"), dict):
-                h["new_server"] = {k: res["new_server"].get(k) for k in ("kept", "stopped", "error")}
-                h["new_server_ended"] = res["new_server"].get("killed")
+                h["new_server"] = {k: res["new_server"].get(k) for k in ("kept", "stopped", "killed", "error")}
 
     def v2_runner_on_unreachable(self, result: t.Any) -> None:
         h = self._host(result.host.get_name())
@@ -515,7 +514,7 @@ class CallbackModule(CallbackBase):
             stopped = bool(h.get("stopped"))
             restarted = not stopped and (bool(h.get("restarted")) or (killed > 0 and not would))
             cell = ("would stop" if h.get("would_stop") else "stopped" if killed > 0 else "nothing to stop") if stopped else \
-                restart_cell(h.get("status"), restarted, would, h.get("phase"), h.get("new_server"), h.get("new_server_ended"))
+                restart_cell(h.get("status"), restarted, would, h.get("phase"), h.get("new_server"))
             if h.get("rolled_back"):
                 cell = rolled_back_cell(h["rolled_back"], killed)
             elif isinstance(h.get("rollback_failed"), dict):

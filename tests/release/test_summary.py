@@ -166,7 +166,8 @@ def test_a_host_that_failed_after_the_kill_shows_its_old_server_killed_and_the_k
     hosts = {h["host"]: h for h in data["hosts"]}
     assert [(hosts[n]["restarted"], hosts[n]["killed"], hosts[n]["phase"]) for n in ("hclean", "hstartup", "hnothing")] == [
         (True, 3, "clean"), (True, 3, "startup"), (False, 0, "clean")]
-    assert hosts["hkept"]["new_server"] == {"kept": True, "stopped": False, "error": None}
+    assert hosts["hkept"]["new_server"] == {"kept": True, "stopped": False, "killed": None, "error": None}
+    assert hosts["hdied"]["new_server"] == {"kept": False, "stopped": True, "killed": 0, "error": None}
     # A new server that had died by itself: its stop ended nothing (the message says "not running any more").
     assert cells["hdied"][2] == "killed, not serving", cells["hdied"]
     # A rollback that failed too: said in the column and kept in the JSON row.
