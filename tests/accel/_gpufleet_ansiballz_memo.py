@@ -51,6 +51,20 @@ _PYC_FILENAME_PREFIX = "/gpufleet-suite-bytecode"
 _MEMO_FORMAT = "1"  # bump when what the memo stores changes shape
 
 
+def _write_atomic(path: str, data: bytes) -> None:
+    """Write a memo file whole or not at all (another process may read it at any time); a failed write is no memo."""
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
 class _Deferred:
     """What `_compile_module_ast` returns for a module_util: the source, compiled only if the memo misses."""
 
@@ -120,16 +134,8 @@ def patch(module_common: t.Any, memo_dir: str) -> None:
             self.module_fqn, self.is_pkg_init = module_fqn, is_pkg_init
             return
         orig_init(self, module_fqn, orig_compile(tree.name, tree.source), is_pkg_init, *args, **kwargs)
-        tmp = "%s.%d.tmp" % (path, os.getpid())
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"submodules": sorted(self.submodules), "optional_imports": sorted(self.optional_imports)}, f)
-            os.replace(tmp, path)
-        except OSError:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        _write_atomic(path, json.dumps({"submodules": sorted(self.submodules),
+                                        "optional_imports": sorted(self.optional_imports)}).encode())
 
     module_common._compile_module_ast = compile_module_ast
     orig_finder.__init__ = finder_init
@@ -241,16 +247,7 @@ def _pyc(memo_dir: str, name: str, source: bytes) -> bytes:
     code = compile(source, filename, "exec", dont_inherit=True)
     data = bytes(importlib.util.MAGIC_NUMBER) + (0b11).to_bytes(4, "little") + \
         _imp.source_hash(importlib.util._RAW_MAGIC_NUMBER, source) + marshal.dumps(code)  # type: ignore[attr-defined]
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    _write_atomic(path, data)
     return data
 
 
@@ -303,16 +300,11 @@ def patch_collection_loader(finder: t.Any, memo_dir: str) -> None:
             pass
         code = orig_get_code(self, fullname)
         if code is not None:
-            tmp = "%s.%d.tmp" % (path, os.getpid())
             try:
-                with open(tmp, "wb") as f:
-                    f.write(marshal.dumps(code))
-                os.replace(tmp, path)
-            except (OSError, ValueError):
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
+                data = marshal.dumps(code)
+            except ValueError:  # an object marshal cannot write: not memoised
+                return code
+            _write_atomic(path, data)
         return code
 
     base.get_code = get_code
