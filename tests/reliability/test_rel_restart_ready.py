@@ -348,7 +348,7 @@ def test_a_relaunch_failing_its_readiness_is_stopped_and_the_summary_says_what_w
     assert _tagged(h.name) == set() and h.holders(0) == []
     assert row["status"] == "failed" and row["phase"] == "ready", row
     assert row["restart"] == "killed, not serving (failed new server stopped)", row
-    assert row["new_server"] == {"kept": False, "stopped": True, "error": None}, row
+    assert row["new_server"] == {"kept": False, "stopped": True, "killed": 3, "error": None}, row  # the 3 the message names
 
 
 @pytest.mark.reliability(
