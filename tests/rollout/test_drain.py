@@ -703,6 +703,43 @@ def test_a_server_back_in_rotation_before_its_kill_fails_the_host(df):
     _wait_in_rotation(df, "host4")
 
 
+def test_a_failed_server_kept_for_debugging_holds_the_next_drain_until_proceed(df):
+    """docs/runbook.md's advice for `killed, failed new server kept` behind balancers with drain metrics: the kept
+    server's own readiness requests never finish, so the next rollout's drain times out and fails the host with
+    nothing killed; the same rollout with gpufleet_server_drain_on_timeout=proceed kills it and serves again."""
+    v = df.server_vars()
+    hang = dict(v, gpufleet_server_command=list(v["gpufleet_server_command"]) + ["--hang-after-health"],
+                gpufleet_server_keep_failed=True, gpufleet_server_rollback=False, gpufleet_server_start_timeout=6,
+                gpufleet_server_health_request=dict(v["gpufleet_server_health_request"], timeout=1))
+    r = df.playbook("rollout", "--limit", "host3", extra_vars={"gpufleet_server_force_restart": True},
+                    vars_override=hang)
+    assert r.rc != 0
+    h = r.summary["host3"]
+    assert h["status"] == "failed" and h["restart"] == "killed, failed new server kept", h
+    assert "The failed new server was kept for debugging (keep_failed)" in h["failure"], h["failure"]
+    assert h["out_of_rotation"] == ["haproxy", "sglang_router"], h
+    kept = _pids(df)["host3"]
+    assert kept, "the failed new server was not kept"
+    assert df.haproxy_states()["host3"] == "MAINT" and df.worker_url("host3") not in df.smg_workers()
+
+    # The runbook's next step without its advice: the drain waits for the kept server's hung requests.
+    r = df.playbook("rollout", "--limit", "host3", vars_override=dict(v, gpufleet_server_drain_timeout=2))
+    assert r.rc != 0
+    h = r.summary["host3"]
+    assert h["status"] == "failed" and "still in flight after 2s" in h["failure"], h
+    assert _pids(df)["host3"] == kept  # nothing killed
+
+    # With it: the drain says so and goes on, the kill ends the kept server, the host serves again.
+    r = df.playbook("rollout", "--limit", "host3", extra_vars={"gpufleet_server_drain_on_timeout": "proceed"},
+                    vars_override=dict(v, gpufleet_server_drain_timeout=2))
+    assert r.rc == 0, r.tail()
+    assert "going on (gpufleet_server_drain_on_timeout: proceed)" in " ".join(r.out.split())
+    h = r.summary["host3"]
+    assert h["status"] == "ok" and h["restarted"] and h["out_of_rotation"] == [], h
+    assert _pids(df)["host3"] and not _pids(df)["host3"] & kept
+    _wait_in_rotation(df, "host3", timeout=30)
+
+
 def test_never_draining_server_times_out_and_stays_out(df):
     """A request that never ends on host1 (sent to it directly): the drain times out, the host fails before its kill
     and stays out of rotation (gpufleet_server_drain_on_timeout: fail, the default). Last: the server goes on counting
