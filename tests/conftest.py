@@ -22,29 +22,29 @@ sys.path.insert(0, str(ROOT / "tests"))
 import helpers  # noqa: E402
 from helpers import FakeGpus, install_collection  # noqa: E402
 
-# Test files by their time in a full run with 4 workers (`.ci/run` prints the slowest files; these are b044964's fresh
+# Test files by their time in a full run with 4 workers (`.ci/run` prints the slowest files; these are d1241f1's fresh
 # clone), longest first; the rest follow in collection order. The EE test's time includes building its base image.
 LONGEST_FIRST: t.List[str] = [
     "tests/rollout/test_drain.py",
-    "tests/reliability/test_rel_batches.py",
     "tests/reliability/test_rel_systemd.py",
+    "tests/reliability/test_rel_batches.py",
     "tests/reliability/test_rel_gate.py",
+    "tests/ee/test_ee.py",
     "tests/rollout/test_rollout.py",
     "tests/rollout/test_tags.py",
-    "tests/ee/test_ee.py",
-    "tests/molecule_tests/test_molecule_scenarios.py",
-    "tests/foundation/test_integration_targets.py",
-    "tests/foundation/test_sanity.py",
-    "tests/reliability/test_rel_security_rollout.py",
-    "tests/rollout/test_playbooks.py",
-    "tests/reliability/test_rel_faults_lock.py",
-    "tests/foundation/test_ansible_test_units.py",
-    "tests/reliability/test_rel_restart_ready.py",
-    "tests/reliability/test_rel_faults_full_fs.py",
     "tests/foundation/test_core_newest.py",
+    "tests/foundation/test_integration_targets.py",
+    "tests/reliability/test_rel_faults_lock.py",
+    "tests/foundation/test_sanity.py",
+    "tests/molecule_tests/test_molecule_scenarios.py",
+    "tests/reliability/test_rel_restart_ready.py",
+    "tests/reliability/test_rel_security_rollout.py",
     "tests/reliability/test_rel_faults_unreachable.py",
-    "tests/release/test_demo.py",
+    "tests/rollout/test_playbooks.py",
+    "tests/foundation/test_ansible_test_units.py",
     "tests/reliability/test_rel_faults_fleet.py",
+    "tests/reliability/test_rel_faults_full_fs.py",
+    "tests/release/test_demo.py",
     "tests/unit/plugins/modules/test_server_restart.py",
     "tests/rollout/test_systemd_unit.py",
 ]
