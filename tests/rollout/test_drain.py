@@ -709,7 +709,7 @@ def test_a_failed_server_kept_for_debugging_holds_the_next_drain_until_proceed(d
     nothing killed; the same rollout with gpufleet_server_drain_on_timeout=proceed kills it and serves again."""
     v = df.server_vars()
     hang = dict(v, gpufleet_server_command=list(v["gpufleet_server_command"]) + ["--hang-after-health"],
-                gpufleet_server_keep_failed=True, gpufleet_server_rollback=False, gpufleet_server_start_timeout=6,
+                gpufleet_server_keep_failed=True, gpufleet_server_rollback=False, gpufleet_server_start_timeout=15,
                 gpufleet_server_health_request=dict(v["gpufleet_server_health_request"], timeout=1))
     r = df.playbook("rollout", "--limit", "host3", extra_vars={"gpufleet_server_force_restart": True},
                     vars_override=hang)
