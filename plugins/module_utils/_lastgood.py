@@ -60,12 +60,15 @@ def missing_paths(g: t.Mapping[str, t.Any]) -> t.List[str]:
 
 
 def generation(p: t.Mapping[str, t.Any], fingerprint: str, gate: t.Optional[t.Mapping[str, t.Any]],
-               layers: t.Optional[t.Mapping[str, t.Any]]) -> t.Dict[str, t.Any]:
+               layers: t.Optional[t.Mapping[str, t.Any]],
+               systemd_files: t.Optional[t.Sequence[t.Mapping[str, t.Any]]] = None) -> t.Dict[str, t.Any]:
     """One generation from server_restart's parameters: the definition, the NCCL layers this run applied (as the
-    caller passed them) and the gate's measurement."""
+    caller passed them) and the gate's measurement. With the systemd launcher, the definition is the unit's files as
+    systemd ran them (_systemd.definition_files: unit, its own drop-ins, its environment file)."""
     g: t.Dict[str, t.Any] = {k: p.get(k) for k in DEFINITION_KEYS}
     g.update(fingerprint=fingerprint, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
              systemd_unit=(p.get("systemd") or {}).get("unit"), layers=dict(layers) if layers else None,
+             systemd_files=[dict(f) for f in systemd_files] if systemd_files else None,
              gate=dict(gate) if gate else None,
              # What its workers' environment was verified against, for the verify after a rollback to it.
              expected_env=dict((p.get("verify_env") or {}).get("expected") or {}),
@@ -142,17 +145,24 @@ def promote_running_pending(pidfile: str, state_file: str, tag_name: str, name: 
     return None if pending is None else promote(pidfile, state_file, pending)
 
 
+def relaunchable(g: t.Mapping[str, t.Any]) -> bool:
+    """Whether the generation holds a definition to launch again: a process launcher's command, or the systemd
+    launcher's unit files (a generation recorded before they were kept has none)."""
+    if g.get("launcher") == "systemd":
+        files = g.get("systemd_files")
+        return isinstance(files, list) and bool(files) and all(isinstance(f, dict) and f.get("path") for f in files)
+    return g.get("launcher") == "process" and isinstance(g.get("command"), list) and bool(g["command"])
+
+
 def rollback_target(gens: t.Sequence[t.Mapping[str, t.Any]], desired: str,
                     launcher: str) -> t.Optional[t.Dict[str, t.Any]]:
     """The generation a failed restart of `desired` goes back to: the newest, unless it is the definition that just
-    failed (then there is nothing better to go back to). The process launcher only (a systemd unit's definition is its
-    files, which a generation does not hold)."""
+    failed (then there is nothing better to go back to), was launched by the other launcher (the restart that failed
+    already moved the server off it), or cannot be launched again (relaunchable(), the paths its arguments named)."""
     if not gens:
         return None
     g = dict(gens[0])
-    if g.get("fingerprint") == desired or launcher != "process" or g.get("launcher") != "process":
-        return None
-    if not isinstance(g.get("command"), list) or not g["command"] or missing_paths(g):
+    if g.get("fingerprint") == desired or g.get("launcher") != launcher or not relaunchable(g) or missing_paths(g):
         return None
     return g
 

@@ -423,9 +423,10 @@ def refuse_foreign_listeners(p: t.Mapping[str, t.Any], urls: t.Sequence[str]) ->
                     "(gpufleet_server_adopt_cmdline_regex), or kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends "
                     "what holds them")
         raise StepError("port %d of %s is held by %s, which is not this server's (the kill does not select it, "
-                        "and it is never killed); the new server could not listen there and %s would answer for it. "
+                        "and it is never killed); the new server could not listen on %s, and %s would answer for it. "
                         "Nothing was stopped: stop that process or give the server another port.%s"
-                        % (res["port"], url, _listener.foreign_text(res), url, hint),
+                        % (res["port"], url, _listener.foreign_text(res),
+                           " or ".join(sorted({str(f.get("address")) for f in res["foreign"]})), url, hint),
                         phase="preflight", port_holders=res["foreign"])
 
 
@@ -654,10 +655,25 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
                 result["last_good"] = _lastgood.summary(
                     _lastgood.restored(lkg, p["record"]["fingerprint"], restore["previous"]) if restore else
                     _lastgood.keep(lkg, _lastgood.generation(p, p["record"]["fingerprint"], measured,
-                                                             p["record"]["layers"]), p["record"]["generations"]))
+                                                             p["record"]["layers"], unit_files(module, p)),
+                                   p["record"]["generations"]))
             except OSError as e:  # the server is up, verified and recorded: a warning, not a failed host
                 module.warn("the last known good definitions could not be written to %s: %s" % (lkg, e.strerror or e))
     result.pop("phase")
+
+
+def unit_files(module: t.Any, p: t.Mapping[str, t.Any]) -> t.Optional[t.List[t.Dict[str, str]]]:
+    """With the systemd launcher, the files of the unit systemd runs now (_systemd.definition_files), for the last
+    known good generation of a verified server; None for the process launcher, or (said in a warning) when they
+    cannot be read: that generation is then kept without them, and no rollback goes back to it."""
+    if p["launcher"] != "systemd":
+        return None
+    try:
+        return _systemd.definition_files(_runner(module), p["systemd"]["unit"])
+    except (_systemd.SystemdError, OSError, UnicodeDecodeError) as e:
+        module.warn("the files of %s could not be read for its last known good generation (a rollback cannot go back "
+                    "to it): %s" % (p["systemd"]["unit"], e))
+        return None
 
 
 # Failures after the kill that a rollback answers: the new server never served, or was slower than the last known good.
@@ -715,19 +731,25 @@ def no_rollback_reason(p: t.Mapping[str, t.Any], gens: t.Sequence[t.Mapping[str,
         return "keep_failed keeps the failed server instead"
     if p["record"]["generations"] <= 0:
         return "record.generations is 0, no last known good is kept (gpufleet_server_last_good_generations)"
-    if p["launcher"] != "process":
-        return "the systemd launcher's definition is its unit's files, which a generation does not hold"
     if not gens:
         return "this host has no last known good generation yet"
+    newest = str(gens[0].get("fingerprint"))[:12]
+    if gens[0].get("launcher") != p["launcher"]:
+        return "its newest last known good %s was launched by the %s launcher, not the %s launcher" % (
+            newest, gens[0].get("launcher"), p["launcher"])
+    if p["launcher"] == "systemd" and gens[0].get("fingerprint") != p["record"]["fingerprint"] \
+            and not _lastgood.relaunchable(gens[0]):
+        return ("its newest last known good %s does not hold its unit's files (recorded before gpufleet kept them, or "
+                "they could not be read then)" % newest)
     gone = _lastgood.missing_paths(gens[0])
     if gens[0].get("fingerprint") != p["record"]["fingerprint"] and gone:
         return ("its newest last known good %s names %s, which no longer exist%s"
                 % (str(gens[0].get("fingerprint"))[:12], ", ".join(gone), "s" if len(gone) == 1 else ""))
     if gens[0].get("fingerprint") == p["record"]["fingerprint"]:
-        return ("its newest last known good is this very definition (%s), which just failed; the variables that "
-                "failed it (the expected environment, the gate) are not part of the definition"
-                % str(gens[0].get("fingerprint"))[:12])
-    return "its newest last known good generation is not a process launcher's command"
+        return ("its newest last known good is this very definition (%s), which just failed: going back to it would "
+                "launch it again (what failed it lies outside the definition: on the host, or in the expected "
+                "environment or the gate)" % str(gens[0].get("fingerprint"))[:12])
+    return "its newest last known good generation holds no command to launch again"
 
 
 def drop_layers_snapshot(module: t.Any) -> None:
@@ -775,11 +797,22 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
             if left.get("error"):
                 raise StepError(left["text"])
         layers_changed = restore_layers_for_rollback(module, g)
-        env = _server.validate_env(g.get("env") or {})
-        env[p["tag_name"] + _server.FINGERPRINT_SUFFIX] = fp  # the record below could fail: the launch says what it is
         tail_since = _server.log_stamp(r["log_tail_path"]) if r["log_tail_path"] else None
-        proc = _server.start(p["name"], g["command"], env, g.get("env_passthrough") or [], g.get("user") or "root",
-                             g.get("workdir") or "/", p["log_path"], p["pidfile"], p["tag_name"], g.get("umask") or "0022")
+        if p["launcher"] == "systemd":
+            # The unit's files as they were when the generation passed (the failed restart rewrote them), then the
+            # unit as systemd starts it.
+            try:
+                _systemd.put_back(g["systemd_files"])
+                _systemd.daemon_reload(_runner(module))
+            except _systemd.SystemdError as e:
+                raise StepError("cannot put back the unit's files: %s" % e) from None
+            proc = _systemd_start(module, p, r, tail_since)
+        else:
+            env = _server.validate_env(g.get("env") or {})
+            env[p["tag_name"] + _server.FINGERPRINT_SUFFIX] = fp  # the record below could fail: the launch says what it is
+            proc = _server.start(p["name"], g["command"], env, g.get("env_passthrough") or [], g.get("user") or "root",
+                                 g.get("workdir") or "/", p["log_path"], p["pidfile"], p["tag_name"],
+                                 g.get("umask") or "0022")
         _server.wait_ready((proc.pid, proc.start_time), r["health_url"], r["request"], r["timeout"], r["interval"],
                            p["log_path"], r["log_tail_lines"], r["log_tail_path"], tail_since,
                            tag=(p["tag_name"], p["name"]), check_listener=r["check_listener"])

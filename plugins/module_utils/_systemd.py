@@ -224,6 +224,75 @@ def remove_dropins(paths: t.Sequence[str], unit: str) -> t.List[str]:
     return removed
 
 
+def environment_files(run: Runner, unit: str) -> t.List[str]:
+    """The unit's EnvironmentFile= paths in force (a leading `-`, which only makes a missing file no error, dropped).
+    Asked apart from show(): systemctl prints one `EnvironmentFiles=PATH (ignore_errors=no)` line per file."""
+    out = _call(run, ["systemctl", "show", "--property=EnvironmentFiles", "--", unit])
+    paths = []
+    for line in out.splitlines():
+        if line.startswith("EnvironmentFiles="):
+            path = line[len("EnvironmentFiles="):].rsplit(" (ignore_errors=", 1)[0].strip().lstrip("-")
+            if path.startswith("/") and path not in paths:
+                paths.append(path)
+    return paths
+
+
+def definition_files(run: Runner, unit: str) -> t.List[t.Dict[str, str]]:
+    """What defines the server systemd runs now, as files to put back later (a rollback to it): the unit file systemd
+    loaded, the unit's own drop-ins under /etc or /run (those gpufleet may delete: gpufleet_server_systemd_dropins) and
+    its environment files (secret values: the caller keeps them root-only). Each as {path, mode, content}. Type-wide
+    and name-prefix drop-ins are the host's, not this unit's: not kept, never put back. SystemdError or OSError when
+    one cannot be read."""
+    props = show(run, unit)
+    fragment = props.get("FragmentPath") or ""
+    if props.get("LoadState") != "loaded" or not fragment.startswith("/") or fragment == "/dev/null":
+        raise SystemdError("%s is not loaded from a unit file (LoadState=%s, FragmentPath=%s)"
+                           % (unit, props.get("LoadState") or "?", fragment or "none"))
+    paths = [fragment] + [d for d in (props.get("DropInPaths") or "").split() if removable_dropin(d, unit)]
+    paths += [e for e in environment_files(run, unit) if e not in paths]
+    files = []
+    for path in paths:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            content = f.read().decode("utf-8")
+        files.append({"path": path, "mode": "%04o" % stat.S_IMODE(st.st_mode), "content": content})
+    return files
+
+
+def put_back(files: t.Sequence[t.Mapping[str, t.Any]]) -> t.List[str]:
+    """Write each of definition_files()' files back as it was (content and mode, root's), atomically; a drop-in's
+    directory is made when it is gone. Returns the paths that differed. The caller reloads systemd."""
+    changed = []
+    for f in files:
+        path, content = str(f["path"]), str(f["content"]).encode("utf-8")
+        mode = int(str(f.get("mode") or "0644"), 8)
+        try:
+            with open(path, "rb") as cur:
+                st = os.fstat(cur.fileno())
+                if cur.read() == content and stat.S_IMODE(st.st_mode) == mode and st.st_uid == 0:
+                    continue
+        except FileNotFoundError:
+            pass
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        tmp = "%s.gpufleet-%d.tmp" % (path, os.getpid())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(content)
+                os.fchmod(out.fileno(), mode)  # the umask must not widen or narrow it
+                out.flush()
+                os.fsync(out.fileno())
+            os.rename(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        changed.append(path)
+    return changed
+
+
 def retire(run: Runner, unit: str, files: t.Sequence[str]) -> t.List[str]:
     """Take a unit the systemd launcher installed out of service (stop, disable) and delete its files: the server now
     runs from another launcher, and an enabled unit would start a second copy at the next boot. Returns the files

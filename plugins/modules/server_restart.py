@@ -53,7 +53,8 @@ description:
   - "C(launch): start O(command) tagged, in its own session, as M(gpufleet.serving.server_launch) does."
   - "C(ready): wait for the health URL and a real request, failing at once with the launcher's exit status and the
     log tail if the server dies (C(startup)), as M(gpufleet.serving.server_ready) does. An answer counts only when the
-    socket listening on the URL's port belongs to the launched server (the launcher's process tree or a process
+    socket it came from (of those listening on the URL's port, the one on the first of the URL host's addresses that
+    has one) belongs to the launched server (the launcher's process tree or a process
     carrying the launch tag; O(wait_ready.check_listener)). O(wait_ready) must name a health URL or a request; without
     one the module fails before anything is killed."
   - "A new server that dies during start-up or fails the readiness gate serves nobody: unless O(keep_failed), what is
@@ -495,8 +496,12 @@ options:
         against what they were verified against then, and record it. The module still fails (the restart did), with
         a message that starts with C(rolled back to the last known good FINGERPRINT) and RV(rolled_back); a rollback
         that fails too says both reasons (RV(rollback_failed)), and what it launched is stopped.
-      - Not when the newest generation is the definition that just failed, with O(keep_failed), with
-        O(record.generations) V(0), with the systemd launcher (a unit's definition is its files), or in check mode.
+      - With O(launcher=systemd), the generation's definition is the unit's files as systemd ran them when it passed
+        (the unit file, the unit's own drop-ins under C(/etc) or C(/run), its environment files; kept root-only),
+        which are written back before systemd is reloaded and the unit started.
+      - Not when the newest generation is the definition that just failed, was launched by the other launcher, or
+        holds nothing to launch again (a systemd generation recorded before gpufleet kept unit files), with
+        O(keep_failed), with O(record.generations) V(0), or in check mode.
         Before the kill, a generation put aside for the running server (its record could not be written) becomes the
         newest. Needs O(record). A failure past the kill that
         it could not answer ends with C(no rollback) and the reason, in parentheses.

@@ -381,3 +381,38 @@ def test_what_systemd_runs_is_checked_not_only_the_file(running, tmp_path):
     off = _run(host, tmp_path, "disable", gpufleet_server_systemd_enabled=False)
     assert off.rc == 0, off.stdout[-4000:]
     assert _sh(host, "systemctl is-enabled %s; true" % UNIT).strip() == "disabled"
+
+
+@pytest.mark.reliability(
+    section="systemd", case="A failed restart goes back to the last known good unit, its drop-in and its environment file",
+    provoked="a drop-in of the unit (Environment=EXTRA=1) and HF_TOKEN old in gpufleet_server_env: the first rollout "
+             "(the last known good); then a server that exits at start-up (--fail-at-startup), HF_TOKEN new and "
+             "gpufleet_server_systemd_dropins remove, with gpufleet_server_rollback on (the role's default)",
+    outcome="the host fails with 'rolled back to the last known good FINGERPRINT'; the unit file, the drop-in and the "
+            "environment file (0600, the old HF_TOKEN) are as the first rollout left them, the unit runs a new main "
+            "pid (the pidfile names it) whose environment has EXTRA=1, the server answers; no HF_TOKEN value in the "
+            "output")
+def test_a_failed_restart_rolls_back_to_the_last_known_good_unit_files(host, tmp_path):
+    _sh(host, "mkdir -p %s.d && printf '[Service]\\nEnvironment=EXTRA=1\\n' > %s" % (UNIT_FILE, DROPIN))
+    env = dict(sandbox.server_vars(host.python)["gpufleet_server_env"], HF_TOKEN="hf_old_8d1f")
+    first = _run(host, tmp_path, "first", gpufleet_server_env=env, gpufleet_server_rollback=True)
+    assert first.rc == 0, first.stdout[-6000:]
+    files = {f: _sh(host, "cat %s" % f) for f in (UNIT_FILE, DROPIN, ENV_FILE)}
+    before = int(_show(host)["MainPID"])
+
+    cmd = sandbox.server_vars(host.python, mib=1000)["gpufleet_server_command"] + ["--fail-at-startup"]
+    bad = _run(host, tmp_path, "bad", gpufleet_server_command=cmd, gpufleet_server_rollback=True,
+               gpufleet_server_env=dict(env, HF_TOKEN="hf_new_27ac"), gpufleet_server_systemd_dropins="remove")
+
+    assert bad.rc != 0
+    h = _host(bad, host)
+    assert h["status"] == "failed" and h["failure"].startswith("rolled back to the last known good "), h
+    assert {f: _sh(host, "cat %s" % f) for f in files} == files
+    assert _sh(host, "stat -c '%%a %%U' %s" % ENV_FILE).strip() == "600 root"
+    show = _show(host)
+    assert show["ActiveState"] == "active" and int(show["MainPID"]) not in (0, before), show
+    assert show["DropInPaths"] == DROPIN, show
+    assert int(_sh(host, "cat /run/gpufleet/demo.pid").split()[0]) == int(show["MainPID"])
+    assert "EXTRA=1" in _sh(host, "cat /proc/%s/environ | tr '\\0' '\\n'" % show["MainPID"]).splitlines()
+    _wait_healthy(host)
+    assert "hf_old_8d1f" not in bad.stdout + first.stdout and "hf_new_27ac" not in bad.stdout

@@ -204,3 +204,23 @@ def test_a_generation_whose_files_are_gone_is_no_rollback_target(tmp_path):
     script.unlink()
     assert _lastgood.missing_paths(g) == [str(script)]
     assert _lastgood.rollback_target([g], "f1", "process") is None
+
+
+UNIT_FILES = [{"path": "/etc/systemd/system/gpufleet-sglang.service", "mode": "0644", "content": "[Service]\n"},
+              {"path": "/etc/gpufleet/sglang.env", "mode": "0600", "content": "HF_TOKEN=hf_secret\n"}]
+
+
+def test_a_systemd_generation_is_a_rollback_target_only_with_its_unit_files_and_for_the_same_launcher():
+    s = dict(P, launcher="systemd", command=None, env=None, systemd={"unit": "gpufleet-sglang.service"})
+    with_files = _lastgood.generation(s, "f0", None, None, UNIT_FILES)
+    assert with_files["systemd_files"] == UNIT_FILES and with_files["systemd_unit"] == "gpufleet-sglang.service"
+    assert _lastgood.rollback_target([with_files], "f1", "systemd") == with_files
+    # Recorded before gpufleet kept a unit's files (or they could not be read then): nothing to launch again.
+    without = _lastgood.generation(s, "f0", None, None)
+    assert without["systemd_files"] is None and not _lastgood.relaunchable(without)
+    assert _lastgood.rollback_target([without], "f1", "systemd") is None
+    # The failed restart moved the server to the other launcher: its generations are the old launcher's.
+    assert _lastgood.rollback_target([with_files], "f1", "process") is None
+    assert _lastgood.rollback_target([_lastgood.generation(P, "f0", None, None)], "f1", "systemd") is None
+    # What a result may show of them: never the files (the environment file's values are secret).
+    assert "hf_secret" not in json.dumps(_lastgood.summary([with_files]))
