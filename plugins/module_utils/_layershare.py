@@ -77,15 +77,38 @@ def services_in_rollout(own: t.Tuple[str, str], lock_dir: t.Optional[str]) -> t.
     return out
 
 
+# The gpu_server role's snapshot of the layers a run changed (its _gpufleet_server_layers_previous: RUN_DIR/NAME +
+# this), kept from the write until the restart passes, or put back when it is refused before its kill.
+SNAPSHOT_SUFFIX = ".layers-previous.json"
+
+
+def services_changing_layers(own: t.Tuple[str, str], lock_dir: t.Optional[str]) -> t.Dict[str, str]:
+    """service -> the run holding its host lock, for every other service whose run changed the layers and has not
+    finished its restart (its snapshot in `lock_dir` is there): that run puts the layers back if its restart is
+    refused before its kill, so values this service would launch with now could be gone from the files next."""
+    return {name: run for name, run in services_in_rollout(own, lock_dir).items()
+            if os.path.exists(os.path.join(str(lock_dir), name + SNAPSHOT_SUFFIX))}
+
+
 def refuse_if_shared(own: t.Optional[t.Tuple[str, str]], path: str, before: t.Mapping[str, str],
                      after: t.Mapping[str, str], lock_dir: t.Optional[str] = None) -> None:
     """StepError when writing `after` over `before` in the host-wide file `path` would change the values another
-    gpufleet service runs with, or launches with (its host lock in `lock_dir` held by a run); nothing when no service
-    is named, no value changes, or no other service runs or is being rolled out."""
+    gpufleet service runs with, or launches with (its host lock in `lock_dir` held by a run), or when the values are
+    those another service's unfinished run just wrote and may put back (services_changing_layers: this service would
+    launch onto values the files may no longer hold); nothing when no service is named, or no value changes and no
+    other run changed them, or no other service runs or is being rolled out."""
     if own is None:
         return
     names = changed_names(before, after)
     if not names:
+        changing = services_changing_layers(own, lock_dir)
+        if changing:
+            who = ", ".join("%s (its host lock held by run %s)" % kv for kv in changing.items())
+            raise StepError(
+                "NCCL layers are host-wide (%s): service %s changed them and has not finished its restart on this "
+                "host; it puts them back if that restart is refused before its kill, and %s would then run with "
+                "values the file no longer holds. Run again once that run is done; nothing was changed"
+                % (path, who, own[1]), path=path, changed_vars=[], other_services=sorted(changing))
         return
     others = other_services(own)
     rolling = {k: v for k, v in services_in_rollout(own, lock_dir).items() if k not in others}

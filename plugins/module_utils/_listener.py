@@ -78,6 +78,35 @@ def resolve(host: str, port: int) -> t.List[str]:
     return sorted({str(ipaddress.ip_address(i[4][0].split("%")[0])) for i in infos})
 
 
+def connect_order(host: str, port: int) -> t.List[str]:
+    """The addresses a client tries for `host`, in the order it tries them (getaddrinfo's: what Python's
+    socket.create_connection, and so the readiness requests, walk until one accepts); each once."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return []
+    out: t.List[str] = []
+    for i in infos:
+        a = str(ipaddress.ip_address(i[4][0].split("%")[0]))
+        if a not in out:
+            out.append(a)
+    return out
+
+
+def reached(socks: t.Sequence[Listener], order: t.Sequence[str]) -> t.List[Listener]:
+    """The listening socket(s) a connection lands on: the first address of `order` that one of `socks` serves, a
+    socket bound to that very address before a wildcard (the kernel prefers the exact match). Two sockets can share a
+    port on different addresses (the server on 127.0.0.1, another process on ::1): only the one reached answers."""
+    for a in order:
+        exact = [s for s in socks if s.address == a]
+        if exact:
+            return exact
+        wild = [s for s in socks if serving(s, [a])]
+        if wild:
+            return wild
+    return list(socks)
+
+
 def is_local(address: str) -> bool:
     """Whether `address` is one of this host's (network namespace's): the kernel lets a socket bind only to those."""
     ip = ipaddress.ip_address(address)
@@ -132,21 +161,32 @@ def describe(pid: int, procs: t.Mapping[int, _proc.Proc]) -> str:
 
 
 def port_holders(url: str, ours: t.Callable[[int, t.Mapping[int, _proc.Proc]], bool],
-                 proc_root: str = "/proc") -> t.Dict[str, t.Any]:
-    """Who holds the listening socket(s) that a request to `url` reaches, by `ours(pid, procs)`.
+                 proc_root: str = "/proc", reached_only: bool = False) -> t.Dict[str, t.Any]:
+    """Who holds the listening socket(s) that a request to `url` can reach, by `ours(pid, procs)`; with
+    `reached_only`, only the one a request reaches now (reached(): the URL's host may name several addresses, each
+    with its own listener), and `elsewhere` lists the pids of ours listening on the port where the request does not go.
 
-    Returns {port, checked, foreign: [{pid, user, cmdline, uid}], ours: [pids], assumed}: `checked` is false (and
-    `assumed` says what was taken for granted) when the URL's host is not an address of this host, or when no listener
-    of the port could be seen or attributed to a process.
+    Returns {port, checked, foreign: [{pid, user, cmdline, uid}], ours: [pids], elsewhere: [pids], assumed}: `checked`
+    is false (and `assumed` says what was taken for granted) when the URL's host is not an address of this host, or
+    when no listener of the port could be seen or attributed to a process.
     """
     host, port = url_endpoint(url)
-    res: t.Dict[str, t.Any] = {"port": port, "checked": False, "foreign": [], "ours": [], "assumed": None}
+    res: t.Dict[str, t.Any] = {"port": port, "checked": False, "foreign": [], "ours": [], "elsewhere": [],
+                               "assumed": None}
     targets = resolve(host, port)
     if not targets or not all(is_local(a) for a in targets):
         res["assumed"] = ("%s is not an address of this host: the answer on port %d is taken as the launched server's "
                           "(its listening socket cannot be checked)" % (host, port))
         return res
     socks = [s for s in listeners(port, proc_root) if serving(s, targets)]
+    if reached_only and socks:
+        hit = reached(socks, connect_order(host, port) or targets)
+        others = [s for s in socks if s not in hit]
+        socks = hit
+        if others:
+            procs0 = _proc.snapshot(proc_root)
+            for pids in socket_owners([s.inode for s in others], proc_root=proc_root).values():
+                res["elsewhere"].extend(pid for pid in pids if ours(pid, procs0) and pid not in res["elsewhere"])
     if not socks:
         res["assumed"] = ("no listening socket on port %d is visible in this network namespace (a port forwarded into "
                           "a container?): the answer is taken as the launched server's" % port)

@@ -661,11 +661,19 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
         """Why an answer from `url` is not the launched server's (None: it is, or it cannot be told)."""
         if ours is None or not check_listener:
             return None
-        res = _listener.port_holders(url, ours)
+        res = _listener.port_holders(url, ours, reached_only=True)
         listener.clear()
         listener.update(res)
         if not res["foreign"] or res["ours"]:
             return None
+        if res["elsewhere"]:
+            # The server listens, on another address of the port: the URL will keep reaching the other process.
+            raise ServerError(
+                "%s answered from %s on port %d, not from the server gpufleet launched, which listens there on another "
+                "address (pid %s): %s reaches that process first. Give the URL the server's own address (for example "
+                "http://127.0.0.1:%d/...) or stop that process (never killed by gpufleet: it is not this service's)"
+                % (what, _listener.foreign_text(res), res["port"], ", ".join(str(x) for x in res["elsewhere"]), url,
+                   res["port"]), phase="ready", foreign_listener=res["foreign"])
         return ("%s answered, but port %d is held by %s, not by the server gpufleet launched (pid %d); not counted"
                 % (what, res["port"], _listener.foreign_text(res), identity[0]))
 

@@ -93,8 +93,9 @@ options:
   check_listener:
     version_added: 0.2.0
     description:
-      - With O(pidfile), count an answer only when the socket listening on the URL's port belongs to the process the
-        pidfile names or one of its descendants (read from C(/proc/net/tcp), C(/proc/net/tcp6) and C(/proc/PID/fd), as
+      - With O(pidfile), count an answer only when the socket it came from (of those listening on the URL's port, the
+        one on the first of the URL host's addresses that has one) belongs to the process the pidfile names or one of
+        its descendants (read from C(/proc/net/tcp), C(/proc/net/tcp6) and C(/proc/PID/fd), as
         C(ss -ltnp) does). An answer from another process on the port (a foreign listener, while the server itself
         died on C(EADDRINUSE)) is not counted, and the failure names that process (pid, user, command line); it is
         never signalled.

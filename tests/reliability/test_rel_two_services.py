@@ -11,10 +11,13 @@
 """
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from gpufleet_ci import sandbox
-from rel_helpers import DEMO, ROLLOUT_SITE, host_py, ps, runner_play, summary
+from rel_helpers import (DEMO, FAKE_GPU, ROLLOUT_SITE, gpu_holders, host_py, ps, read_host_file, runner_play, sh, start_bg,
+                         summary, wait_for)
 
 pytestmark = pytest.mark.sandbox
 
@@ -84,7 +87,7 @@ def two(sandbox_fleet_module, tmp_path_factory):
     rollout("sgb-same", "sgb")
     st["site_after_same"] = host_py(fleet, H, SITE_CODE)
     st["trees_after_same"] = (_tree(fleet, "sglang"), _tree(fleet, "sgb"))
-    return dict(fleet=fleet, runs=runs, **st)
+    return dict(fleet=fleet, runs=runs, work=work, invs=invs, rollout=rollout, **st)
 
 
 def _ok(run):
@@ -153,3 +156,50 @@ def test_a_second_service_with_other_nccl_values_is_refused_and_the_same_values_
     assert summary(same)[H]["restarted"] is False, summary(same)
     assert two["site_after_same"] == site
     assert two["trees_after_same"] == two["trees_after_refusal"]
+
+
+CLEAN_SITE = "- name: gpufleet clean\n  ansible.builtin.import_playbook: gpufleet.serving.clean\n"
+
+
+@pytest.mark.reliability(
+    section="input", case="A service launched while another service's run has changed the NCCL layers",
+    provoked="sgb stopped (gpufleet.serving.clean), sglang running; a GPU holder no kill ends on sglang's GPU; "
+             "sglang's rollout with NCCL_PROTO Simple writes the layers (its snapshot kept) and waits at its clean gate "
+             "(gpufleet_server_clean_timeout 25); meanwhile sgb's rollout with the same new values (no change to "
+             "write)",
+    outcome="sgb's run fails on the host before anything is launched: \"... service sglang (its host lock held by run "
+            "R) changed them and has not finished its restart on this host; ... sgb would then run with values the "
+            "file no longer holds\"; sglang's restart is refused at its clean gate and the layers are put back byte "
+            "for byte; no sgb process runs with values the files do not hold (before: sgb launched with Simple and "
+            "was left with it after the put-back)")
+def test_a_service_is_not_launched_onto_layers_another_services_unfinished_run_wrote(two):
+    fleet, rollout = two["fleet"], two["rollout"]
+    runner_play(two["work"], CLEAN_SITE, [fleet.inventory, two["invs"]["sgb"]], ident="sgb-clean")
+    assert _tree(fleet, "sgb") == []
+    site = host_py(fleet, H, SITE_CODE)
+    start_bg(fleet, H, [fleet.python, FAKE_GPU, "hold", "--gpu", "0", "--mib", "200"])
+    holder = wait_for(lambda: [p for p in gpu_holders(fleet, H)[0] if not ps(fleet, H).get(p, {"tag": 1})["tag"]], 60,
+                      "a holder of GPU 0")[0]
+    other = {"gpufleet_nccl_env": {"NCCL_PROTO": "Simple"}}
+    snapshot = "/run/gpufleet/sglang.layers-previous.json"
+    try:
+        first = threading.Thread(target=rollout, args=("sglang-stalled", "sglang"),
+                                 kwargs={"extravars": dict(other, gpufleet_server_clean_timeout=25)})
+        first.start()
+        try:
+            wait_for(lambda: read_host_file(fleet, H, snapshot) is not None, 60, "sglang's run writing the layers")
+            assert host_py(fleet, H, SITE_CODE)["text"] != site["text"]  # Simple, for now
+
+            late = rollout("sgb-onto-changed", "sgb", extravars=other)
+        finally:
+            first.join(120)
+    finally:
+        sh(fleet, H, "kill -9 %d" % holder, check=False)
+    assert late.rc != 0, late.stdout[-3000:]
+    msgs = " ".join(f["res"].get("msg", "") for f in late.failed(H))
+    assert "service sglang (its host lock held by run " in msgs and "changed them and has not finished its restart" in msgs \
+        and "sgb would then run with values the file no longer holds" in msgs, msgs
+    assert RESTART_TASK not in late.tasks_seen(H) and _tree(fleet, "sgb") == []
+    stalled = two["runs"]["sglang-stalled"]
+    assert stalled.rc != 0 and summary(stalled)[H]["restarted"] is False, summary(stalled)
+    assert host_py(fleet, H, SITE_CODE) == site and read_host_file(fleet, H, snapshot) is None  # put back

@@ -185,3 +185,34 @@ def test_a_change_while_another_services_run_holds_its_lock_is_refused(tmp_path,
     (locks / "sgb.lock").write_text(json.dumps({"owner": owner, "acquired": 0, "expires": time.time() - 1}))
     r = run_module(main, dict(args, env={"NCCL_PROTO": "Simple"}))
     assert "failed" not in r and r["changed"] is True, r
+
+
+@pytest.mark.parametrize("layer", [_sitecustomize, _ncclconf], ids=["sitecustomize_env", "nccl_conf"])
+def test_the_values_another_services_unfinished_run_wrote_are_not_launched_onto(tmp_path, run_module, layer):
+    """Found by the new-user pass (issue 24, session 20): sga's run wrote the layers (its snapshot kept) and waited at
+    its clean gate; sgb's run, whose values they now were, changed nothing and launched; sga's restart was then refused
+    and its snapshot put back, leaving sgb's workers with values the files no longer held. While another service's run
+    holds its lock with a snapshot, even no change is refused; its lock without a snapshot (it changed nothing), or
+    its snapshot without a live lock (a run long gone), holds nothing back."""
+    import json
+
+    main, args, path = layer(tmp_path)
+    locks = tmp_path / "run"
+    locks.mkdir()
+    args = dict(args, service_locks=str(locks))
+    assert run_module(main, dict(args, env={"NCCL_PROTO": "LL"}))["changed"] is True
+    before = path.read_bytes()
+    owner = "ctl:4243:boot.1.uuid:%d" % int(time.time())
+    (locks / "sga.lock").write_text(json.dumps({"owner": owner, "acquired": time.time(), "expires": time.time() + 600}))
+    assert run_module(main, dict(args, env={"NCCL_PROTO": "LL"}))["changed"] is False  # no snapshot: it changed nothing
+    (locks / ("sga" + _layershare.SNAPSHOT_SUFFIX)).write_text(json.dumps({"files": []}))
+    for check_mode in (True, False):
+        r = run_module(main, dict(args, env={"NCCL_PROTO": "LL"}), check_mode=check_mode)
+        assert r.get("failed") is True, r
+        assert "service sga (its host lock held by run %s) changed them and has not finished its restart" % owner \
+            in r["msg"], r["msg"]
+        assert "sglang would then run with values the file no longer holds" in r["msg"] and "LL" not in r["msg"], r["msg"]
+        assert r["other_services"] == ["sga"]
+        assert path.read_bytes() == before
+    (locks / "sga.lock").write_text(json.dumps({"owner": owner, "acquired": 0, "expires": time.time() - 1}))
+    assert run_module(main, dict(args, env={"NCCL_PROTO": "LL"}))["changed"] is False
