@@ -249,8 +249,8 @@ def choose(gens: t.Sequence[t.Mapping[str, t.Any]], running: t.Optional[str], to
     is the one before it; a host that runs no verified server goes back to the newest). A host this file says was
     rolled back by hand to what it runs (`rolled_back`) stays there: running the rollback again is a no-op, not a
     step back to the definition it was rolled back from (name that one in `to`). The result may be the running one
-    (nothing to do). The process launcher only: a systemd unit's definition is its files, which a generation does not
-    hold."""
+    (nothing to do). A generation with nothing to launch again (relaunchable(): a systemd generation recorded before
+    gpufleet kept the unit's files) is refused."""
     where = " (%s)" % path if path else ""
     if not gens:
         raise TargetError("this host has no last known good generation%s: gpufleet keeps one per definition that "
@@ -269,10 +269,11 @@ def choose(gens: t.Sequence[t.Mapping[str, t.Any]], running: t.Optional[str], to
             raise TargetError("this host has no last known good generation other than the one it runs (%s)%s: nothing "
                               "to roll back to" % (known(gens), where))
         g = dict(older[0])
-    if g.get("launcher") != "process" or not isinstance(g.get("command"), list) or not g["command"]:
-        raise TargetError("the last known good generation %s was launched by systemd (gpufleet_server_launcher: "
-                          "systemd): its definition is the unit's files, which a generation does not hold; roll out "
-                          "that definition instead" % str(g.get("fingerprint"))[:MIN_PREFIX])
+    if not relaunchable(g):
+        raise TargetError("the last known good generation %s holds nothing to launch again (%s); roll out that "
+                          "definition instead" % (str(g.get("fingerprint"))[:MIN_PREFIX],
+                                                  "it was recorded before gpufleet kept a systemd unit's files"
+                                                  if g.get("launcher") == "systemd" else "no command"))
     return g
 
 

@@ -170,9 +170,6 @@ def restore_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
         return None
     if not p["restore"].strip():
         return "restore must name a fingerprint (or a prefix of one) of a last known good generation"
-    if p["launcher"] != "process" or p["systemd"]:
-        return ("restore is for launcher=process only (a systemd unit's definition is its files, which a generation "
-                "does not hold)")
     if p["command"] or p["env"]:
         return "restore: command and env are the generation's, not this call's"
     if not p["record"]:
@@ -197,7 +194,10 @@ def restore_params(module: t.Any) -> t.Dict[str, t.Any]:
         if g is None:
             raise _lastgood.TargetError("%s is not a last known good generation of this host (%s); known: %s"
                                         % (p["restore"], lkg, _lastgood.known(gens)))
-        g = _lastgood.choose([g], None)  # the same checks as the rollback's choice: a process launch of a command
+        g = _lastgood.choose([g], None)  # the same checks as the rollback's choice: something to launch again
+        if g.get("launcher") != p["launcher"]:
+            raise _lastgood.TargetError("generation %s was launched by the %s launcher, not the %s launcher"
+                                        % (str(g["fingerprint"])[:12], g.get("launcher"), p["launcher"]))
     except _lastgood.TargetError as e:
         raise StepError("restore: %s; nothing was stopped" % e, phase="preflight")
     if (g.get("tag_name") or p["tag_name"]) != p["tag_name"]:
@@ -205,8 +205,12 @@ def restore_params(module: t.Any) -> t.Dict[str, t.Any]:
                         % (str(g["fingerprint"])[:12], g["tag_name"], p["tag_name"]), phase="preflight")
     previous = _lastgood.running_from_pidfile(_server.read_state(p["record"]["state_file"]), p["pidfile"],
                                               p["tag_name"], p["name"])
-    p.update(command=list(g["command"]), env=dict(g.get("env") or {}), env_passthrough=list(g.get("env_passthrough") or []),
-             user=g.get("user") or "root", workdir=g.get("workdir") or "/", umask=g.get("umask") or "0022")
+    if p["launcher"] == "process":
+        p.update(command=list(g["command"]), env=dict(g.get("env") or {}),
+                 env_passthrough=list(g.get("env_passthrough") or []), user=g.get("user") or "root",
+                 workdir=g.get("workdir") or "/", umask=g.get("umask") or "0022")
+    else:  # the unit's files: put back before the stop (run()), the unit then started as it was
+        p["systemd"] = dict(p["systemd"], remove_dropins=[])
     p["record"] = dict(p["record"], fingerprint=str(g["fingerprint"]), layers=g.get("layers"))
     if p["verify_env"]:
         p["verify_env"] = dict(p["verify_env"], expected=dict(g["expected_env"])) if g.get("expected_env") else None
@@ -489,6 +493,15 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
     # The tag finds every worker, orphans reparented to PID 1 included; the pidfile and an adopted command line
     # find a server started before gpufleet managed it.
     if p["launcher"] == "systemd":
+        if restore:
+            # The generation's unit files, before the stop's daemon-reload: the start below runs them.
+            result["unit_restored"] = [f["path"] for f in restore["generation"]["systemd_files"]]
+            if not module.check_mode:
+                try:
+                    _systemd.put_back(restore["generation"]["systemd_files"])
+                except OSError as e:
+                    raise StepError("cannot put back the unit's files of %s: %s; nothing was stopped"
+                                    % (str(restore["generation"]["fingerprint"])[:12], e), phase="preflight") from None
         _systemd_stop(module, p, result)
     elif p["retire_unit"]:
         _retire_unit(module, p, result)

@@ -532,8 +532,10 @@ options:
         next rollback by hand a no-op."
       - A fingerprint this host has no generation of, or a prefix naming several, fails in phase C(preflight) before
         anything is stopped, naming the generations the host has.
-      - The process launcher only. Needs O(record); O(command), O(env), O(stop_only), O(rollback) and O(gate) must
-        not be set.
+      - With O(launcher=systemd), the generation's unit files (its unit file, the unit's own drop-ins, its environment
+        file) are written back before the stop (RV(unit_restored)), and the unit is started onto them; a generation
+        of the other launcher is refused like an unknown one.
+      - Needs O(record); O(command), O(env), O(stop_only), O(rollback) and O(gate) must not be set.
     type: str
 notes:
   - Reading other users' C(/proc/PID/environ) needs root; use C(become).
@@ -628,6 +630,13 @@ layers_restored:
     (whether a file changed; in check mode, whether one would).
   returned: when O(restore) is set and the generation has NCCL layers, after the kill
   type: dict
+unit_restored:
+  version_added: 0.3.0
+  description: With O(restore) and O(launcher=systemd), the paths of the generation's unit files written back before
+    the stop (in check mode, those that would be).
+  returned: when O(restore) is set with O(launcher=systemd)
+  type: list
+  elements: str
 rolled_back:
   version_added: 0.2.0
   description: After a failure past the kill, the last known good this host went back to - C(fingerprint), C(pid),

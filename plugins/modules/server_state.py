@@ -280,7 +280,10 @@ options:
         earlier rollback by hand put back to what it runs stays there, so running the rollback again is a no-op.
       - When the host has no such generation (none at all, none but the one it runs, not the one named), the check
         fails before it takes the lock or reads anything else, naming the generations the host has; nothing is changed.
-        Also with O(systemd) (a unit's definition is its files, which a generation does not hold).
+        Also when the generation was launched by the other launcher (O(systemd) set or not), or holds nothing to
+        launch again (a systemd generation recorded before gpufleet kept its unit's files).
+      - With O(systemd), the unit is compared with the generation's unit file and environment file instead of
+        O(systemd.unit_content) and O(systemd.env_content).
       - When a restart is needed and O(fingerprint) (the inventory's definition) differs from the generation, a warning
         says that the next rollout restarts the host to the inventory's definition again.
     type: dict
@@ -730,10 +733,6 @@ def rollback_choice(module: AnsibleModule) -> t.Dict[str, t.Any]:
     is locked; the check then compares the host with it instead of O(fingerprint) and O(expected_env), and the launch
     check looks at its command. Fails, nothing changed, when the host has no such generation."""
     p = module.params
-    if p["systemd"]:
-        module.fail_json(msg="rollback: the rollback by hand is for the process launcher only (a systemd unit's "
-                             "definition is its files, which a last known good generation does not hold); roll out the "
-                             "definition to go back to instead; nothing was changed")
     state = _server.read_state(p["state_file"])
     running = _lastgood.running_from_pidfile(state, p["pidfile"], p["tag_name"], p["name"]) if p["pidfile"] else None
     lkg = _lastgood.path_for(p["state_file"])
@@ -743,6 +742,12 @@ def rollback_choice(module: AnsibleModule) -> t.Dict[str, t.Any]:
     except _lastgood.TargetError as e:
         module.fail_json(msg="rollback: %s; nothing was changed" % e, running_fingerprint=running,
                          last_good=_lastgood.summary(f["generations"]))
+    launcher = "systemd" if p["systemd"] else "process"
+    if g.get("launcher") != launcher:
+        module.fail_json(msg="rollback: the last known good %s was launched by the %s launcher, and this service's is "
+                             "%s (gpufleet_server_launcher): roll out that definition instead; nothing was changed"
+                             % (str(g["fingerprint"])[:12], g.get("launcher"), launcher),
+                         running_fingerprint=running, last_good=_lastgood.summary(f["generations"]))
     gone = _lastgood.missing_paths(g)
     if gone:  # refused before the drain and the kill: the healthy server would be stopped for one that cannot run
         module.fail_json(msg="rollback: the last known good %s names %s, which no longer exist%s on this host; nothing "
@@ -752,6 +757,13 @@ def rollback_choice(module: AnsibleModule) -> t.Dict[str, t.Any]:
               "inventory_fingerprint": p["fingerprint"]}
     p["fingerprint"] = g["fingerprint"]
     p["expected_env"] = dict(g.get("expected_env") or {})
+    if p["systemd"]:
+        # The unit is compared with the generation's files, not the inventory's: a host that runs it already is right.
+        # Its own drop-ins are part of it (kept, not removed); the loaded settings are the generation's file's.
+        files = {str(x.get("path")): x.get("content") for x in g.get("systemd_files") or []}
+        p["systemd"] = dict(p["systemd"], unit_content=files.get(p["systemd"]["unit_path"]),
+                            env_content=files.get(p["systemd"]["env_file"] or ""), loaded=None, dropins="warn")
+        return choice
     if p["launchable"]:
         path = (g.get("env") or {}).get("PATH")
         p["launchable"] = dict(p["launchable"], command=g["command"][0], user=g.get("user") or "root",

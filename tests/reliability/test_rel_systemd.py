@@ -416,3 +416,47 @@ def test_a_failed_restart_rolls_back_to_the_last_known_good_unit_files(host, tmp
     assert "EXTRA=1" in _sh(host, "cat /proc/%s/environ | tr '\\0' '\\n'" % show["MainPID"]).splitlines()
     _wait_healthy(host)
     assert "hf_old_8d1f" not in bad.stdout + first.stdout and "hf_new_27ac" not in bad.stdout
+
+
+ROLLBACK_SITE = "- name: gpufleet rollback\n  ansible.builtin.import_playbook: gpufleet.serving.rollback\n"
+
+
+@pytest.mark.reliability(
+    section="systemd", case="The rollback playbook puts a systemd unit back to its last known good, and again is a no-op",
+    provoked="two rollouts with the systemd launcher: definition A (HF_TOKEN a), then B (another server flag, HF_TOKEN "
+             "b); then gpufleet.serving.rollback --check, the rollback, and the rollback again",
+    outcome="--check changes nothing; the rollback writes A's unit file and environment file back (0600), restarts the "
+            "unit onto them (a new main pid, the pidfile names it) and says 'rolled back to' A's fingerprint; the second "
+            "rollback restarts nothing (the same main pid); no HF_TOKEN value in any output")
+def test_the_rollback_playbook_puts_a_unit_back_to_its_last_known_good(host, tmp_path):
+    base = sandbox.server_vars(host.python)["gpufleet_server_env"]
+    a = _run(host, tmp_path, "a", gpufleet_server_env=dict(base, HF_TOKEN="hf_gen_a_5e1"))
+    assert a.rc == 0, a.stdout[-6000:]
+    files_a = {f: _sh(host, "cat %s" % f) for f in (UNIT_FILE, ENV_FILE)}
+    cmd_b = sandbox.server_vars(host.python, mib=1000)["gpufleet_server_command"] + ["--startup-delay", "0.1"]
+    b_vars = dict(gpufleet_server_command=cmd_b, gpufleet_server_env=dict(base, HF_TOKEN="hf_gen_b_9c2"))
+    b = _run(host, tmp_path, "b", **b_vars)
+    assert b.rc == 0, b.stdout[-6000:]
+    files_b = {f: _sh(host, "cat %s" % f) for f in files_a}
+    assert files_b != files_a
+    pid_b = int(_show(host)["MainPID"])
+
+    check = _run(host, tmp_path, "rollback-check", site=ROLLBACK_SITE, cmdline="--check", **b_vars)
+    assert check.rc == 0, check.stdout[-6000:]
+    assert {f: _sh(host, "cat %s" % f) for f in files_a} == files_b and int(_show(host)["MainPID"]) == pid_b
+
+    back = _run(host, tmp_path, "rollback", site=ROLLBACK_SITE, **b_vars)
+    assert back.rc == 0, back.stdout[-6000:]
+    assert {f: _sh(host, "cat %s" % f) for f in files_a} == files_a
+    assert _sh(host, "stat -c '%%a %%U' %s" % ENV_FILE).strip() == "600 root"
+    show = _show(host)
+    assert show["ActiveState"] == "active" and int(show["MainPID"]) not in (0, pid_b), show
+    assert int(_sh(host, "cat /run/gpufleet/demo.pid").split()[0]) == int(show["MainPID"])
+    assert "rolled back to" in back.stdout, back.stdout[-3000:]
+    _wait_healthy(host)
+
+    again = _run(host, tmp_path, "rollback-again", site=ROLLBACK_SITE, **b_vars)
+    assert again.rc == 0, again.stdout[-6000:]
+    assert int(_show(host)["MainPID"]) == int(show["MainPID"]) and _host(again, host)["restarted"] is False
+    out = a.stdout + b.stdout + check.stdout + back.stdout + again.stdout
+    assert "hf_gen_a_5e1" not in out and "hf_gen_b_9c2" not in out

@@ -105,7 +105,9 @@ def test_an_ambiguous_prefix_and_a_systemd_generation_are_refused():
     with pytest.raises(_lastgood.TargetError, match="names 2 last known good generations of this host; give more"):
         _lastgood.choose(twins, None, "ab" * 6)
     assert _lastgood.choose(twins, None, "ab" * 6 + "2")["fingerprint"] == "ab" * 6 + "2" * 52
-    with pytest.raises(_lastgood.TargetError, match="was launched by systemd .*: its definition is the unit's files"):
+    # A systemd generation without its unit's files (recorded before gpufleet kept them): nothing to launch again.
+    with pytest.raises(_lastgood.TargetError, match=r"holds nothing to launch again \(it was recorded before gpufleet "
+                                                    r"kept a systemd unit's files\)"):
         _lastgood.choose(_gens(C, B, launcher="systemd"), C)
 
 

@@ -881,7 +881,6 @@ def test_a_restore_of_a_generation_the_host_lacks_fails_before_anything_is_stopp
 
 @pytest.mark.parametrize("change, said", [
     ({"command": ["x"]}, "restore: command and env are the generation's, not this call's"),
-    ({"launcher": "systemd", "systemd": {"unit": "x.service"}}, "restore is for launcher=process only"),
     ({"record": None}, "restore needs record"),
     ({"rollback": True}, "restore: rollback is not for a restore"),
     ({"restore": " "}, "restore must name a fingerprint"),

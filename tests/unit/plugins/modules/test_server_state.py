@@ -806,15 +806,25 @@ def test_a_rollback_to_a_generation_whose_files_are_gone_is_refused_before_anyth
     assert "failed" not in r and r["rollback"]["fingerprint"] == "e" * 64, r
 
 
-def test_a_rollback_with_no_other_generation_or_a_systemd_unit_is_refused(servers, paths, run_module):
+def test_a_rollback_with_no_other_generation_or_one_of_the_other_launcher_is_refused(servers, paths, run_module):
     running(servers, paths, run_module)
     r = run_module(server_state.main, check_args(paths, rollback={}))
     assert r["failed"] and "this host has no last known good generation (" in r["msg"], r["msg"]
     _last_good_file(paths, "f" * 64)
     r = run_module(server_state.main, check_args(paths, rollback={}))
     assert r["failed"] and "no last known good generation other than the one it runs (ffffffffffff (recorded " in r["msg"]
-    r = run_module(server_state.main, check_args(paths, rollback={}, systemd={"unit": "x.service", "unit_path": "/x"}))
-    assert r["failed"] and r["msg"].startswith("rollback: the rollback by hand is for the process launcher only"), r["msg"]
+    # A process launch's generation for a service that runs under systemd now (and the reverse): refused by name.
+    r = run_module(server_state.main, check_args(paths, rollback={"to": "f" * 12},
+                                                 systemd={"unit": "x.service", "unit_path": "/x"}))
+    assert r["failed"] and r["msg"] == ("rollback: the last known good ffffffffffff was launched by the process launcher, "
+                                        "and this service's is systemd (gpufleet_server_launcher): roll out that "
+                                        "definition instead; nothing was changed"), r["msg"]
+    # A systemd generation recorded without its unit's files: nothing to launch again.
+    _last_good_file(paths, "e" * 64, launcher="systemd")
+    r = run_module(server_state.main, check_args(paths, rollback={"to": "e" * 12},
+                                                 systemd={"unit": "x.service", "unit_path": "/x"}))
+    assert r["failed"] and "eeeeeeeeeeee holds nothing to launch again (it was recorded before gpufleet kept a " \
+        "systemd unit's files)" in r["msg"], r["msg"]
 
 
 @pytest.mark.parametrize("launchable, problem", [
