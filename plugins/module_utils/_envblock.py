@@ -221,12 +221,33 @@ def write_temp(real_path: str, text: t.Union[str, bytes], mode: int = 0o644) -> 
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _discard(tmp)
         raise
     return tmp
+
+
+def _discard(path: str) -> None:
+    """Remove a temp file of ours after a failed write (gone already is fine)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def write_atomic(real_path: str, data: bytes, mode: int, owner: t.Optional[t.Tuple[int, int]] = None) -> None:
+    """Replace real_path with `data` (mode, and owner uid/gid where the caller may set it) in one rename; nothing is
+    left behind when it fails."""
+    tmp = write_temp(real_path, data, mode)
+    try:
+        if owner is not None:
+            try:
+                os.chown(tmp, owner[0], owner[1])
+            except PermissionError:
+                pass
+        os.replace(tmp, real_path)
+    except BaseException:
+        _discard(tmp)
+        raise
 
 
 def diff_entry(path: str, before: t.Optional[str], after: t.Optional[str]) -> t.Dict[str, str]:
@@ -365,19 +386,7 @@ def _restore(path: str, entries: t.Sequence[t.Mapping[str, t.Any]], check_mode: 
         if want is None:
             os.unlink(real)
             continue
-        tmp = write_temp(real, want, int(e["mode"]))
-        try:
-            try:
-                os.chown(tmp, int(e["uid"]), int(e["gid"]))
-            except PermissionError:
-                pass
-            os.replace(tmp, real)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_atomic(real, want, int(e["mode"]), (int(e["uid"]), int(e["gid"])))
     if not check_mode:
         try:
             os.unlink(path)

@@ -19,6 +19,8 @@ import os
 import stat
 import typing as t
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock
+
 Runner = t.Callable[[t.List[str]], t.Tuple[int, str, str]]
 
 # What the engine and the check read; one `systemctl show` call.
@@ -274,21 +276,7 @@ def put_back(files: t.Sequence[t.Mapping[str, t.Any]]) -> t.List[str]:
         except FileNotFoundError:
             pass
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-        tmp = "%s.gpufleet-%d.tmp" % (path, os.getpid())
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(content)
-                os.fchmod(out.fileno(), mode)  # the umask must not widen or narrow it
-                out.flush()
-                os.fsync(out.fileno())
-            os.rename(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        _envblock.write_atomic(path, content, mode)  # written 0600 first: a secret is never wider
         changed.append(path)
     return changed
 

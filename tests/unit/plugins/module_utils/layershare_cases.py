@@ -8,6 +8,7 @@ process of the host, and in the root pid namespace it would see the other tests'
 (a host's own pid namespace hides nothing from its parent), which are other services to it."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -56,6 +57,22 @@ def _sitecustomize(tmp_path):
 def _ncclconf(tmp_path):
     path = tmp_path / "nccl.conf"
     return nccl_conf.main, {"path": str(path), "name": "nccl", "service_tag": "%s=sglang" % TAG}, path
+
+
+def _lock(locks, name, owner, expires_in=600.0):
+    """`name`'s host lock in `locks` as a run holds it (expired when `expires_in` is negative)."""
+    (locks / ("%s.lock" % name)).write_text(json.dumps({"owner": owner, "acquired": time.time() if expires_in > 0 else 0,
+                                                        "expires": time.time() + expires_in}))
+
+
+def _written_with_locks(tmp_path, layer, run_module):
+    """The layer written once with NCCL_PROTO LL, the service locks in tmp_path/run: (main, args, path, locks, bytes)."""
+    main, args, path = layer(tmp_path)
+    locks = tmp_path / "run"
+    locks.mkdir()
+    args = dict(args, service_locks=str(locks))
+    assert run_module(main, dict(args, env={"NCCL_PROTO": "LL"}))["changed"] is True
+    return main, args, path, locks, path.read_bytes()
 
 
 def _message(path, pid, names):
@@ -160,18 +177,10 @@ def test_a_change_while_another_services_run_holds_its_lock_is_refused(tmp_path,
     """Found by the new-user pass (issue 24): sgb's run had killed sgb and held sgb's host lock (no sgb process to
     see) when sglang's run rewrote the layers; sgb then launched with values it never asked for. The lock of another
     service held by a live run refuses the change; an expired one, or this service's own, does not."""
-    import json
-    import time
-
-    main, args, path = layer(tmp_path)
-    locks = tmp_path / "run"
-    locks.mkdir()
-    args = dict(args, service_locks=str(locks))
-    assert run_module(main, dict(args, env={"NCCL_PROTO": "LL"}))["changed"] is True
-    before = path.read_bytes()
+    main, args, path, locks, before = _written_with_locks(tmp_path, layer, run_module)
     owner = "ctl:4242:boot.1.uuid:%d" % int(time.time())
-    (locks / "sgb.lock").write_text(json.dumps({"owner": owner, "acquired": time.time(), "expires": time.time() + 600}))
-    (locks / "sglang.lock").write_text(json.dumps({"owner": "me", "acquired": time.time(), "expires": time.time() + 600}))
+    _lock(locks, "sgb", owner)
+    _lock(locks, "sglang", "me")
     for check_mode in (True, False):
         r = run_module(main, dict(args, env={"NCCL_PROTO": "Simple"}), check_mode=check_mode)
         assert r.get("failed") is True, r
@@ -182,7 +191,7 @@ def test_a_change_while_another_services_run_holds_its_lock_is_refused(tmp_path,
         assert path.read_bytes() == before
     # The same values are no change; an expired lock (a run long gone) holds nothing back.
     assert run_module(main, dict(args, env={"NCCL_PROTO": "LL"}))["changed"] is False
-    (locks / "sgb.lock").write_text(json.dumps({"owner": owner, "acquired": 0, "expires": time.time() - 1}))
+    _lock(locks, "sgb", owner, -1)
     r = run_module(main, dict(args, env={"NCCL_PROTO": "Simple"}))
     assert "failed" not in r and r["changed"] is True, r
 
@@ -194,16 +203,9 @@ def test_the_values_another_services_unfinished_run_wrote_are_not_launched_onto(
     and its snapshot put back, leaving sgb's workers with values the files no longer held. While another service's run
     holds its lock with a snapshot, even no change is refused; its lock without a snapshot (it changed nothing), or
     its snapshot without a live lock (a run long gone), holds nothing back."""
-    import json
-
-    main, args, path = layer(tmp_path)
-    locks = tmp_path / "run"
-    locks.mkdir()
-    args = dict(args, service_locks=str(locks))
-    assert run_module(main, dict(args, env={"NCCL_PROTO": "LL"}))["changed"] is True
-    before = path.read_bytes()
+    main, args, path, locks, before = _written_with_locks(tmp_path, layer, run_module)
     owner = "ctl:4243:boot.1.uuid:%d" % int(time.time())
-    (locks / "sga.lock").write_text(json.dumps({"owner": owner, "acquired": time.time(), "expires": time.time() + 600}))
+    _lock(locks, "sga", owner)
     assert run_module(main, dict(args, env={"NCCL_PROTO": "LL"}))["changed"] is False  # no snapshot: it changed nothing
     (locks / ("sga" + _layershare.SNAPSHOT_SUFFIX)).write_text(json.dumps({"files": []}))
     for check_mode in (True, False):
@@ -214,5 +216,5 @@ def test_the_values_another_services_unfinished_run_wrote_are_not_launched_onto(
         assert "sglang would then run with values the file no longer holds" in r["msg"] and "LL" not in r["msg"], r["msg"]
         assert r["other_services"] == ["sga"]
         assert path.read_bytes() == before
-    (locks / "sga.lock").write_text(json.dumps({"owner": owner, "acquired": 0, "expires": time.time() - 1}))
+    _lock(locks, "sga", owner, -1)
     assert run_module(main, dict(args, env={"NCCL_PROTO": "LL"}))["changed"] is False
