@@ -90,6 +90,20 @@ def services_changing_layers(own: t.Tuple[str, str], lock_dir: t.Optional[str]) 
             if os.path.exists(os.path.join(str(lock_dir), name + SNAPSHOT_SUFFIX))}
 
 
+def refuse_launch_onto_changing(own: t.Tuple[str, str], lock_dir: t.Optional[str]) -> None:
+    """StepError, before anything is stopped, when another service's unfinished run changed the NCCL layers
+    (services_changing_layers): a server launched now reads values that run puts back if its restart is refused. For
+    every launch, whatever wrote (or skipped) the layers before it: the rollback playbook, a run with --tags, a play of
+    the user's own."""
+    changing = services_changing_layers(own, lock_dir)
+    if changing:
+        who = ", ".join("%s (its host lock held by run %s)" % kv for kv in changing.items())
+        raise StepError("the NCCL layers are host-wide and service %s changed them and has not finished its restart on "
+                        "this host; it puts them back if that restart is refused before its kill, and %s would then run "
+                        "with values the files no longer hold. Run again once that run is done; nothing was stopped"
+                        % (who, own[1]), phase="preflight", other_services=sorted(changing))
+
+
 def refuse_if_shared(own: t.Optional[t.Tuple[str, str]], path: str, before: t.Mapping[str, str],
                      after: t.Mapping[str, str], lock_dir: t.Optional[str] = None) -> None:
     """StepError when writing `after` over `before` in the host-wide file `path` would change the values another

@@ -223,8 +223,11 @@ def foreign_text(res: t.Mapping[str, t.Any]) -> str:
 def tree_of(root: t.Tuple[int, int], tag: t.Optional[t.Tuple[str, str]] = None
             ) -> t.Callable[[int, t.Mapping[int, _proc.Proc]], bool]:
     """`ours` for port_holders: the launched process `root` (pid, start time) and its descendants, or, with `tag`
-    (name, value), a process carrying the launch tag (a server that daemonizes leaves the launcher's tree)."""
+    (name, value), a process carrying the launch tag (a server that daemonizes leaves the launcher's tree) that runs
+    as the launched process's user: any user can put the tag into a process's environment, only the server's own
+    processes run as its user."""
     cache: t.Dict[int, t.Set[int]] = {}
+    uid: t.List[t.Optional[int]] = [None]
 
     def ours(pid: int, procs: t.Mapping[int, _proc.Proc]) -> bool:
         if id(procs) not in cache:
@@ -232,9 +235,12 @@ def tree_of(root: t.Tuple[int, int], tag: t.Optional[t.Tuple[str, str]] = None
             tree = set()
             if p is not None and p.start_time == root[1]:
                 tree = {root[0]} | _proc.descendants([root[0]], procs)
+                uid[0] = p.uid
             cache.clear()
             cache[id(procs)] = tree
         if pid in cache[id(procs)]:
             return True
-        return tag is not None and _proc.environ_has(pid, tag[0], tag[1])
+        other = procs.get(pid)
+        return (tag is not None and uid[0] is not None and other is not None and other.uid == uid[0]
+                and _proc.environ_has(pid, tag[0], tag[1]))
     return ours

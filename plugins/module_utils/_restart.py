@@ -30,7 +30,8 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _bench, _envblock, _envcheck, _gpumod, _lastgood, _layers, _gpuwait, _killmod, _listener, _nvml, _proc, _select, _server, _systemd)
+    _bench, _envblock, _envcheck, _gpumod, _lastgood, _layers, _layershare, _gpuwait, _killmod, _listener, _nvml, _proc, _select,
+    _server, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 
@@ -352,6 +353,8 @@ def preflight(p: t.Mapping[str, t.Any]) -> None:
     if problems:
         raise StepError("cannot run this server, nothing was stopped: %s" % "; ".join(problems), phase="preflight",
                         launch_problems=problems)
+    if not p["stop_only"]:
+        _layershare.refuse_launch_onto_changing((p["tag_name"], p["name"]), os.path.dirname(p["pidfile"]))
     port_preflight(p)
     _gpumod.gpus_preflight(p)
 
@@ -427,7 +430,7 @@ def refuse_foreign_listeners(p: t.Mapping[str, t.Any], urls: t.Sequence[str]) ->
                     "(gpufleet_server_adopt_cmdline_regex), or kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends "
                     "what holds them")
         raise StepError("port %d of %s is held by %s, which is not this server's (the kill does not select it, "
-                        "and it is never killed); the new server could not listen on %s, and %s would answer for it. "
+                        "and it is never killed); it listens on %s, where %s would reach it instead of the new server. "
                         "Nothing was stopped: stop that process or give the server another port.%s"
                         % (res["port"], url, _listener.foreign_text(res),
                            " or ".join(sorted({str(f.get("address")) for f in res["foreign"]})), url, hint),

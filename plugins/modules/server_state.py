@@ -622,7 +622,7 @@ import typing as t
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _gpumod, _lastgood, _layercheck, _nvml, _proc, _rotation, _runid, _select, _server, _systemd)
+    _gpumod, _lastgood, _layercheck, _layershare, _nvml, _proc, _rotation, _runid, _select, _server, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
@@ -719,6 +719,8 @@ def restart_preflight(module: AnsibleModule) -> None:
     sel = _restart.selection_params(p["name"], p["tag_name"], p["pidfile"], p["gpus"], p["backend"],
                                     la["kill"]["cmdline_regex"], la["kill"]["gpu_strays"], la["clean_timeout"])
     try:
+        # The restart's own refusal (its preflight), before the drain: the run dir holds the services' locks.
+        _layershare.refuse_launch_onto_changing((p["tag_name"], p["name"]), os.path.dirname(p["pidfile"]))
         _restart.refuse_foreign_listeners(sel, la["urls"])
         if p["require_gpu_holders"]:
             _restart.refuse_unended(module, sel)

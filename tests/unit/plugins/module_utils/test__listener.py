@@ -79,6 +79,25 @@ def test_descendants_and_tagged_processes_count_as_the_launched_servers(child_li
         tagged.wait()
 
 
+def test_a_tagged_process_of_another_user_is_not_the_launched_servers(unrelated):
+    """Found by the new-user pass (issue 24): any user can put the launch tag into its process's environment; a
+    process of user nobody carrying it, listening on the port, must not pass for the server (which runs as the
+    launched process's user, root here)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start a process as nobody")
+    forged = subprocess.Popen(["/usr/bin/python3", "-c", LISTEN, "127.0.0.1"], stdout=subprocess.PIPE, text=True,
+                              env={"GPUFLEET_LISTEN_TEST": "svc", "PATH": "/usr/bin:/bin"}, user=65534, group=65534,
+                              cwd="/")
+    try:
+        url = "http://127.0.0.1:%d/" % int(forged.stdout.readline())
+        res = _listener.port_holders(url, _listener.tree_of(_ident(unrelated.pid), ("GPUFLEET_LISTEN_TEST", "svc")))
+        assert res["ours"] == [] and [f["pid"] for f in res["foreign"]] == [forged.pid], res
+        assert res["foreign"][0]["user"] == _proc.user_name(65534)
+    finally:
+        forged.kill()
+        forged.wait()
+
+
 def test_nothing_listening_or_a_remote_host_is_assumed_and_said():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

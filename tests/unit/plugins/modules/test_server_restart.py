@@ -678,6 +678,32 @@ def _port(a):
     return int(a["wait_ready"]["health_url"].rsplit(":", 1)[1].split("/")[0])
 
 
+def test_no_launch_while_another_services_unfinished_run_changed_the_layers(server, run_module):
+    """Found by the new-user pass (issue 24): sga's run wrote the NCCL layers (its snapshot in the run dir) and waited at
+    its clean gate; sgb's rollback by hand (which writes no layers) launched onto them, and sga's refused restart then
+    put them back. Every launch refuses, before anything is stopped, while another service's run holds its lock with a
+    snapshot; its lock alone (it changed nothing) does not."""
+    a = server
+    assert "failed" not in run_module(server_restart.main, a)
+    running = _tagged(a)
+    run_dir = os.path.dirname(a["pidfile"])
+    owner = "ctl:77:boot.1.uuid:%d" % int(time.time())
+    with open(os.path.join(run_dir, "sga.lock"), "w") as f:
+        json.dump({"owner": owner, "acquired": time.time(), "expires": time.time() + 600}, f)
+    with open(os.path.join(run_dir, "sga.layers-previous.json"), "w") as f:
+        json.dump({"files": []}, f)
+    r = run_module(server_restart.main, a)
+    assert r["failed"] and r["phase"] == "preflight", r
+    assert r["msg"] == ("the NCCL layers are host-wide and service sga (its host lock held by run %s) changed them and "
+                        "has not finished its restart on this host; it puts them back if that restart is refused before "
+                        "its kill, and %s would then run with values the files no longer hold. Run again once that run "
+                        "is done; nothing was stopped" % (owner, SERVICE)), r["msg"]
+    assert r.get("killed", 0) == 0 and _tagged(a) == running
+    os.unlink(os.path.join(run_dir, "sga.layers-previous.json"))
+    r = run_module(server_restart.main, a)
+    assert "failed" not in r and not set(_tagged(a)) & set(running), r.get("msg")
+
+
 def test_a_foreign_listener_on_the_servers_port_fails_the_preflight_and_nothing_is_stopped(server, run_module,
                                                                                            grabber):
     a = server
