@@ -720,7 +720,8 @@ def restart_preflight(module: AnsibleModule) -> None:
                                     la["kill"]["cmdline_regex"], la["kill"]["gpu_strays"], la["clean_timeout"])
     try:
         # The restart's own refusal (its preflight), before the drain: the run dir holds the services' locks.
-        _layershare.refuse_launch_onto_changing((p["tag_name"], p["name"]), os.path.dirname(p["pidfile"]))
+        if p["pidfile"]:
+            _layershare.refuse_launch_onto_changing((p["tag_name"], p["name"]), os.path.dirname(p["pidfile"]))
         _restart.refuse_foreign_listeners(sel, la["urls"])
         if p["require_gpu_holders"]:
             _restart.refuse_unended(module, sel)

@@ -61,7 +61,15 @@ def refusal(check: t.Mapping[str, t.Any], force: bool, locked_run: bool, profile
         return None
     if not (force or check.get("needs_restart")):
         return None
-    return stale_layers_refusal(str(profile), stale_layers(check))
+    stale = stale_layers(check)
+    # A layer whose check could not decide (another service's run is changing the layers, a file it cannot read)
+    # says why: "would change" would be untrue.
+    errors = [str(check["nccl_layers"][k]["error"]) for k in stale
+              if isinstance(check["nccl_layers"].get(k), t.Mapping) and check["nccl_layers"][k].get("error")]
+    if errors:
+        return ("the NCCL layers on this host cannot be checked against gpufleet_nccl_profile %s: %s; a restart now "
+                "could launch workers without the tuning" % (profile, "; ".join(errors)))
+    return stale_layers_refusal(str(profile), stale)
 
 
 def decide(check: t.Mapping[str, t.Any], force: bool, balancers: t.Sequence[str], locked_run: bool,

@@ -99,11 +99,17 @@ LAYERS = {"up_to_date": False, "sitecustomize": {"up_to_date": False}, "nccl_con
 
 
 def test_a_restart_onto_layers_this_run_did_not_apply_is_refused_naming_them():
-    msg = _check.refusal(check(needs_restart=True, nccl_layers=LAYERS), False, True, "pcie_only")
-    assert msg == ("the NCCL layers on this host are not what gpufleet_nccl_profile pcie_only asks for (sitecustomize, "
-                   "extra would change), and this run left the nccl_tuning role out (--tags/--skip-tags): a restart now "
+    stale = {k: v for k, v in LAYERS.items() if k != "extra"}
+    msg = _check.refusal(check(needs_restart=True, nccl_layers=stale), False, True, "pcie_only")
+    assert msg == ("the NCCL layers on this host are not what gpufleet_nccl_profile pcie_only asks for (sitecustomize "
+                   "would change), and this run left the nccl_tuning role out (--tags/--skip-tags): a restart now "
                    "would launch workers without the tuning. Run with the nccl_tuning tag too.")
-    assert _check.refusal(check(nccl_layers=LAYERS), True, True, "nvlink") is not None  # forced
+    assert _check.refusal(check(nccl_layers=stale), True, True, "nvlink") is not None  # forced
+    # A layer the check could not decide (found by the new-user pass: another service's run was changing the layers,
+    # and "would change" was untrue) says why instead.
+    msg = _check.refusal(check(needs_restart=True, nccl_layers=LAYERS), False, True, "pcie_only")
+    assert msg == ("the NCCL layers on this host cannot be checked against gpufleet_nccl_profile pcie_only: unreadable; "
+                   "a restart now could launch workers without the tuning"), msg
 
 
 @pytest.mark.parametrize("res, force, locked_run", [
