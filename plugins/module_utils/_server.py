@@ -671,7 +671,7 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
             raise ServerError(
                 "%s answered from %s on port %d, not from the server gpufleet launched, which listens there on another "
                 "address (pid %s): %s reaches that process first. Give the URL the server's own address (for example "
-                "http://127.0.0.1:%d/...) or stop that process (never killed by gpufleet: it is not this service's)"
+                "http://127.0.0.1:%d/...) or stop that process"
                 % (what, _listener.foreign_text(res), res["port"], ", ".join(str(x) for x in res["elsewhere"]), url,
                    res["port"]), phase="ready", foreign_listener=res["foreign"])
         return ("%s answered, but port %d is held by %s, not by the server gpufleet launched (pid %d); not counted"
