@@ -85,7 +85,9 @@ def scenario(sandbox_fleet_module, tmp_path_factory):
             procs = sorted(p["cmd"][:80] for p in ps(fleet, h).values())
             raise AssertionError("%s; processes: %s; log: %s" % (e, procs, read_host_file(fleet, h, "/tmp/rel-bg.log")))
 
-    other = find(lambda p: "other-user-python" in p["cmd"], "another user's python")
+    # The python itself, not the root `sh -c ... setpriv ...` that execs into it (same pid, root until setpriv switches):
+    # found at that stage on a loaded machine, its uid read 0.
+    other = find(lambda p: "other-user-python" in p["cmd"] and p["cmd"].startswith(py), "another user's python")
     exporter = find(lambda p: "nvidia_gpu_exporter" in p["cmd"], "the exporter")
     reused = find(lambda p: p["cmd"] == "sleep 3601", "the sleep")
     sh(fleet, h, "mkdir -p /run/gpufleet && echo '%d %d' > /run/gpufleet/demo.pid" % (reused["pid"], reused["start"] + 7))
