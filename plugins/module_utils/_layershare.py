@@ -97,11 +97,16 @@ def refuse_launch_onto_changing(own: t.Tuple[str, str], lock_dir: t.Optional[str
     the user's own."""
     changing = services_changing_layers(own, lock_dir)
     if changing:
-        who = ", ".join("%s (its host lock held by run %s)" % kv for kv in changing.items())
-        raise StepError("the NCCL layers are host-wide and service %s changed them and has not finished its restart on "
-                        "this host; it puts them back if that restart is refused before its kill, and %s would then run "
-                        "with values the files no longer hold. Run again once that run is done; nothing was stopped"
-                        % (who, own[1]), phase="preflight", other_services=sorted(changing))
+        raise StepError("the NCCL layers are host-wide and %s the files no longer hold. Run again once that run is done; "
+                        "nothing was stopped" % _changing_text(own, changing), phase="preflight",
+                        other_services=sorted(changing))
+
+
+def _changing_text(own: t.Tuple[str, str], changing: t.Mapping[str, str]) -> str:
+    """Who changed the layers and what that means for `own`, as both refusals say it."""
+    who = ", ".join("%s (its host lock held by run %s)" % kv for kv in changing.items())
+    return ("service %s changed them and has not finished its restart on this host; it puts them back if that restart "
+            "is refused before its kill, and %s would then run with values" % (who, own[1]))
 
 
 def refuse_if_shared(own: t.Optional[t.Tuple[str, str]], path: str, before: t.Mapping[str, str],
@@ -117,12 +122,9 @@ def refuse_if_shared(own: t.Optional[t.Tuple[str, str]], path: str, before: t.Ma
     if not names:
         changing = services_changing_layers(own, lock_dir)
         if changing:
-            who = ", ".join("%s (its host lock held by run %s)" % kv for kv in changing.items())
-            raise StepError(
-                "NCCL layers are host-wide (%s): service %s changed them and has not finished its restart on this "
-                "host; it puts them back if that restart is refused before its kill, and %s would then run with "
-                "values the file no longer holds. Run again once that run is done; nothing was changed"
-                % (path, who, own[1]), path=path, changed_vars=[], other_services=sorted(changing))
+            raise StepError("NCCL layers are host-wide (%s): %s the file no longer holds. Run again once that run is "
+                            "done; nothing was changed" % (path, _changing_text(own, changing)),
+                            path=path, changed_vars=[], other_services=sorted(changing))
         return
     others = other_services(own)
     rolling = {k: v for k, v in services_in_rollout(own, lock_dir).items() if k not in others}

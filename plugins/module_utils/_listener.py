@@ -71,11 +71,8 @@ def listeners(port: int, proc_root: str = "/proc") -> t.List[Listener]:
 
 
 def resolve(host: str, port: int) -> t.List[str]:
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError):
-        return []
-    return sorted({str(ipaddress.ip_address(i[4][0].split("%")[0])) for i in infos})
+    """The addresses of `host`, sorted ([] when it does not resolve)."""
+    return sorted(connect_order(host, port))
 
 
 def connect_order(host: str, port: int) -> t.List[str]:
@@ -179,20 +176,20 @@ def port_holders(url: str, ours: t.Callable[[int, t.Mapping[int, _proc.Proc]], b
                           "(its listening socket cannot be checked)" % (host, port))
         return res
     socks = [s for s in listeners(port, proc_root) if serving(s, targets)]
+    # One reading of the processes and the sockets' owners, for the socket reached and the others alike.
+    procs = _proc.snapshot(proc_root) if socks else {}
+    owners = socket_owners([s.inode for s in socks], proc_root=proc_root) if socks else {}
     if reached_only and socks:
         hit = reached(socks, connect_order(host, port) or targets)
-        others = [s for s in socks if s not in hit]
+        for s in socks:
+            if s not in hit:
+                res["elsewhere"].extend(pid for pid in owners.get(s.inode) or []
+                                        if ours(pid, procs) and pid not in res["elsewhere"])
         socks = hit
-        if others:
-            procs0 = _proc.snapshot(proc_root)
-            for pids in socket_owners([s.inode for s in others], proc_root=proc_root).values():
-                res["elsewhere"].extend(pid for pid in pids if ours(pid, procs0) and pid not in res["elsewhere"])
     if not socks:
         res["assumed"] = ("no listening socket on port %d is visible in this network namespace (a port forwarded into "
                           "a container?): the answer is taken as the launched server's" % port)
         return res
-    procs = _proc.snapshot(proc_root)
-    owners = socket_owners([s.inode for s in socks], proc_root=proc_root)
     unattributed = []
     for s in socks:
         pids = owners.get(s.inode) or []
