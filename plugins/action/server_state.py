@@ -14,10 +14,10 @@ playbooks set `strategy: linear` on their plays, so a `strategy = free` in the u
 The nccl_tuning role run on its own for a service takes the same lock (gpu_server's tasks/lock_layers.yml) before its
 first layer write, so a play of the user's that lists both roles is refused there, before anything is written.
 
-With O(decide) (the gpu_server role's check), the check is followed here by what the role did in tasks of its own
-(each a task execution per host, skipped or not: issue 25): the take-over of a dead run's lock from this controller
-(a second module call with O(break_owner)), the refusals, and the decision (plugin_utils/_check.py), returned in
-RV(decision).
+Both the lock (O(action=lock)) and the check with O(decide) take over the lock of a dead run from this controller
+(a second module call with O(break_owner)). With O(decide) (the gpu_server role's check), the check is followed here
+by what the role did in tasks of its own (each a task execution per host, skipped or not: issue 25): the refusals
+and the decision (plugin_utils/_check.py), returned in RV(decision).
 """
 
 from __future__ import annotations
@@ -78,22 +78,27 @@ class ActionModule(ActionBase):
             self._remove_tmp_path(self._connection._shell.tmpdir)
         return res
 
-    def _check_and_decide(self, task_vars, args: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
-        decide = args.get("decide") or {}
-        profile = decide.get("nccl_profile")
-        if profile not in (None, "") and not boolean(decide.get("nccl_known", True), strict=False):
-            return dict(failed=True, changed=False, msg=_check.unknown_nccl_refusal(str(profile)))
+    def _locked_module(self, task_vars, args: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
+        """The module; a lock left by a run of this controller that is gone (Ctrl-C, SIGTERM, a killed CI job) is taken
+        over at once (a second call with O(break_owner): the module waits for a restart of that run still working on the
+        host). Another controller's run, or a live one, fails the host as the module said."""
         res = self._module(task_vars, args)
         holder = res.get("holder")
-        owner = args.get("owner")
-        # A run of this controller that is gone (Ctrl-C, SIGTERM) left its lock: take it over at once (the module waits
-        # for a restart of that run still working on the host). Another controller's run, or a live one, fails the host.
-        if res.get("failed") and holder is not None and owner and not args.get("break_owner"):
+        if res.get("failed") and holder is not None and args.get("owner") and not args.get("break_owner"):
             if owner_alive(str(holder), socket.gethostname()) is False:
                 display.display("%s: taking over the host lock of dead run %s (its ansible-playbook process on this "
                                 "controller is gone)" % (task_vars.get("inventory_hostname", "?"), holder))
                 res = self._module(task_vars, dict(args, break_owner=str(holder)))
                 res["took_over_from"] = str(holder)
+        return res
+
+    def _check_and_decide(self, task_vars, args: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
+        decide = args.get("decide") or {}
+        profile = decide.get("nccl_profile")
+        if profile not in (None, "") and not boolean(decide.get("nccl_known", True), strict=False):
+            return dict(failed=True, changed=False, msg=_check.unknown_nccl_refusal(str(profile)))
+        res = self._locked_module(task_vars, args)
+        owner = args.get("owner")
         if res.get("failed"):
             return res
         force = boolean(decide.get("force", False), strict=False)
@@ -119,4 +124,9 @@ class ActionModule(ActionBase):
 
         if args.get("decide") is not None and args.get("action", "check") == "check":
             return merge_hash(result, self._check_and_decide(task_vars or {}, args))
+        if args.get("action") == "lock":
+            # The lock before the NCCL layers are written (the rollout's tuning, a user's play): a dead run's lock of
+            # this controller is taken over here, so the rerun after an interrupted run tunes the host (issue 24: it
+            # used to skip the tuning and then refuse the restart as if --tags had left the role out).
+            return merge_hash(result, self._locked_module(task_vars or {}, args))
         return merge_hash(result, self._module(task_vars, args))

@@ -191,11 +191,41 @@ def failure_text(res: t.Mapping[str, t.Any], limit: int = FAILURE_CHARS) -> str:
     if printed and printed not in msg:
         msg = "%s: %s" % (msg.rstrip(". "), printed)
     text = " ".join(_BANNER.sub(" ", ln.strip()) for ln in msg.splitlines())
-    text = " ".join(text.split())
-    if len(text) > limit:
-        head = limit // 4
-        text = text[:head] + " ... " + text[-(limit - head - 5):]
-    return text
+    return fit(" ".join(text.split()), limit)
+
+
+# The shortest a clause is cut to: its head (what it is about: "systemd: ...", "log tail (PATH): ") and its end.
+_CLAUSE_MIN = 100
+
+
+def _head_end(text: str, limit: int) -> str:
+    """A quarter of `limit` from the head (at least up to the first ": ", which names the clause, when that is within
+    half of it), the rest from the end."""
+    head = limit // 4
+    colon = text.find(": ")
+    if 0 < colon and colon + 2 <= limit // 2:
+        head = max(head, colon + 2)
+    return text[:head] + " ... " + text[-(limit - head - 5):]
+
+
+def fit(text: str, limit: int) -> str:
+    """`text` within `limit` characters, cut clause by clause (after "; " and ". "): the longest clause loses its middle
+    first, so every clause keeps its head and its end. A rollback's failure joins several causes (the rollback's, the
+    new server's exit, systemd's status, its journal, the log tail, what was left) and each keeps what names it; one
+    long clause (an unreachable host's OpenSSH text) keeps its head and its end, as a whole text did."""
+    if len(text) <= limit:
+        return text
+    # Clauses with their separators kept: "a; " "b. " "c".
+    parts = [x for x in re.split(r"(?<=; )|(?<=\. )", text) if x]
+    while True:
+        total = sum(len(x) for x in parts)
+        if total <= limit:
+            return "".join(parts)
+        i = max(range(len(parts)), key=lambda k: len(parts[k]))
+        want = max(len(parts[i]) - (total - limit), _CLAUSE_MIN)
+        if want >= len(parts[i]):  # every clause is as short as it gets: the whole text loses its middle
+            return _head_end("".join(parts), limit)
+        parts[i] = _head_end(parts[i], want)
 
 
 def _fmt(v: t.Any) -> str:

@@ -83,6 +83,8 @@ def build_selector(p: t.Mapping[str, t.Any], procs: t.Mapping[int, _proc.Proc]) 
         # Not module options either: server_restart's GPUs, against which a match of its adopt regex is judged.
         adopt_gpus=p.get("adopt_gpus") or (),
         gpus_by_pid=gpus_by_pid(p["backend"], procs) if p.get("adopt_gpus") and p["cmdline_regex"] else None,
+        # Not a module option: server_restart's server user, the only one whose processes its launch tag selects.
+        tag_users=p.get("tag_users") or (),
     )
     if sel.is_empty() and not p["gpu_holders"]:
         raise StepError("No selector given: set at least one of tag, pidfile, pids, cmdline_regex, user, gpu_holders")

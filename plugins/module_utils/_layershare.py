@@ -18,6 +18,7 @@ Only the variable names are said: the values are the operator's, and the other s
 from __future__ import annotations
 
 import os
+import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _select, _server
@@ -97,14 +98,36 @@ def refuse_launch_onto_changing(own: t.Tuple[str, str], lock_dir: t.Optional[str
     the user's own."""
     changing = services_changing_layers(own, lock_dir)
     if changing:
-        raise StepError("the NCCL layers are host-wide and %s the files no longer hold. Run again once that run is done; "
-                        "nothing was stopped" % _changing_text(own, changing), phase="preflight",
+        raise StepError("the NCCL layers are host-wide and %s the files no longer hold. %s; nothing was stopped"
+                        % (_changing_text(own, changing, lock_dir), _run_again(changing, lock_dir)), phase="preflight",
                         other_services=sorted(changing))
 
 
-def _changing_text(own: t.Tuple[str, str], changing: t.Mapping[str, str]) -> str:
+def _lock_text(lock_dir: t.Optional[str], name: str, holder: str) -> str:
+    """The other service's run as its lock shows it: who, since and until when, and whether a process of that run works
+    on this host now (a run whose controller was killed leaves its lock until it expires)."""
+    cur = _server.read_state(os.path.join(str(lock_dir), name + ".lock"))
+    out = "its host lock held by run %s" % holder
+    try:
+        out += " since %s, until %s" % tuple(time.strftime("%H:%M:%S", time.localtime(float(cur[k])))
+                                            for k in ("acquired", "expires"))
+    except (KeyError, TypeError, ValueError):
+        pass
+    worker = _server.lock_worker(cur)
+    return out + ("; its restart runs on this host as pid %d" % worker[0] if worker else
+                  "; no process of that run works on this host now")
+
+
+def _run_again(changing: t.Mapping[str, str], lock_dir: t.Optional[str]) -> str:
+    locks = " and ".join(os.path.join(str(lock_dir), n + ".lock") for n in changing)
+    return ("Run again once that run is done. If it was interrupted (Ctrl-C, its controller killed), rerun the rollout of "
+            "%s: from the controller that started it, it takes the lock over and finishes; from another, remove %s first, "
+            "once you know that run is gone (runbook: A rollout was interrupted)" % (" and ".join(changing), locks))
+
+
+def _changing_text(own: t.Tuple[str, str], changing: t.Mapping[str, str], lock_dir: t.Optional[str]) -> str:
     """Who changed the layers and what that means for `own`, as both refusals say it."""
-    who = ", ".join("%s (its host lock held by run %s)" % kv for kv in changing.items())
+    who = ", ".join("%s (%s)" % (name, _lock_text(lock_dir, name, run)) for name, run in changing.items())
     return ("service %s changed them and has not finished its restart on this host; it puts them back if that restart "
             "is refused before its kill, and %s would then run with values" % (who, own[1]))
 
@@ -122,8 +145,8 @@ def refuse_if_shared(own: t.Optional[t.Tuple[str, str]], path: str, before: t.Ma
     if not names:
         changing = services_changing_layers(own, lock_dir)
         if changing:
-            raise StepError("NCCL layers are host-wide (%s): %s the file no longer holds. Run again once that run is "
-                            "done; nothing was changed" % (path, _changing_text(own, changing)),
+            raise StepError("NCCL layers are host-wide (%s): %s the file no longer holds. %s; nothing was changed"
+                            % (path, _changing_text(own, changing, lock_dir), _run_again(changing, lock_dir)),
                             path=path, changed_vars=[], other_services=sorted(changing))
         return
     others = other_services(own)
@@ -142,9 +165,9 @@ def refuse_if_shared(own: t.Optional[t.Tuple[str, str]], path: str, before: t.Ma
     them = " and ".join(others)
     many = len(others) > 1
     raise StepError(
-        "NCCL layers are host-wide (%s): service%s %s run%s on this host with the current values; changing %s for %s "
-        "would change %s next start too. Give every service on a host the same gpufleet_nccl_* (the host's "
+        "NCCL layers are host-wide (%s): service%s %s run%s on this host and start%s workers with what the layers hold; "
+        "changing %s for %s would change %s next start too. Give every service on a host the same gpufleet_nccl_* (the host's "
         "group_vars), or stop %s first (gpufleet.serving.clean); nothing was changed"
-        % (path, "s" if many else "", who, "" if many else "s", ", ".join(names), own[1],
+        % (path, "s" if many else "", who, "" if many else "s", "" if many else "s", ", ".join(names), own[1],
            "their" if many else them + "'s", "them" if many else them),
         path=path, changed_vars=names, other_services=sorted(others))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import signal
 import time
 import typing as t
@@ -103,8 +104,10 @@ def _selector(p: t.Mapping[str, t.Any], **over: t.Any) -> t.Dict[str, t.Any]:
     sel = {k: v.get("default") for k, v in _killmod.selector_argspec().items()}
     # Every selection of this cycle is this service's: another service's processes on the host (its launch tag) are
     # never taken, also by the adopt regex, the stray kill or a session (two services on one host).
+    # The launch tag selects only the server's user's processes (and those of the process its pidfile names): anyone
+    # can put the tag into a process's environment.
     sel.update(exclude_regex=p["kill"]["exclude_regex"], backend=p["backend"],
-               service_tag="%s=%s" % (p["tag_name"], p["name"]))
+               service_tag="%s=%s" % (p["tag_name"], p["name"]), tag_users=[p["user"]])
     sel.update(over)
     return sel
 
@@ -319,6 +322,15 @@ def holders_hint(p: t.Mapping[str, t.Any], pids: t.Sequence[int]) -> str:
             services[pid] = value
     strays = [pid for pid in pids if pid in procs and pid not in excluded and pid not in services]
     parts = []
+    # This service's own tag on a process of another user: the kill leaves it alone (anyone can set the tag).
+    foreign = sorted(pid for pid, v in services.items() if v == p["name"] and pid in procs and procs[pid].uid not in
+                     server_uids(p))
+    for pid in foreign:
+        del services[pid]
+    if foreign:
+        parts.append("pid %s: this service's launch tag as user %s, not the server's user (%s): never killed, stop it "
+                     "by hand" % (_pids(foreign), ", ".join(sorted({procs[x].user() for x in foreign})),
+                                  ", ".join(sorted(_proc.user_name(u) for u in server_uids(p)))))
     if strays and not p["kill"]["gpu_strays"]:
         head = "None is gpufleet's" if len(strays) == len(pids) else "pid %s: no gpufleet service's" % _pids(strays)
         if p["kill"]["cmdline_regex"]:  # an adopt regex is set and does not match them (orphaned spawn workers)
@@ -337,6 +349,28 @@ def holders_hint(p: t.Mapping[str, t.Any], pids: t.Sequence[int]) -> str:
         parts.append("pid %s: never killed (%s), stop it by hand" % (
             _pids(sorted(excluded)), "; ".join(sorted(set(excluded.values())))))
     return "; ".join(parts)
+
+
+def server_uids(p: t.Mapping[str, t.Any]) -> t.Set[int]:
+    """The uids whose processes the launch tag selects: the server's user's, and that of the process its pidfile names
+    (a server launched before gpufleet_server_user changed; the pidfile is gpufleet's, in the root-owned run dir)."""
+    uids = set()
+    try:
+        uids.add(pwd.getpwnam(p["user"]).pw_uid)
+    except KeyError:
+        if str(p["user"]).isdigit():
+            uids.add(int(p["user"]))
+    ident = _server.pidfile_identity(p["pidfile"]) if p.get("pidfile") else None
+    proc = _proc.read_proc(ident[0]) if ident else None
+    if proc is not None and proc.start_time == ident[1]:
+        uids.add(proc.uid)
+    return uids
+
+
+def own_tagged(p: t.Mapping[str, t.Any], procs: t.Mapping[int, _proc.Proc]) -> t.List[_proc.Proc]:
+    """The processes carrying this service's launch tag that run as the server's user (server_uids)."""
+    uids = server_uids(p)
+    return [pr for pid, pr in procs.items() if pr.uid in uids and _proc.environ_has(pid, p["tag_name"], p["name"])]
 
 
 def _pids(pids: t.Iterable[int]) -> str:
@@ -396,7 +430,8 @@ def port_preflight(p: t.Mapping[str, t.Any]) -> None:
 
 
 def selection_params(name: str, tag_name: str, pidfile: t.Optional[str], gpus: t.Sequence[int], backend: str,
-                     cmdline_regex: t.Optional[str], gpu_strays: bool, clean_timeout: float) -> t.Dict[str, t.Any]:
+                     cmdline_regex: t.Optional[str], gpu_strays: bool, clean_timeout: float,
+                     user: str) -> t.Dict[str, t.Any]:
     """The part of this module's parameters that the kill's selection and the clean gate's wait read (_old_server,
     _selector, _kill_step, refuse_unended), for server_state's check: it refuses what this cycle would refuse before
     its kill, before the drain, with this very code (refuse_foreign_listeners, refuse_unended). The exclude list is the
@@ -404,7 +439,7 @@ def selection_params(name: str, tag_name: str, pidfile: t.Optional[str], gpus: t
     kill = {k: v.get("default") for k, v in _killmod.signal_argspec().items()}
     kill.update(cmdline_regex=cmdline_regex, gpu_strays=gpu_strays, exclude_regex=None)
     gate = _gpumod.clean_gate_argspec()
-    return dict(name=name, tag_name=tag_name, pidfile=pidfile, gpus=list(gpus or []), backend=backend, kill=kill,
+    return dict(name=name, tag_name=tag_name, pidfile=pidfile, gpus=list(gpus or []), backend=backend, kill=kill, user=user,
                 wait_clean=dict(timeout=clean_timeout, poll_interval=gate["poll_interval"]["default"]))
 
 
@@ -866,7 +901,7 @@ def stop_failed(module: t.Any, p: t.Mapping[str, t.Any], result: t.Mapping[str, 
     """After a start-up or readiness failure: stop what is left of the new server (it serves nobody and holds the
     GPUs), then verify the GPUs clean, unless keep_failed asks to keep it for debugging. Returns what was left, with a
     sentence in the docs' terms (docs/runbook.md, "The new server failed its readiness") for the failure message."""
-    alive = [pid for pid in _proc.list_pids() if _proc.environ_has(pid, p["tag_name"], p["name"])]
+    alive = sorted(pr.pid for pr in own_tagged(p, _proc.snapshot()))
     if p["keep_failed"]:
         # kept: something of it runs (the summary's "failed new server kept"); a launcher that died kept nothing.
         return {"kept": bool(alive), "stopped": False, "processes": len(alive), "text": (
@@ -972,7 +1007,7 @@ def _systemd_stop(module: t.Any, p: t.Mapping[str, t.Any], result: t.Dict[str, t
         # TimeoutStopSec, the start its command.
         _systemd.daemon_reload(run)
         procs = _proc.snapshot()
-        tagged = [pr for pid, pr in procs.items() if _proc.environ_has(pid, p["tag_name"], p["name"])]
+        tagged = own_tagged(p, procs)
         t0 = time.monotonic()
         _systemd.stop(run, unit)
         stop_s = time.monotonic() - t0

@@ -60,6 +60,10 @@ class Selector(t.NamedTuple):
     # these, is another server started by hand (a second service on the host, issue 24) and is never selected.
     adopt_gpus: t.Sequence[int] = ()
     gpus_by_pid: t.Optional[t.Mapping[int, t.Sequence[int]]] = None
+    # The users whose processes the launch tag selects (server_restart: the server's user); empty: any user's. Anyone
+    # can put the tag into a process's environment; only the server's own processes run as its user. The process a
+    # confirmed pidfile names counts as one of them (a server launched before gpufleet_server_user changed).
+    tag_users: t.Sequence[str] = ()
 
     def is_empty(self) -> bool:
         return not (self.tag or self.pidfile or self.pids or self.cmdline_regex or self.user or self.gpu_holder_pids)
@@ -166,6 +170,8 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
     if sel.user is not None:
         uid = _uid_of(sel.user)
 
+    tag_uids = {_uid_of(u) for u in sel.tag_users} if sel.tag_users else None
+
     reasons: t.Dict[int, t.List[str]] = {}
     notes: t.List[str] = []
 
@@ -185,9 +191,12 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
         notes.append(pidfile["reason"])
         if pidfile["status"] == "confirmed":
             add(pidfile["pid"], "pidfile")
+            if tag_uids is not None:
+                tag_uids.add(procs[pidfile["pid"]].uid)
     for pid in sel.gpu_holder_pids:
         if pid in procs:
             add(pid, "gpu_holder")
+    tag_elsewhere: t.List[int] = []
     for p in procs.values():
         if p.pid == me:
             continue
@@ -196,7 +205,10 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
         if uid is not None and p.uid == uid:
             add(p.pid, "user")
         if tag is not None and _proc.environ_has(p.pid, tag[0], tag[1]):
-            add(p.pid, "tag")
+            if tag_uids is None or p.uid in tag_uids:
+                add(p.pid, "tag")
+            else:
+                tag_elsewhere.append(p.pid)
 
     protected = _proc.protected_pids(procs, me)
     excluded: t.Dict[int, str] = {}
@@ -231,6 +243,9 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
         for pid in _proc.descendants(list(reasons), procs):
             add(pid, "descendant")
     drop_excluded()
+    for pid in tag_elsewhere:
+        if pid not in reasons and pid not in excluded and tag is not None and tag_uids is not None:
+            excluded[pid] = tag_user_reason(procs[pid], tag, tag_uids)
     out: t.Dict[str, t.Any] = {"selected": reasons, "notes": notes, "excluded": excluded}
     if pidfile is not None:
         out["pidfile"] = pidfile
@@ -312,6 +327,13 @@ def _other_gpus_reason(pid: int, procs: t.Mapping[int, _proc.Proc], own_gpus: t.
     return ("matched by the adopt regex, but it holds GPU %s and none of this service's GPUs (%s): another server, "
             "started by hand, left alone" % (", ".join(str(g) for g in sorted(held)),
                                              ", ".join(str(g) for g in sorted(set(own_gpus)))))
+
+
+def tag_user_reason(p: _proc.Proc, tag: t.Tuple[str, str], uids: t.Iterable[int]) -> str:
+    """Why a process carrying the launch tag is not taken for the server: it runs as another user."""
+    return ("carries the launch tag %s=%s but runs as user %s, not as the server's user (%s): anyone can put the tag "
+            "into a process's environment; left alone" % (tag[0], tag[1], p.user(),
+                                                           ", ".join(sorted(_proc.user_name(u) for u in uids))))
 
 
 def _exclusion(p: _proc.Proc, protected: t.Set[int], excl: t.Sequence[t.Pattern[str]]) -> str | None:

@@ -717,7 +717,8 @@ def restart_preflight(module: AnsibleModule) -> None:
     p = module.params
     la = p["launchable"]
     sel = _restart.selection_params(p["name"], p["tag_name"], p["pidfile"], p["gpus"], p["backend"],
-                                    la["kill"]["cmdline_regex"], la["kill"]["gpu_strays"], la["clean_timeout"])
+                                    la["kill"]["cmdline_regex"], la["kill"]["gpu_strays"], la["clean_timeout"],
+                                    la["user"])
     try:
         # The restart's own refusal (its preflight), before the drain: the run dir holds the services' locks.
         if p["pidfile"]:

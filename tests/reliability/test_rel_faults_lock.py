@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import time
 
 import pytest
@@ -265,3 +266,55 @@ def test_an_earlier_run_waits_for_a_later_runs_lock_and_says_how_long(bare, tmp_
     assert m and float(m.group(1)) > 0, out[-3000:]
     assert _launches(fleet) == 1
     assert read_host_file(fleet, H, LOCK) is None
+
+
+def _dead_run_id():
+    """A run id of this controller (the gpufleet.serving.run lookup's form) whose ansible-playbook process is gone."""
+    from ansible_collections.gpufleet.serving.plugins.plugin_utils import _run  # the collection on the test's path
+    gone = subprocess.Popen(["sleep", "60"])
+    try:
+        run_id = _run.new_id(socket.gethostname(), gone.pid)
+    finally:
+        gone.kill()
+        gone.wait()
+    assert _run.owner_alive(run_id, socket.gethostname()) is False
+    return run_id
+
+
+@pytest.mark.reliability(
+    section="fault", case="The rerun after a run interrupted under the host lock, with a new NCCL tuning",
+    provoked="a rollout with NCCL profile pcie_only; then host1's lock file names a run of this controller whose "
+             "ansible-playbook process is gone (killed after it took the lock, before its restart), and the next rollout "
+             "asks for another NCCL_BUFFSIZE (gpufleet_nccl_env)",
+    outcome="the rollout takes the dead run's lock over at its first lock, before the NCCL layers are written "
+            "('taking over the host lock of dead run ...', 'broke the lock of dead run'), writes the new value into the "
+            "layers under it and restarts host1 onto them; rc 0, one more launch, no lock left, and no claim that "
+            "--tags left the nccl_tuning role out")
+def test_the_rerun_after_an_interrupted_run_tunes_under_the_taken_over_lock(bare, tmp_path):
+    """Found by the new-user pass (issue 24): the rerun skipped the tuning (the lock task met the dead run's lock), took
+    the lock over only at its check and then refused the restart as if --tags had left the nccl_tuning role out."""
+    fleet = bare
+    original = _layers(fleet)
+    try:
+        invs = _inventory(fleet, tmp_path, "first", gpufleet_nccl_profile="pcie_only")[0]
+        first = CliRun(tmp_path, "first", "gpufleet.serving.rollout", invs)
+        assert first.wait() == 0, first.text()[-4000:]
+        launches = _launches(fleet)
+        dead = _dead_run_id()
+        now = time.time()
+        sh(fleet, H, "mkdir -p /run/gpufleet && printf '%%s' '%s' > %s" % (
+            json.dumps({"owner": dead, "acquired": now, "expires": now + 3600}), LOCK))
+        invs = _inventory(fleet, tmp_path, "rerun", gpufleet_nccl_profile="pcie_only",
+                          gpufleet_nccl_env={"NCCL_BUFFSIZE": "4194304"})[0]
+        rerun = CliRun(tmp_path, "rerun", "gpufleet.serving.rollout", invs)
+        rc = rerun.wait()
+        out = " ".join(rerun.text().split())
+        assert rc == 0, out[-4000:]
+        assert "%s: taking over the host lock of dead run %s" % (H, dead) in out, out[-3000:]
+        assert "broke the lock of dead run %s" % dead in out, out[-3000:]
+        assert "left the nccl_tuning role out" not in out, out[-3000:]
+        assert any(c and "4194304" in c for c in _layers(fleet).values()), _layers(fleet)
+        assert _launches(fleet) == launches + 1
+        assert read_host_file(fleet, H, LOCK) is None
+    finally:
+        _restore_layers(fleet, original)

@@ -129,7 +129,8 @@ def test_restarting_one_service_leaves_the_other_services_server_alone(two):
              "NCCL_PROTO and NCCL_ALGO values of its own (gpufleet_nccl_env), with --check and for real; then sgb's "
              "rollout with the shared tuning again",
     outcome="both runs with other values fail on the host before anything is written: \"NCCL layers are host-wide "
-            "(<sitecustomize.py>): service sglang (pid N) runs on this host with the current values; changing "
+            "(<sitecustomize.py>): service sglang (pid N) runs on this host and starts workers with what the layers "
+            "hold; changing "
             "NCCL_ALGO, NCCL_PROTO for sgb would change sglang's next start too. Give every service on a host the same "
             "gpufleet_nccl_* ...\" (variable names only, never values); the system sitecustomize.py is byte-for-byte "
             "unchanged and both servers run on; the shared tuning passes and changes nothing (no restart)")
@@ -137,8 +138,8 @@ def test_a_second_service_with_other_nccl_values_is_refused_and_the_same_values_
     site = two["site_before"]
     assert site["text"] and "('NCCL_PROTO', 'LL')" in site["text"], site
     launcher = min(two["sglang_after_restart"], key=lambda p: (p[1], p[0]))[0]  # the oldest: the launcher
-    want = ("NCCL layers are host-wide (%s): service sglang (pid %d) runs on this host with the current values; "
-            "changing NCCL_ALGO, NCCL_PROTO for sgb would change sglang's next start too. Give every service on a host "
+    want = ("NCCL layers are host-wide (%s): service sglang (pid %d) runs on this host and starts workers with what "
+            "the layers hold; changing NCCL_ALGO, NCCL_PROTO for sgb would change sglang's next start too. Give every service on a host "
             "the same gpufleet_nccl_* (the host's group_vars), or stop sglang first (gpufleet.serving.clean); nothing "
             "was changed" % (site["path"], launcher))
     for ident in ("sgb-other-check", "sgb-other"):

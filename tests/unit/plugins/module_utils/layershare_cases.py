@@ -76,8 +76,8 @@ def _written_with_locks(tmp_path, layer, run_module):
 
 
 def _message(path, pid, names):
-    return ("NCCL layers are host-wide (%s): service sgb (pid %d) runs on this host with the current values; changing %s "
-            "for sglang would change sgb's next start too. Give every service on a host the same gpufleet_nccl_* (the "
+    return ("NCCL layers are host-wide (%s): service sgb (pid %d) runs on this host and starts workers with what the "
+            "layers hold; changing %s for sglang would change sgb's next start too. Give every service on a host the same gpufleet_nccl_* (the "
             "host's group_vars), or stop sgb first (gpufleet.serving.clean); nothing was changed"
             % (os.path.realpath(str(path)), pid, names))
 
@@ -211,8 +211,12 @@ def test_the_values_another_services_unfinished_run_wrote_are_not_launched_onto(
     for check_mode in (True, False):
         r = run_module(main, dict(args, env={"NCCL_PROTO": "LL"}), check_mode=check_mode)
         assert r.get("failed") is True, r
-        assert "service sga (its host lock held by run %s) changed them and has not finished its restart" % owner \
-            in r["msg"], r["msg"]
+        assert "service sga (its host lock held by run %s since " % owner in r["msg"], r["msg"]
+        assert ("; no process of that run works on this host now) changed them and has not finished its restart"
+                in r["msg"]), r["msg"]
+        assert ("If it was interrupted (Ctrl-C, its controller killed), rerun the rollout of sga: from the controller "
+                "that started it, it takes the lock over and finishes; from another, remove %s first, once you know that "
+                "run is gone" % (locks / "sga.lock")) in r["msg"], r["msg"]
         assert "sglang would then run with values the file no longer holds" in r["msg"] and "LL" not in r["msg"], r["msg"]
         assert r["other_services"] == ["sga"]
         assert path.read_bytes() == before

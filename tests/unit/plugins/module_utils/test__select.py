@@ -471,3 +471,33 @@ def test_a_tag_scan_is_exact_and_only_the_pidfile_follows_a_tag_name_change(tmp_
     finally:
         po.kill()
         po.wait()
+
+
+def test_tag_users_limit_the_tag_to_those_users_and_the_confirmed_pidfiles(tmp_path):
+    """Anyone can put a launch tag into its process's environment: with tag_users the tag selects only those users'
+    processes, and the process a confirmed pidfile names (a server launched under a former gpufleet_server_user)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start a process as nobody")
+    tag = "%s_USERS" % TAG
+    forged = subprocess.Popen(["/bin/sleep", "600"], env={tag: "svc"}, user=65534, group=65534, cwd="/",
+                              start_new_session=True)
+    mine = subprocess.Popen(["/bin/sleep", "600"], env={tag: "svc"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (_proc.read_proc(forged.pid).uid == 65534 and "sleep" in _proc.read_proc(forged.pid).command):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        r = _select.select(_select.Selector(tag="%s=svc" % tag, tag_users=["root"]))
+        assert mine.pid in r["selected"] and forged.pid not in r["selected"], r
+        assert r["excluded"][forged.pid].startswith("carries the launch tag %s=svc but runs as user %s, not as the "
+                                                    "server's user (root)" % (tag, _proc.user_name(65534)))
+        # Without tag_users (process_kill: the tag is the caller's whole selector) every tagged process is taken.
+        assert {mine.pid, forged.pid} <= set(_select.select(_select.Selector(tag="%s=svc" % tag))["selected"])
+        pf = tmp_path / "svc.pid"
+        pf.write_text("%d %d\n" % (forged.pid, _proc.read_proc(forged.pid).start_time))
+        r = _select.select(_select.Selector(tag="%s=svc" % tag, tag_users=["root"], pidfile=str(pf)))
+        assert r["pidfile"]["status"] == "confirmed" and {mine.pid, forged.pid} <= set(r["selected"]), r
+    finally:
+        for p in (forged, mine):
+            p.kill()
+            p.wait()

@@ -18,7 +18,7 @@ import pytest
 from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _restart, _server
 from ansible_collections.gpufleet.serving.plugins.modules import server_restart
 
-from helpers import FAKE_NVML_DIR, pid_alive
+from helpers import FAKE_NVML_DIR, pid_alive, wait_for
 
 # A launcher that starts one worker (which inherits its environment, the launch tag included) holding fake GPU
 # memory on GPU 0, then answers /health once the worker holds it.
@@ -312,6 +312,66 @@ def test_an_adopt_regex_matching_another_services_server_leaves_it_alone(server,
     assert all("another service's launch tag" in x["reason"] for x in r["kill"]["excluded"]), r["kill"]["excluded"]
     assert other.poll() is None and _proc.is_alive(ident)
     assert r["pid"] in _tagged(a) and first["pid"] not in _tagged(a)
+
+
+def _as_nobody(a, argv):
+    """A process of user nobody carrying this service's launch tag, in a session of its own."""
+    return subprocess.Popen(argv, env={a["tag_name"]: SERVICE, "PATH": "/usr/bin:/bin"}, user=65534, group=65534,
+                            cwd="/", start_new_session=True)
+
+
+@pytest.mark.reliability(
+    section="security", case="A process of another user carrying the service's launch tag",
+    provoked="a server launched as root (gpufleet_server_user), then a `sleep` of user nobody and one of root, each in "
+             "a session of its own with the launch tag in its environment; a forced restart",
+    outcome="the restart ends root's tagged process (an orphaned worker) and leaves nobody's running, listed under the "
+            "kill's excluded with 'carries the launch tag ... but runs as user nobody, not as the server's user "
+            "(root)'; holding the GPUs, such a process is named in the refusal before the kill ('never killed, stop it "
+            "by hand')")
+def test_the_launch_tag_selects_only_the_servers_users_processes(server, run_module):
+    """Issue 24 (new-user pass): anyone can put the launch tag into a process's environment. The restart's kill takes
+    a tagged process only when it runs as the server's user (gpufleet_server_user, root here): a root process carrying
+    the tag (an orphaned worker) is ended, one of user nobody is left alone, listed as excluded with the reason."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start a process as nobody")
+    a = server
+    first = run_module(server_restart.main, a)
+    assert "failed" not in first, first.get("msg")
+    forged = _as_nobody(a, ["/bin/sleep", "600"])
+    orphan = subprocess.Popen(["/bin/sleep", "600"], env={a["tag_name"]: SERVICE}, start_new_session=True)
+    try:
+        wait_for(lambda: _proc.read_proc(forged.pid) is not None and _proc.read_proc(forged.pid).uid == 65534
+                 and "sleep" in _proc.read_proc(forged.pid).command, 30, "the forged process as nobody")
+        _lock(a)
+        r = run_module(server_restart.main, a)
+        assert "failed" not in r, r.get("msg")
+        killed = [p["pid"] for p in r["kill"]["processes"]]
+        assert orphan.pid in killed and forged.pid not in killed, r["kill"]
+        reasons = {x["pid"]: x["reason"] for x in r["kill"]["excluded"]}
+        assert reasons.get(forged.pid) == (
+            "carries the launch tag %s=%s but runs as user %s, not as the server's user (root): anyone can put the tag "
+            "into a process's environment; left alone" % (a["tag_name"], SERVICE, _proc.user_name(65534))), reasons
+        assert forged.poll() is None and orphan.wait(timeout=10) is not None
+    finally:
+        for p in (forged, orphan):
+            p.kill()
+            p.wait()
+
+
+def test_a_gpu_holder_carrying_the_tag_as_another_user_is_named_in_the_refusal(server):
+    """The refusal before the kill (refuse_unended's hint) says why such a holder is not ended: its user."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start a process as nobody")
+    a = dict(server, user="root", kill=dict(cmdline_regex=None, gpu_strays=False, exclude_regex=None))
+    forged = _as_nobody(a, ["/bin/sleep", "600"])
+    try:
+        wait_for(lambda: (_proc.read_proc(forged.pid) or _proc.read_proc(os.getpid())).uid == 65534, 30, "nobody")
+        hint = _restart.holders_hint(a, [forged.pid])
+        assert hint == ("pid %d: this service's launch tag as user %s, not the server's user (root): never killed, "
+                        "stop it by hand" % (forged.pid, _proc.user_name(65534))), hint
+    finally:
+        forged.kill()
+        forged.wait()
 
 
 def test_an_adopt_regex_leaves_a_hand_started_server_on_other_gpus_alone(server, run_module, nvml, tmp_path):
@@ -694,10 +754,16 @@ def test_no_launch_while_another_services_unfinished_run_changed_the_layers(serv
         json.dump({"files": []}, f)
     r = run_module(server_restart.main, a)
     assert r["failed"] and r["phase"] == "preflight", r
-    assert r["msg"] == ("the NCCL layers are host-wide and service sga (its host lock held by run %s) changed them and "
+    since = re.search(r"since (\d\d:\d\d:\d\d), until (\d\d:\d\d:\d\d)", r["msg"])
+    assert since, r["msg"]
+    assert r["msg"] == ("the NCCL layers are host-wide and service sga (its host lock held by run %s since %s, until %s; "
+                        "no process of that run works on this host now) changed them and "
                         "has not finished its restart on this host; it puts them back if that restart is refused before "
                         "its kill, and %s would then run with values the files no longer hold. Run again once that run "
-                        "is done; nothing was stopped" % (owner, SERVICE)), r["msg"]
+                        "is done. If it was interrupted (Ctrl-C, its controller killed), rerun the rollout of sga: from "
+                        "the controller that started it, it takes the lock over and finishes; from another, remove %s "
+                        "first, once you know that run is gone (runbook: A rollout was interrupted); nothing was stopped"
+                        % (owner, since.group(1), since.group(2), SERVICE, os.path.join(run_dir, "sga.lock"))), r["msg"]
     assert r.get("killed", 0) == 0 and _tagged(a) == running
     os.unlink(os.path.join(run_dir, "sga.layers-previous.json"))
     r = run_module(server_restart.main, a)

@@ -1,0 +1,42 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The summary's failure cell: a long failure keeps each clause's head and end (rollout_summary.fit)."""
+from __future__ import annotations
+
+from ansible_collections.gpufleet.serving.plugins.callback.rollout_summary import FAILURE_CHARS, failure_text, fit
+
+# A systemd rollback as server_restart words it: the rollback, the new server's exit, systemd's status, its journal,
+# the server's log tail, and what was left.
+WHY = ("gpufleet-demo.service exited during start-up after 0.4 s; systemd: Result=exit-code, code=exited, status=3; "
+       "journal (journalctl -u gpufleet-demo.service): Dec 05 09:50:01 host1 systemd[1]: gpufleet-demo.service: Main "
+       "process exited, code=exited, status=3/NOTIMPLEMENTED | Dec 05 09:50:01 host1 systemd[1]: gpufleet-demo.service: "
+       "Failed with result 'exit-code'.; log tail (/var/log/gpufleet/demo.log): ==== gpufleet launch | Traceback (most "
+       "recent call last): | File \"/opt/gpufleet-fake/demo_server.py\", line 412, in <module> | " + "x" * 300 + " | "
+       "RuntimeError: --fail-at-startup asked for. The failed new server was stopped; the last known good (pid 4242) "
+       "serves in its place")
+MSG = "demo: rolled back to the last known good 0123456789ab (recorded 2026-12-05T09:40:00+00:00): " + WHY
+
+
+def test_a_long_systemd_rollback_keeps_every_clauses_head_and_the_end():
+    """Found by the new-user pass (issue 24): the summary cut the middle of a long rollback failure, systemd's exit
+    status with it."""
+    text = failure_text({"msg": MSG})
+    assert len(MSG) > FAILURE_CHARS and len(text) <= FAILURE_CHARS, (len(MSG), len(text))
+    for part in ("demo: rolled back to the last known good 0123456789ab", "exited during start-up after 0.4 s",
+                 "systemd: Result=exit-code, code=exited, status=3", "journal (journalctl -u gpufleet-demo.service)",
+                 "log tail (/var/log/gpufleet/demo.log)", "RuntimeError: --fail-at-startup asked for",
+                 "the last known good (pid 4242) serves in its place"):
+        assert part in text, (part, text)
+
+
+def test_a_short_text_is_left_whole_and_one_long_clause_keeps_its_head_and_end():
+    assert fit("a; b", 10) == "a; b"
+    one = "head " + "m" * 1000 + " end"
+    out = fit(one, 100)
+    assert len(out) == 100 and out.startswith("head ") and out.endswith(" end") and " ... " in out, out
+
+
+def test_many_short_clauses_fall_back_to_head_and_end_within_the_limit():
+    text = "; ".join("clause %03d %s" % (i, "y" * 50) for i in range(40))
+    out = fit(text, 600)
+    assert len(out) <= 600 and out.startswith("clause 000") and out.endswith("y" * 30), out
+    assert "clause 039 " in out, out
