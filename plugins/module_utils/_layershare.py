@@ -40,14 +40,19 @@ def changed_names(before: t.Mapping[str, str], after: t.Mapping[str, str]) -> t.
     return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
 
 
-def other_services(own: t.Tuple[str, str]) -> t.Dict[str, int]:
+def other_services(own: t.Tuple[str, str], lock_dir: t.Optional[str] = None) -> t.Dict[str, int]:
     """service -> the pid of its oldest live process, for every other service whose launch tag a process on this host
     carries (_select.other_service_tag: own's NAME with another value, GPUFLEET_LAUNCH_TAG naming another service under
     any tag name, or the default tag for a service with a tag name of its own). Processes whose environ cannot be read
-    (another user's, without become) are not seen."""
+    (another user's, without become) are not seen.
+
+    With `lock_dir` (the services' run dir), a process counts only when it runs as root or as the user of the process
+    that service's pidfile there (<name>.pid, written by gpufleet as root) names: anyone can put a launch tag into a
+    process's environment, and a tagged `sleep` of any user would otherwise hold back every layer change of the host."""
     procs = _proc.snapshot()
     protected = _proc.protected_pids(procs, os.getpid())
     found: t.Dict[str, _proc.Proc] = {}
+    trusted: t.Dict[str, t.Set[int]] = {}
     for pid, p in procs.items():
         if pid in protected or p.state in ("Z", "X"):
             continue
@@ -56,9 +61,25 @@ def other_services(own: t.Tuple[str, str]) -> t.Dict[str, int]:
         if other is None:
             continue
         value = other[1]
+        if lock_dir:
+            if value not in trusted:
+                trusted[value] = {0} | (set() if "/" in value else
+                                        _pidfile_uid(procs, os.path.join(lock_dir, value + ".pid")))
+            if p.uid not in trusted[value]:
+                continue
         if value not in found or (p.start_time, p.pid) < (found[value].start_time, found[value].pid):
             found[value] = p  # the oldest: the launcher, as an SRE would look it up
     return {value: p.pid for value, p in sorted(found.items())}
+
+
+def _pidfile_uid(procs: t.Mapping[int, _proc.Proc], path: str) -> t.Set[int]:
+    """The uid of the live process a gpufleet pidfile ('PID START_TIME') names, as a set (empty when none does)."""
+    name = os.path.basename(path)
+    if name.startswith(".") or os.path.dirname(path) == "" or "/" in name:  # a name is no path to walk
+        return set()
+    ident = _server.pidfile_identity(path)
+    p = procs.get(ident[0]) if ident else None
+    return {p.uid} if p is not None and ident is not None and p.start_time == ident[1] else set()
 
 
 def services_in_rollout(own: t.Tuple[str, str], lock_dir: t.Optional[str]) -> t.Dict[str, str]:
@@ -149,7 +170,7 @@ def refuse_if_shared(own: t.Optional[t.Tuple[str, str]], path: str, before: t.Ma
                             % (path, _changing_text(own, changing, lock_dir), _run_again(changing, lock_dir)),
                             path=path, changed_vars=[], other_services=sorted(changing))
         return
-    others = other_services(own)
+    others = other_services(own, lock_dir)
     rolling = {k: v for k, v in services_in_rollout(own, lock_dir).items() if k not in others}
     if rolling:
         who = ", ".join("%s (its host lock held by run %s)" % kv for kv in rolling.items())

@@ -222,3 +222,30 @@ def test_the_values_another_services_unfinished_run_wrote_are_not_launched_onto(
         assert path.read_bytes() == before
     _lock(locks, "sga", owner, -1)
     assert run_module(main, dict(args, env={"NCCL_PROTO": "LL"}))["changed"] is False
+
+
+@pytest.mark.parametrize("layer", [_sitecustomize, _ncclconf], ids=["sitecustomize_env", "nccl_conf"])
+def test_a_tagged_process_of_another_user_holds_back_no_change_unless_its_pidfile_names_that_user(
+        tmp_path, run_module, layer):
+    """Found by the new-user pass (issue 24): any user could block every layer change of the host with a `sleep`
+    carrying another service's launch tag, and "stop ghost first" could not be followed. A process counts as another
+    service's when it runs as root, or as the user of the process that service's pidfile in the run dir names."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start a process as nobody")
+    main, args, path, locks, _before = _written_with_locks(tmp_path, layer, run_module)
+    ghost = subprocess.Popen(["/bin/sleep", "600"], env={TAG: "ghost"}, user=65534, group=65534, cwd="/",
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while _proc.read_environ(ghost.pid, [TAG]) != {TAG: "ghost"} or _proc.read_proc(ghost.pid).uid != 65534:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        r = run_module(main, dict(args, env={"NCCL_PROTO": "Simple"}))
+        assert "failed" not in r and r["changed"] is True, r
+        # The same user's server, named by ghost's pidfile in the run dir: a gpufleet service run as that user.
+        (locks / "ghost.pid").write_text("%d %d\n" % (ghost.pid, _proc.read_proc(ghost.pid).start_time))
+        r = run_module(main, dict(args, env={"NCCL_PROTO": "LL"}))
+        assert r.get("failed") is True and "service ghost (pid %d) runs on this host" % ghost.pid in r["msg"], r
+    finally:
+        ghost.kill()
+        ghost.wait()
