@@ -73,8 +73,22 @@ def generation(p: t.Mapping[str, t.Any], fingerprint: str, gate: t.Optional[t.Ma
              # What its workers' environment was verified against, for the verify after a rollback to it.
              expected_env=dict((p.get("verify_env") or {}).get("expected") or {}),
              # The paths its arguments named that existed when it passed: a rollback checks they still do.
-             paths=[x for x in argv_paths(p.get("command")) if os.path.exists(x)])
+             paths=[x for x in argv_paths(p.get("command")) if os.path.exists(x)],
+             # Where it answered its health check and real request: a new definition may serve on another port.
+             ready={k: (p.get("wait_ready") or {}).get(k) for k in READY_KEYS})
     return g
+
+
+# What a generation keeps of server_restart's wait_ready: the URL and request it passed with (the timeouts and the log
+# are the run's own).
+READY_KEYS = ("health_url", "request")
+
+
+def ready_for(g: t.Mapping[str, t.Any], current: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
+    """wait_ready for a relaunch of generation `g`: its own health URL and request where it recorded them (a generation
+    recorded before gpufleet kept them is waited for at the current ones)."""
+    kept = g.get("ready") if isinstance(g.get("ready"), dict) else {}
+    return dict(current, **{k: kept[k] for k in READY_KEYS if kept.get(k)})
 
 
 def pending_path(pidfile: str) -> str:

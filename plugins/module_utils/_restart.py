@@ -216,6 +216,7 @@ def restore_params(module: t.Any) -> t.Dict[str, t.Any]:
     else:  # the unit's files: put back before the stop (run()), the unit then started as it was
         p["systemd"] = dict(p["systemd"], remove_dropins=[])
     p["record"] = dict(p["record"], fingerprint=str(g["fingerprint"]), layers=g.get("layers"))
+    p["wait_ready"] = _lastgood.ready_for(g, p["wait_ready"])
     if p["verify_env"]:
         p["verify_env"] = dict(p["verify_env"], expected=dict(g["expected_env"])) if g.get("expected_env") else None
     return {"generation": g, "previous": previous}
@@ -839,7 +840,7 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
     fp = str(g["fingerprint"])
     why = str(cause)
     gate = dict(p["wait_clean"], gpus=p["gpus"], backend=p["backend"])
-    r = p["wait_ready"]
+    r = _lastgood.ready_for(g, p["wait_ready"])  # where the generation answered, not the failed definition's URL
     proc = None
     try:
         left = (cause.details.get("new_server") or {}) if result["phase"] == "ready" else {}

@@ -770,8 +770,10 @@ def rollback_choice(module: AnsibleModule) -> t.Dict[str, t.Any]:
         return choice
     if p["launchable"]:
         path = (g.get("env") or {}).get("PATH")
+        ready = _lastgood.ready_for(g, {})  # the URLs the generation answered at, for the foreign-listener check
+        urls = [ready.get("health_url"), (ready.get("request") or {}).get("url")] if ready else p["launchable"]["urls"]
         p["launchable"] = dict(p["launchable"], command=g["command"][0], user=g.get("user") or "root",
-                               workdir=g.get("workdir") or "/", path=str(path) if path else None)
+                               workdir=g.get("workdir") or "/", path=str(path) if path else None, urls=urls)
     return choice
 
 

@@ -1018,3 +1018,27 @@ def test_a_rollback_asked_for_and_not_done_says_why(server, run_module):
     assert "(no rollback: keep_failed keeps the failed server instead)" in r["msg"], r["msg"]
     r = run_module(server_restart.main, dict(bad, record=dict(bad["record"], generations=0)))
     assert "(no rollback: record.generations is 0, no last known good is kept" in r["msg"], r["msg"]
+
+
+def test_the_rollback_waits_for_the_generation_where_it_answered_not_at_the_failed_definitions_url(server, run_module):
+    """issue 26 (a review finding): a new definition that serves on another port fails; the rollback relaunches the
+    last known good, which answers on its own port, and waits for it there (the generation keeps its health URL and
+    request), not at the failed definition's URL, where nothing will ever answer."""
+    a = dict(server, rollback=True)
+    first = run_module(server_restart.main, a)
+    assert "failed" not in first, first.get("msg")
+    port = _free_port()
+    bad = dict(a, command=[sys.executable, "-c", "import sys; sys.exit(3)", str(port)],
+               wait_ready=dict(a["wait_ready"], health_url="http://127.0.0.1:%d/health" % port, timeout=8),
+               record=dict(a["record"], fingerprint="e" * 64))
+    _lock(a)
+    r = run_module(server_restart.main, bad)
+    assert r["failed"] and r["msg"].startswith("rolled back to the last known good %s" % ("f" * 12)), r["msg"]
+    assert r["rolled_back"]["fingerprint"] == "f" * 64 and r["rolled_back"]["pid"] in _tagged(a), r
+    with open(_lastgood_path(a)) as f:
+        assert json.load(f)["generations"][0]["ready"]["health_url"] == a["wait_ready"]["health_url"]
+
+
+def _lastgood_path(a):
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _lastgood
+    return _lastgood.path_for(a["record"]["state_file"])
