@@ -130,8 +130,8 @@ def _lock_text(lock_dir: t.Optional[str], name: str, holder: str) -> str:
     cur = _server.read_state(os.path.join(str(lock_dir), name + ".lock"))
     out = "its host lock held by run %s" % holder
     try:
-        out += " since %s, until %s" % tuple(time.strftime("%H:%M:%S", time.localtime(float(cur[k])))
-                                            for k in ("acquired", "expires"))
+        since, until = (time.strftime("%H:%M:%S", time.localtime(float(cur[k]))) for k in ("acquired", "expires"))
+        out += " since %s, until %s" % (since, until)
     except (KeyError, TypeError, ValueError):
         pass
     worker = _server.lock_worker(cur)

@@ -331,9 +331,9 @@ def _other_gpus_reason(pid: int, procs: t.Mapping[int, _proc.Proc], own_gpus: t.
 
 def tag_user_reason(p: _proc.Proc, tag: t.Tuple[str, str], uids: t.Iterable[int]) -> str:
     """Why a process carrying the launch tag is not taken for the server: it runs as another user."""
+    users = ", ".join(sorted(_proc.user_name(u) for u in uids))
     return ("carries the launch tag %s=%s but runs as user %s, not as the server's user (%s): anyone can put the tag "
-            "into a process's environment; left alone" % (tag[0], tag[1], p.user(),
-                                                           ", ".join(sorted(_proc.user_name(u) for u in uids))))
+            "into a process's environment; left alone" % (tag[0], tag[1], p.user(), users))
 
 
 def _exclusion(p: _proc.Proc, protected: t.Set[int], excl: t.Sequence[t.Pattern[str]]) -> str | None:
