@@ -395,11 +395,10 @@ def preflight(p: t.Mapping[str, t.Any]) -> None:
 
 
 def restart_files(p: t.Mapping[str, t.Any]) -> t.Dict[str, t.Optional[str]]:
-    """The files the restart writes after its kill (state file, pidfile, lock, launch log), by its option names: each
-    must be writable there, with room in its directory: a record that fails after a good launch leaves the host worse
-    than before."""
-    return {"record.state_file": (p["record"] or {}).get("state_file"), "pidfile": p["pidfile"],
-            "release_lock.lock_file": (p["release_lock"] or {}).get("lock_file"), "log_path": p["log_path"]}
+    """The files the restart writes after its kill (_server.restart_files): a record that fails after a good launch
+    leaves the host worse than before."""
+    return _server.restart_files((p["record"] or {}).get("state_file"), p["pidfile"],
+                                 (p["release_lock"] or {}).get("lock_file"), p["log_path"])
 
 
 def launch_env(p: t.Mapping[str, t.Any], marked: bool) -> t.Dict[str, str]:

@@ -220,6 +220,15 @@ def file_path_problem(path: str) -> t.Optional[str]:
     return None
 
 
+def restart_files(state_file: t.Optional[str], pidfile: t.Optional[str], lock_file: t.Optional[str],
+                  log_path: t.Optional[str]) -> t.Dict[str, t.Optional[str]]:
+    """The files server_restart writes after its kill (state file, pidfile, lock, launch log), by its option names: each
+    must be writable there, with room in its directory (restart_problems). One list for the restart's preflight and
+    server_state's check before the drain, which knows the same paths by its own options."""
+    return {"record.state_file": state_file, "pidfile": pidfile, "release_lock.lock_file": lock_file,
+            "log_path": log_path}
+
+
 def restart_problems(files: t.Mapping[str, t.Optional[str]], command: t.Optional[str] = None, user: str = "root",
                      workdir: str = "/", path: t.Optional[str] = None, space: bool = True) -> t.List[str]:
     """Why a restart, once it killed the server, could not launch it again or write its files; [] when it could.

@@ -37,8 +37,8 @@ description:
   - O(action=check) with O(launchable) first verifies that the server could be launched (its executable, user
     and working directory exist) and fails, before the lock, when it could not; a server that cannot be
     relaunched must never be stopped. When a restart is wanted (the check finds one needed, or O(keep_lock=true)),
-    it also fails when a bare command is not on the server's PATH (O(launchable.path)), or O(launchable.files) or
-    O(rotation_file) could not be written (a path under a regular file, an unwritable directory, no room left), as
+    it also fails when a bare command is not on the server's PATH (O(launchable.path)), or the files the restart
+    writes (O(launchable.log_path), O(state_file), O(pidfile), O(lock_file)) or O(rotation_file) could not be written (a path under a regular file, an unwritable directory, no room left), as
     the drain and the restart that would follow must not start then (the message, the restart's own, says nothing
     was stopped), and when a
     process the restart's kill would not end listens on the port of O(launchable.urls) or holds the server's GPUs
@@ -111,15 +111,15 @@ options:
           - A value of the server's environment, which may be secret, so hidden in the output as
             M(gpufleet.serving.server_restart)'s O(gpufleet.serving.server_restart#module:env) hides it.
         type: str
-      files:
+      log_path:
         version_added: 0.2.0
         description:
-          - The files the restart writes after its kill (a label, shown in the message, to the path), checked when a
-            restart is wanted as M(gpufleet.serving.server_restart)'s preflight checks them, by the same code and
-            words; none may be a directory or lie under a regular file or a directory this module may not write in,
-            and their directories need room; O(rotation_file) is checked with them.
-        type: dict
-        default: {}
+          - The server's log (M(gpufleet.serving.server_restart)'s O(gpufleet.serving.server_restart#module:log_path)).
+          - When a restart is wanted it is checked with the other files the restart writes after its kill (O(state_file),
+            O(pidfile), O(lock_file)) and O(rotation_file), as M(gpufleet.serving.server_restart)'s preflight checks
+            them, by the same code and words; none may be a directory or lie under a regular file or a directory this
+            module may not write in, and their directories need room.
+        type: path
       urls:
         version_added: 0.2.0
         description:
@@ -696,10 +696,11 @@ def take_lock(module: AnsibleModule) -> dict:
 def restart_problems(p: t.Mapping[str, t.Any]) -> t.List[str]:
     """What server_restart's preflight would refuse about its launch and its files (_server.restart_problems, the same
     code and words), checked in the check so that a restart sure to be refused for it neither drains the host nor
-    reaches its kill: the command on the server's PATH (process launcher), the files of O(launchable.files) and the
+    reaches its kill: the command on the server's PATH (process launcher), the files the restart writes (O(launchable.log_path) and this check's own paths) and the
     drain record (writable, room in their directories)."""
     la = p["launchable"]
-    files = {str(k): str(v) if v else None for k, v in dict(la["files"] or {}).items()}
+    # server_restart's own list, of the paths this check knows by its own options (the same role variables).
+    files = _server.restart_files(p["state_file"], p["pidfile"], p["lock_file"], la["log_path"])
     if p["rotation_file"]:
         files.setdefault("rotation_file", p["rotation_file"])
     return _server.restart_problems(files, command=None if p["systemd"] else la["command"], user=la["user"],
@@ -1115,7 +1116,7 @@ def main() -> None:
                 workdir=dict(type="path", default="/"),
                 # From the server's env, whose values are secret (server_restart's env is no_log, and so its PATH).
                 path=dict(type="str", no_log=True),
-                files=dict(type="dict", default={}),
+                log_path=dict(type="path"),
                 urls=dict(type="list", elements="str", default=[]),
                 clean_timeout=dict(type="float", default=30.0),
                 kill=dict(type="dict", default={}, options=dict(

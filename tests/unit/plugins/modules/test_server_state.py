@@ -827,34 +827,38 @@ def test_a_rollback_with_no_other_generation_or_one_of_the_other_launcher_is_ref
         "systemd unit's files)" in r["msg"], r["msg"]
 
 
-@pytest.mark.parametrize("launchable, problem", [
-    ({"command": "no-such-server-ut"},
+@pytest.mark.parametrize("over, problem", [
+    ({"launchable": {"command": "no-such-server-ut"}},
      "command[0] no-such-server-ut is not found on the server's PATH (/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)"),
-    ({"command": "python3", "path": "/nonexistent/bin"},  # the server's env's value, hidden as server_restart hides it
+    ({"launchable": {"command": "python3", "path": "/nonexistent/bin"}},  # the server's env's value, hidden
      "command[0] python3 is not found on the server's PATH (********)"),
-    ({"files": {"log_path": "PLAIN/log/demo.log"}}, "log_path PLAIN/log/demo.log lies under PLAIN, which is not a directory"),
-    ({"files": {"pidfile": "PLAIN/demo.pid"}}, "pidfile PLAIN/demo.pid lies under PLAIN, which is not a directory"),
-    ({"files": {"record.state_file": "PLAIN/s/demo.json"}},
-     "record.state_file PLAIN/s/demo.json lies under PLAIN, which is not a directory"),
+    ({"launchable": {"log_path": "PLAIN/log/demo.log"}}, "log_path PLAIN/log/demo.log lies under PLAIN, which is not a directory"),
+    # The check's own paths are the restart's (the same role variables): checked as the restart's files.
+    ({"pidfile": "PLAIN/demo.pid"}, "pidfile PLAIN/demo.pid lies under PLAIN, which is not a directory"),
+    ({"state_file": "PLAIN/s/demo.json"}, "record.state_file PLAIN/s/demo.json lies under PLAIN, which is not a directory"),
 ])
 def test_what_the_restart_refuses_about_its_files_and_path_refuses_a_wanted_restart_in_the_check(
-        servers, paths, run_module, tmp_path, launchable, problem):
+        servers, paths, run_module, tmp_path, over, problem):
     """server_restart's preflight refused these after the drain; the check refuses them before it, with the words of
     _server.restart_problems, which both call. An up-to-date server is left alone."""
     plain = tmp_path / "plain"
     plain.write_text("")
     running(servers, paths, run_module)
-    la = dict({"command": sys.executable}, **launchable)
-    la["files"] = {k: v.replace("PLAIN", str(plain)) for k, v in la.get("files", {}).items()}
+    la = dict({"command": sys.executable}, **over.get("launchable", {}))
+    if la.get("log_path"):
+        la["log_path"] = la["log_path"].replace("PLAIN", str(plain))
+    own = {k: over[k].replace("PLAIN", str(plain)) for k in ("pidfile", "state_file") if k in over}
     problem = problem.replace("PLAIN", str(plain))
     for check_mode in (True, False):
-        r = run_module(server_state.main, _restart_wanted(paths, "", **la), check_mode=check_mode)
+        r = run_module(server_state.main, dict(_restart_wanted(paths, "", **la), **own), check_mode=check_mode)
         assert r["failed"] and r["phase"] == "preflight" and r["launch_problems"] == [problem], r
         assert r["msg"] == "cannot run this server, nothing was stopped: %s" % problem, r
         assert not os.path.exists(paths["lock_file"])
-    r = run_module(server_state.main, dict(_restart_wanted(paths, "", **la), fingerprint="f" * 64))
-    assert "failed" not in r and r["needs_restart"] is False, r
+    if not own:  # (with its own paths elsewhere the check does not find the running server)
+        r = run_module(server_state.main, dict(_restart_wanted(paths, "", **la), fingerprint="f" * 64))
+        assert "failed" not in r and r["needs_restart"] is False, r
     # The systemd launcher: its unit runs the command, the restart looks no bare name up.
-    if "command" in launchable and "files" not in launchable:
-        full = dict({"user": "root", "workdir": "/", "path": None, "files": {}}, **la)
-        assert server_state.restart_problems({"launchable": full, "systemd": {"unit": "x"}, "rotation_file": None}) == []
+    if "command" in over.get("launchable", {}):
+        full = dict({"user": "root", "workdir": "/", "path": None, "log_path": None}, **la)
+        assert server_state.restart_problems({"launchable": full, "systemd": {"unit": "x"}, "rotation_file": None,
+                                              "state_file": None, "pidfile": None, "lock_file": None}) == []
