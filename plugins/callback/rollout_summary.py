@@ -475,6 +475,8 @@ class CallbackModule(CallbackBase):
         if "gpufleet_server_result" in facts:
             h = self._host(result.host.get_name())
             h.update(facts["gpufleet_server_result"])
+            if isinstance(h.get("failure"), str):  # the role records the whole failure; the column keeps each clause
+                h["failure"] = failure_text({"msg": h["failure"]})
         # The NCCL tuning's fact: a run whose tags left the server's tasks out (--tags nccl_tuning) sets no
         # gpufleet_server_result, and its hosts still get a row (nccl_only).
         if "gpufleet_nccl_changed" in facts:

@@ -74,3 +74,18 @@ def apply(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False
     if isinstance(files, _envblock.Previous) and files.kept:
         result["previous_kept"] = files.path  # this call's snapshot: the only one restore_previous should be given
     return result
+
+
+def put_back_refusal(layers: t.Optional[t.Mapping[str, t.Any]], warn: t.Callable[[str], None] = _envblock.ignore_warning,
+                     files: t.Optional[_envblock.FileOps] = None) -> t.Optional[str]:
+    """Why putting back a last known good generation's NCCL layers (`layers`, as it recorded them) would be refused,
+    found in check mode before anything is stopped (another service runs with the layers' current values, a file that
+    cannot be written); None when it would not be. A rollback that learns it only after the kill leaves the host
+    without a server."""
+    if not layers:
+        return None
+    try:
+        apply(dict(layers, backup=False), check_mode=True, warn=warn, files=files)
+    except StepError as e:
+        return str(e)
+    return None

@@ -63,13 +63,18 @@ def other_services(own: t.Tuple[str, str], lock_dir: t.Optional[str] = None) -> 
         value = other[1]
         if lock_dir:
             if value not in trusted:
-                trusted[value] = {0} | (set() if "/" in value else
-                                        _pidfile_uid(procs, os.path.join(lock_dir, value + ".pid")))
+                trusted[value] = service_uids(value, lock_dir, procs)
             if p.uid not in trusted[value]:
                 continue
         if value not in found or (p.start_time, p.pid) < (found[value].start_time, found[value].pid):
             found[value] = p  # the oldest: the launcher, as an SRE would look it up
     return {value: p.pid for value, p in sorted(found.items())}
+
+
+def service_uids(service: str, run_dir: str, procs: t.Mapping[int, _proc.Proc]) -> t.Set[int]:
+    """The users whose processes carrying `service`'s launch tag count as that gpufleet service's: root, and the user of
+    the live process its pidfile in the run dir (<run_dir>/<service>.pid, written by gpufleet as root) names."""
+    return {0} | (set() if "/" in service else _pidfile_uid(procs, os.path.join(run_dir, service + ".pid")))
 
 
 def _pidfile_uid(procs: t.Mapping[int, _proc.Proc], path: str) -> t.Set[int]:
@@ -146,9 +151,14 @@ def _run_again(changing: t.Mapping[str, str], lock_dir: t.Optional[str]) -> str:
             "once you know that run is gone (runbook: A rollout was interrupted)" % (" and ".join(changing), locks))
 
 
+def _who(runs: t.Mapping[str, str], lock_dir: t.Optional[str]) -> str:
+    """The other services whose runs hold their locks, each with what its lock shows."""
+    return ", ".join("%s (%s)" % (name, _lock_text(lock_dir, name, run)) for name, run in runs.items())
+
+
 def _changing_text(own: t.Tuple[str, str], changing: t.Mapping[str, str], lock_dir: t.Optional[str]) -> str:
     """Who changed the layers and what that means for `own`, as both refusals say it."""
-    who = ", ".join("%s (%s)" % (name, _lock_text(lock_dir, name, run)) for name, run in changing.items())
+    who = _who(changing, lock_dir)
     return ("service %s changed them and has not finished its restart on this host; it puts them back if that restart "
             "is refused before its kill, and %s would then run with values" % (who, own[1]))
 
@@ -163,22 +173,30 @@ def refuse_if_shared(own: t.Optional[t.Tuple[str, str]], path: str, before: t.Ma
     if own is None:
         return
     names = changed_names(before, after)
+    # Another service's unfinished run that changed the layers comes first, whether this run changes them or not: that
+    # run (or the rerun that takes its lock over, when its controller was killed) restarts onto them or puts them back.
+    changing = services_changing_layers(own, lock_dir)
+    if changing and not names:
+        raise StepError("NCCL layers are host-wide (%s): %s the file no longer holds. %s; nothing was changed"
+                        % (path, _changing_text(own, changing, lock_dir), _run_again(changing, lock_dir)),
+                        path=path, changed_vars=[], other_services=sorted(changing))
+    if changing:
+        raise StepError(
+            "NCCL layers are host-wide (%s): service %s changed them and has not finished its restart on this host; "
+            "changing %s for %s now would change what it launches with, or puts back. %s, with the same gpufleet_nccl_* "
+            "for every service of the host; nothing was changed"
+            % (path, _who(changing, lock_dir), ", ".join(names), own[1], _run_again(changing, lock_dir)),
+            path=path, changed_vars=names, other_services=sorted(changing))
     if not names:
-        changing = services_changing_layers(own, lock_dir)
-        if changing:
-            raise StepError("NCCL layers are host-wide (%s): %s the file no longer holds. %s; nothing was changed"
-                            % (path, _changing_text(own, changing, lock_dir), _run_again(changing, lock_dir)),
-                            path=path, changed_vars=[], other_services=sorted(changing))
         return
     others = other_services(own, lock_dir)
     rolling = {k: v for k, v in services_in_rollout(own, lock_dir).items() if k not in others}
     if rolling:
-        who = ", ".join("%s (its host lock held by run %s)" % kv for kv in rolling.items())
         raise StepError(
             "NCCL layers are host-wide (%s): service %s is being restarted on this host by another run, which launches "
-            "it onto the layers' current values; changing %s for %s now would change what it starts with. Run again "
-            "once that run is done, with the same gpufleet_nccl_* for every service of the host; nothing was changed"
-            % (path, who, ", ".join(names), own[1]),
+            "it onto the layers' current values; changing %s for %s now would change what it starts with. %s, with the "
+            "same gpufleet_nccl_* for every service of the host; nothing was changed"
+            % (path, _who(rolling, lock_dir), ", ".join(names), own[1], _run_again(rolling, lock_dir)),
             path=path, changed_vars=names, other_services=sorted(rolling))
     if not others:
         return

@@ -215,6 +215,10 @@ def restore_params(module: t.Any) -> t.Dict[str, t.Any]:
                  workdir=g.get("workdir") or "/", umask=g.get("umask") or "0022")
     else:  # the unit's files: put back before the stop (run()), the unit then started as it was
         p["systemd"] = dict(p["systemd"], remove_dropins=[])
+    refused = _layers.put_back_refusal(g.get("layers"), warn=module.warn, files=module)
+    if refused:  # learnt after the kill, it would leave the host without a server (issue 24, two services on a host)
+        raise StepError("restore: the NCCL layers of %s cannot be put back: %s" % (str(g["fingerprint"])[:12], refused),
+                        phase="preflight")
     p["record"] = dict(p["record"], fingerprint=str(g["fingerprint"]), layers=g.get("layers"))
     p["wait_ready"] = _lastgood.ready_for(g, p["wait_ready"])
     if p["verify_env"]:
@@ -341,8 +345,20 @@ def holders_hint(p: t.Mapping[str, t.Any], pids: t.Sequence[int]) -> str:
             parts.append("%s: adopt a server started by hand with kill.cmdline_regex "
                          "(gpufleet_server_adopt_cmdline_regex), or kill.gpu_strays (gpufleet_server_kill_gpu_strays) "
                          "ends them" % head)
+    run_dir = os.path.dirname(p["pidfile"]) if p.get("pidfile") else None
     for value in sorted(set(services.values())):
         mine = [pid for pid, v in services.items() if v == value]
+        # Another service's tag on a process of a user that service's server does not run as (its pidfile in the run
+        # dir): anyone can set a tag, and "stop that service first" would stop nothing (issue 24, new-user pass).
+        forged = [pid for pid in mine if run_dir and pid in procs
+                  and procs[pid].uid not in _layershare.service_uids(value, run_dir, procs)]
+        if forged:
+            parts.append("pid %s: the launch tag of service %s as user %s, and no %s server of that user runs from %s: "
+                         "not that service's server; never killed for that tag, stop it by hand" % (
+                             _pids(forged), value, ", ".join(sorted({procs[x].user() for x in forged})), value, run_dir))
+        mine = [pid for pid in mine if pid not in forged]
+        if not mine:
+            continue
         # No kill of this service ends it (another service's launch tag is never selected): two definitions share GPUs.
         parts.append("pid %s: gpufleet service %s=%s, stop it first or give each service its own GPUs "
                      "(gpufleet_server_gpus)" % (_pids(mine), p["tag_name"], value))
@@ -751,7 +767,7 @@ def run_or_roll_back(module: t.Any, result: t.Dict[str, t.Any]) -> None:
         run(module, result, restore)
         return
     target, gens = None, []
-    if p["rollback"] and p["record"] and not module.check_mode and not p["stop_only"] and not p["keep_failed"] \
+    if p["rollback"] and p["record"] and not module.check_mode and not p["stop_only"] \
             and p["record"]["generations"] > 0:
         try:
             _lastgood.promote_running_pending(p["pidfile"], p["record"]["state_file"], p["tag_name"], p["name"])
@@ -765,8 +781,11 @@ def run_or_roll_back(module: t.Any, result: t.Dict[str, t.Any]) -> None:
     except StepError as e:
         if result.get("phase") not in ROLLBACK_PHASES:
             raise
-        if target is None:
-            why = no_rollback_reason(p, gens)
+        # keep_failed keeps the failed server for debugging instead of going back; when nothing of it is left to keep
+        # (it died at start-up), the host goes back to its last known good as without it.
+        kept = p["keep_failed"] and bool(own_tagged(p, _proc.snapshot()))
+        if target is None or kept:
+            why = "keep_failed keeps the failed server instead" if kept else no_rollback_reason(p, gens)
             if why:  # asked for and not done: said, not silent (the host is left as the failure says)
                 raise StepError("%s (no rollback: %s)" % (e, why), **e.details) from None
             raise
@@ -778,8 +797,6 @@ def no_rollback_reason(p: t.Mapping[str, t.Any], gens: t.Sequence[t.Mapping[str,
     """Why O(rollback) did not go back after a failure past the kill ('' when it was not asked for)."""
     if not p["rollback"] or not p["record"] or p["stop_only"]:
         return ""
-    if p["keep_failed"]:
-        return "keep_failed keeps the failed server instead"
     if p["record"]["generations"] <= 0:
         return "record.generations is 0, no last known good is kept (gpufleet_server_last_good_generations)"
     if not gens:
@@ -887,11 +904,13 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
     result["rolled_back"] = {"fingerprint": fp, "pid": proc.pid, "workers_verified": verified,
                              "recorded_at": g.get("recorded_at"),
                              "nccl_changed": layers_changed}
-    stopped = (cause.details.get("new_server") or {}).get("text")
+    new_server = cause.details.get("new_server") or {}
+    stopped = new_server.get("text")
     if stopped and why.endswith(stopped):
-        # Said when the failed server was stopped, before the rollback: the host serves again now.
-        why = why[:-len(stopped)] + ("The failed new server was stopped; the last known good (pid %d) serves in its "
-                                     "place" % proc.pid)
+        # Said when the failed server was stopped (or found gone), before the rollback: the host serves again now.
+        why = why[:-len(stopped)] + ("The failed new server was %s; the last known good (pid %d) serves in its place"
+                                     % ("stopped" if new_server.get("processes", 1) else "not running any more",
+                                        proc.pid))
     raise StepError("rolled back to the last known good %s (recorded %s): %s" % (fp[:12], g.get("recorded_at"), why),
                     **cause.details)
 

@@ -15,6 +15,7 @@ in force; the unit file the role wrote is compared byte for byte with the desire
 
 from __future__ import annotations
 
+import glob
 import os
 import stat
 import typing as t
@@ -86,8 +87,14 @@ def foreign_dropins(props: t.Mapping[str, str], unit: str) -> t.List[str]:
 
     Type-wide drop-ins (service.d/) are left out: they apply to every service of the host and are the host's policy,
     not an edit of this unit. The role writes no drop-in, so every one listed here is someone else's."""
-    return [p for p in (props.get("DropInPaths") or "").split()
-            if os.path.basename(os.path.dirname(p)) != "service.d"]
+    paths = (props.get("DropInPaths") or "").split()
+    if not paths and props.get("LoadState") == "not-found":
+        # A unit not installed yet (the first rollout) has no DropInPaths, but drop-ins made for it beforehand apply
+        # once it is: read them where systemd will (its own directories; a name prefix's are found once it is loaded).
+        paths = sorted(glob.glob("/etc/systemd/system/%s.d/*.conf" % glob.escape(unit))
+                       + glob.glob("/run/systemd/system/%s.d/*.conf" % glob.escape(unit))
+                       + glob.glob("/usr/lib/systemd/system/%s.d/*.conf" % glob.escape(unit)))
+    return [p for p in paths if os.path.basename(os.path.dirname(p)) != "service.d"]
 
 
 def removable_dropin(path: str, unit: str) -> bool:
@@ -261,13 +268,22 @@ def definition_files(run: Runner, unit: str) -> t.List[t.Dict[str, str]]:
     return files
 
 
+def is_dropin(path: str) -> bool:
+    """A drop-in of a unit (UNIT.d/NAME.conf): the operator's, never written by gpufleet's role."""
+    return os.path.basename(os.path.dirname(path)).endswith(".d") and path.endswith(".conf")
+
+
 def put_back(files: t.Sequence[t.Mapping[str, t.Any]]) -> t.List[str]:
     """Write each of definition_files()' files back as it was (content and mode, root's), atomically; a drop-in's
-    directory is made when it is gone. Returns the paths that differed. The caller reloads systemd."""
+    directory is made when it is gone. A drop-in is put back only when it is gone (the failed run removed it, as
+    gpufleet_server_systemd_dropins remove does): one that is there is the operator's as it is now, edited since, and
+    stays as it is, as do drop-ins made since. Returns the paths written. The caller reloads systemd."""
     changed = []
     for f in files:
         path, content = str(f["path"]), str(f["content"]).encode("utf-8")
         mode = int(str(f.get("mode") or "0644"), 8)
+        if is_dropin(path) and os.path.lexists(path):
+            continue
         try:
             with open(path, "rb") as cur:
                 st = os.fstat(cur.fileno())

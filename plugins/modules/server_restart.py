@@ -501,7 +501,8 @@ options:
         which are written back before systemd is reloaded and the unit started.
       - Not when the newest generation is the definition that just failed, was launched by the other launcher, or
         holds nothing to launch again (a systemd generation recorded before gpufleet kept unit files), with
-        O(keep_failed), with O(record.generations) V(0), or in check mode.
+        when O(keep_failed) keeps a failed server that still runs (one that died at start-up leaves nothing to keep,
+        and the host goes back), with O(record.generations) V(0), or in check mode.
         Before the kill, a generation put aside for the running server (its record could not be written) becomes the
         newest. Needs O(record). A failure past the kill that
         it could not answer ends with C(no rollback) and the reason, in parentheses.

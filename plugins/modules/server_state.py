@@ -38,9 +38,9 @@ description:
     and working directory exist) and fails, before the lock, when it could not; a server that cannot be
     relaunched must never be stopped. When a restart is wanted (the check finds one needed, or O(keep_lock=true)),
     it also fails when a bare command is not on the server's PATH (O(launchable.path)), or the files the restart
-    writes (O(launchable.log_path), O(state_file), O(pidfile), O(lock_file)) or O(rotation_file) could not be written (a path under a regular file, an unwritable directory, no room left), as
-    the drain and the restart that would follow must not start then (the message, the restart's own, says nothing
-    was stopped), and when a
+    writes (O(launchable.log_path), O(state_file), O(pidfile), O(lock_file)) or O(rotation_file) could not be
+    written (a path under a regular file, an unwritable directory, no room left), as the drain and the restart that
+    would follow must not start then (the message, the restart's own, says nothing was stopped), and when a
     process the restart's kill would not end listens on the port of O(launchable.urls) or holds the server's GPUs
     (O(launchable.clean_timeout)), with the messages and phases of M(gpufleet.serving.server_restart), whose own
     checks before its kill would refuse them after the drain; these two only with O(owner) (a run that may restart).
@@ -177,6 +177,14 @@ options:
     description: With V(record), timings to store (seconds).
     type: dict
     default: {}
+  systemd_env_content:
+    description:
+      - With O(systemd), the desired environment file of the unit (O(systemd.env_file)); a file that differs, is missing,
+        or is not a root-owned 0600 regular file is a reason to restart (the restart rewrites it). Unset skips it.
+      - Its values are secret (C(no_log)). A top-level option, not one of O(systemd), because ansible-core's journal
+        entry of a module's arguments prints a dict option as text, where a secret of several lines is not masked.
+    type: str
+    version_added: 0.3.0
   lock_file:
     description:
       - With V(lock)/V(unlock), the lock file.
@@ -283,7 +291,7 @@ options:
         Also when the generation was launched by the other launcher (O(systemd) set or not), or holds nothing to
         launch again (a systemd generation recorded before gpufleet kept its unit's files).
       - With O(systemd), the unit is compared with the generation's unit file and environment file instead of
-        O(systemd.unit_content) and O(systemd.env_content).
+        O(systemd.unit_content) and O(systemd_env_content).
       - When a restart is needed and O(fingerprint) (the inventory's definition) differs from the generation, a warning
         says that the next rollout restarts the host to the inventory's definition again.
     type: dict
@@ -318,11 +326,6 @@ options:
       env_file:
         description: The unit's environment file.
         type: path
-      env_content:
-        description:
-          - The desired environment file (its values are secret, C(no_log)); a file that differs, is missing, or is not
-            a root-owned 0600 regular file is a reason to restart (the restart rewrites it). Unset skips it.
-        type: str
       enabled:
         description: Whether the unit should be enabled; the other state is drift (RV(unit.drift)). Unset skips it.
         type: bool
@@ -431,6 +434,20 @@ recorded:
   returned: when action is check and it was
   type: bool
   version_added: 0.2.0
+last_good_pending:
+  description:
+    - With V(check), the record names the running server, but its last known good generation is still put aside
+      beside O(pidfile) (its restart, or the check that wrote its record again, could not write the last known good
+      file). The host is then not RV(up_to_date), and the rollout's locked check keeps the generation.
+  returned: when action is check and it is so
+  type: bool
+  version_added: 0.3.0
+last_good_kept:
+  description: With V(check), the generation put aside for the running server was made the newest last known good by
+    this call (under the lock), and the file it was put aside in removed.
+  returned: when action is check and it was
+  type: bool
+  version_added: 0.3.0
 record_missing:
   description: With V(check), why the record of an RV(unrecorded) server still could not be written (the file and the
     error, a full filesystem say); the server is kept, and the sentence is also a warning.
@@ -473,7 +490,11 @@ fingerprint_recorded:
   returned: when action is check
   type: str
 workers:
-  description: Live processes carrying the launch tag.
+  description:
+    - Live processes carrying the launch tag that are the server's - the running launcher and its descendants, and
+      tagged processes of the launcher's user or of O(launchable.user).
+    - Another user's process carrying the tag is not a worker (anyone can put the tag into a process's environment);
+      holding the server's GPUs it is a stray, named in the reason.
   returned: when action is check
   type: list
   elements: dict
@@ -616,13 +637,14 @@ state:
 
 import math
 import os
+import pwd
 import time
 import typing as t
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _gpumod, _lastgood, _layercheck, _layershare, _nvml, _proc, _rotation, _runid, _select, _server, _systemd)
+    _gpumod, _lastgood, _layercheck, _layers, _layershare, _nvml, _proc, _rotation, _runid, _select, _server, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
 
 
@@ -687,17 +709,18 @@ def take_lock(module: AnsibleModule) -> dict:
         module.warn("broke a stale lock: %s" % res["broke_stale"])
     if res.get("waited"):
         # Wait-die: only an earlier run waits, for a later one; say so, and for how long, in the run's output.
-        module.warn("waited %.1f s for the host lock of a later gpufleet run %s (%s); this earlier run goes first "
-                    "(lock_wait %.0f s)" % (res["waited"]["s"], res["waited"]["for"],
-                                            _runid.started_text(res["waited"]["for"]), p["lock_wait"]))
+        waited = res["waited"]
+        module.warn("waited %.1f s for the host lock of a later gpufleet run %s (%s), which held this host; this "
+                    "earlier run goes on now (wait-die: only an earlier run waits; lock_wait %.0f s)"
+                    % (waited["s"], waited["for"], _runid.started_text(waited["for"]), p["lock_wait"]))
     return res
 
 
 def restart_problems(p: t.Mapping[str, t.Any]) -> t.List[str]:
     """What server_restart's preflight would refuse about its launch and its files (_server.restart_problems, the same
     code and words), checked in the check so that a restart sure to be refused for it neither drains the host nor
-    reaches its kill: the command on the server's PATH (process launcher), the files the restart writes (O(launchable.log_path) and this check's own paths) and the
-    drain record (writable, room in their directories)."""
+    reaches its kill: the command on the server's PATH (process launcher), the files the restart writes
+    (O(launchable.log_path) and this check's own paths) and the drain record (writable, room in their directories)."""
     la = p["launchable"]
     # server_restart's own list, of the paths this check knows by its own options (the same role variables).
     files = _server.restart_files(p["state_file"], p["pidfile"], p["lock_file"], la["log_path"])
@@ -733,6 +756,29 @@ def restart_preflight(module: AnsibleModule) -> None:
         raise
 
 
+def server_processes(p: t.Mapping[str, t.Any], procs: t.Mapping[int, _proc.Proc],
+                     launcher: t.Optional[t.Tuple[t.Any, t.Any]]) -> t.Tuple[t.List[int], t.List[int]]:
+    """(the server's processes, processes carrying its launch tag that are not): a tagged process is the server's when
+    it is the running launcher or its descendant, or runs as the launcher's user or the definition's
+    (O(launchable.user)). Anyone can put the tag into a process's environment (the restart's kill leaves such a
+    process alone), so another user's must not pass for a worker lacking the environment (issue 24)."""
+    tagged = sorted(pid for pid in procs if _proc.environ_has(pid, p["tag_name"], p["name"]))
+    uids: t.Set[int] = set()
+    tree: t.Set[int] = set()
+    if launcher and launcher[0] in procs:
+        uids.add(procs[launcher[0]].uid)
+        tree = {launcher[0]} | _proc.descendants([launcher[0]], procs)
+    if p["launchable"]:
+        try:
+            uids.add(pwd.getpwnam(p["launchable"]["user"]).pw_uid)
+        except KeyError:  # the launch check reports a missing user
+            pass
+    if not uids:  # nothing to tell the server's user by: every tagged process counts, as before
+        return tagged, []
+    mine = [pid for pid in tagged if pid in tree or procs[pid].uid in uids]
+    return mine, [pid for pid in tagged if pid not in mine]
+
+
 def rollback_choice(module: AnsibleModule) -> t.Dict[str, t.Any]:
     """O(rollback): the last known good generation this host goes back to (_lastgood.choose), chosen before anything
     is locked; the check then compares the host with it instead of O(fingerprint) and O(expected_env), and the launch
@@ -758,6 +804,11 @@ def rollback_choice(module: AnsibleModule) -> t.Dict[str, t.Any]:
         module.fail_json(msg="rollback: the last known good %s names %s, which no longer exist%s on this host; nothing "
                              "was changed" % (str(g["fingerprint"])[:12], ", ".join(gone), "s" if len(gone) == 1 else ""),
                          running_fingerprint=running, last_good=_lastgood.summary(f["generations"]))
+    refused = _layers.put_back_refusal(g.get("layers"), warn=module.warn, files=module)
+    if refused:  # before the drain and the kill (a second service on the host runs with the current values)
+        module.fail_json(msg="rollback: the NCCL layers of the last known good %s cannot be put back: %s"
+                             % (str(g["fingerprint"])[:12], refused),
+                         running_fingerprint=running, last_good=_lastgood.summary(f["generations"]))
     choice = {"fingerprint": g["fingerprint"], "recorded_at": g.get("recorded_at"), "from": running,
               "inventory_fingerprint": p["fingerprint"]}
     p["fingerprint"] = g["fingerprint"]
@@ -766,8 +817,8 @@ def rollback_choice(module: AnsibleModule) -> t.Dict[str, t.Any]:
         # The unit is compared with the generation's files, not the inventory's: a host that runs it already is right.
         # Its own drop-ins are part of it (kept, not removed); the loaded settings are the generation's file's.
         files = {str(x.get("path")): x.get("content") for x in g.get("systemd_files") or []}
-        p["systemd"] = dict(p["systemd"], unit_content=files.get(p["systemd"]["unit_path"]),
-                            env_content=files.get(p["systemd"]["env_file"] or ""), loaded=None, dropins="warn")
+        p["systemd"] = dict(p["systemd"], unit_content=files.get(p["systemd"]["unit_path"]), loaded=None, dropins="warn")
+        p["systemd_env_content"] = files.get(p["systemd"]["env_file"] or "")
         return choice
     if p["launchable"]:
         path = (g.get("env") or {}).get("PATH")
@@ -816,7 +867,8 @@ def check(module: AnsibleModule) -> dict:
         res = check_state(module)
         # A server its record does not name is kept, but not "already right": the rollout's read-only fast path then
         # leaves it to the role, whose locked check writes the record again (rerecord).
-        res["up_to_date"] = not res["needs_restart"] and not res.get("unit", {}).get("drift") and not res.get("unrecorded")
+        res["up_to_date"] = (not res["needs_restart"] and not res.get("unit", {}).get("drift")
+                             and not res.get("unrecorded") and not res.get("last_good_pending"))
         if p["nccl_layers"]:
             res["nccl_layers"] = _layercheck.up_to_date(p["nccl_layers"], module.warn)
             res["up_to_date"] = res["up_to_date"] and res["nccl_layers"]["up_to_date"]
@@ -860,7 +912,7 @@ def check(module: AnsibleModule) -> dict:
             res["locked"] = not _server.release_lock(p["lock_file"], p["owner"])
         # The lock file this call leaves behind, when it was not there before, is its only change to the host (with
         # the record of a server whose record had failed).
-        res["changed"] = res["locked"] and not held_before or bool(res.get("recorded"))
+        res["changed"] = res["locked"] and not held_before or bool(res.get("recorded") or res.get("last_good_kept"))
     elif p["lock_file"] and p["owner"]:
         # Check mode takes no lock but predicts the real call: it keeps the lock when a restart is needed.
         res["locked"] = held_before
@@ -879,7 +931,7 @@ def check_unit(module: AnsibleModule, procs: t.Mapping[int, _proc.Proc]) -> t.Di
         raise StepError("cannot read the state of %s: %s" % (sd["unit"], e), **e.details)
     try:
         d = _systemd.drift(props, sd["unit"], sd["unit_path"], sd["unit_content"], sd["enabled"], sd["env_file"],
-                           sd["env_content"], sd["loaded"])
+                           p["systemd_env_content"], sd["loaded"])
     except _systemd.SystemdError as e:
         raise StepError(str(e), **e.details)
     pid = _systemd.main_pid(props)
@@ -961,7 +1013,7 @@ def check_state(module: AnsibleModule) -> dict:
                            % (launcher[0], state.get("pid")))
     if unit is not None:
         reasons.extend(unit["restart_reasons"])
-    tagged = sorted(pid for pid in procs if _proc.environ_has(pid, p["tag_name"], p["name"]))
+    tagged, forged = server_processes(p, procs, launcher if running else None)
     holders = {}
     if p["require_gpu_holders"]:
         with _gpumod.backend_or_fail(p["backend"]) as backend:
@@ -974,7 +1026,9 @@ def check_state(module: AnsibleModule) -> dict:
     strays = [dict(gpu=g, pid=pid, cmdline=procs[pid].command[:300] if pid in procs else "?")
               for g, pids in sorted(holders.items()) for pid in pids if pid not in tagged_set]
     if strays:
-        reasons.append("GPUs held by %d process(es) without this server's launch tag" % len(strays))
+        reasons.append("GPUs held by %d process(es) without this server's launch tag%s" % (
+            len(strays), "" if not forged else " (pid %s: with it, as a user the server does not run as)"
+            % ", ".join(str(x) for x in forged)))
     for g, pids in sorted(holders.items()):
         if not tagged_set.intersection(pids):
             reasons.append("GPU %d is not held by a %s worker" % (g, p["name"]))
@@ -1005,6 +1059,10 @@ def check_state(module: AnsibleModule) -> dict:
                last_good=last_good_report(p["state_file"], state))
     if unrecorded:
         res["unrecorded"] = True
+    elif running and not reasons and p["pidfile"] and p["fingerprint"] and pending_last_good(p, launcher):
+        # Its record was written again, but not its last known good generation (the state filesystem was still full):
+        # kept aside since, promoted by the locked check once there is room (rerecord), not only at the next kill.
+        res["last_good_pending"] = True
     if pidfile is not None:
         res["pidfile"] = pidfile
     if unit is not None:
@@ -1012,6 +1070,15 @@ def check_state(module: AnsibleModule) -> dict:
     if notes:
         res["notes"] = notes
     return res
+
+
+def pending_last_good(p: t.Mapping[str, t.Any], launcher: t.Tuple[t.Any, t.Any]) -> bool:
+    """Whether a last known good generation of this definition was put aside for the running launcher."""
+    try:
+        return _lastgood.pending_for(p["pidfile"], p["fingerprint"], launcher if launcher[1] is not None else None) \
+            is not None
+    except OSError:
+        return False  # unreadable: rerecord says so when it is the record's to recover
 
 
 def last_good_report(state_file: str, state: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
@@ -1052,7 +1119,12 @@ def rerecord(module: AnsibleModule, res: t.Dict[str, t.Any]) -> None:
     """Write the record of an up-to-date server the record does not name (unrecorded_launch); a record that still
     cannot be written is a warning, not a restart."""
     p = module.params
-    if module.check_mode or res["needs_restart"] or not res.get("unrecorded") or not p["pidfile"]:
+    if module.check_mode or res["needs_restart"] or not p["pidfile"]:
+        return
+    if res.get("last_good_pending"):  # the record names the server; only its generation is still aside
+        keep_pending(module, res)
+        return
+    if not res.get("unrecorded"):
         return
     old = _server.read_state(p["state_file"])
     timings = old.get("timings") if isinstance(old.get("timings"), dict) else {}
@@ -1078,14 +1150,29 @@ def rerecord(module: AnsibleModule, res: t.Dict[str, t.Any]) -> None:
         module.warn(res["record_missing"])
         return
     res["recorded"] = True
+    if pending is not None:
+        keep_pending(module, res, pending)
+
+
+def keep_pending(module: AnsibleModule, res: t.Dict[str, t.Any], pending: t.Optional[t.Mapping[str, t.Any]] = None
+                 ) -> None:
+    """Make the generation put aside for the running server the newest last known good (RV(last_good) shows it); a
+    file still too full is a warning, and the generation stays aside for the next check."""
+    p = module.params
     if pending is None:
-        return
+        try:
+            pending = _lastgood.pending_for(p["pidfile"], p["fingerprint"], _server.pidfile_identity(p["pidfile"]))
+        except OSError:
+            pending = None
+        if pending is None:
+            return
     try:
         _lastgood.promote(p["pidfile"], p["state_file"], pending)
     except OSError as e:  # the record is written and the server kept: a warning, as after a restart
         module.warn("the last known good definitions could not be written to %s: %s"
                     % (_lastgood.path_for(p["state_file"]), e.strerror or e))
         return
+    res["last_good_kept"] = True
     try:
         res["last_good"] = last_good_report(p["state_file"], _server.read_state(p["state_file"]))
     except OSError:
@@ -1144,13 +1231,15 @@ def main() -> None:
             )),
             nccl_layers=dict(type="dict", options=_layercheck.argument_spec()),
             rollback=dict(type="dict", options=dict(to=dict(type="str", default=""))),
+            # Top-level, not in systemd: the module's journal entry masks a no_log value only where it is the whole
+            # argument, and a dict option is logged as its text (a multi-line secret in it was not masked).
+            systemd_env_content=dict(type="str", no_log=True),
             systemd=dict(type="dict", options=dict(
                 unit=dict(type="str", required=True),
                 unit_path=dict(type="path", required=True),
                 unit_content=dict(type="str"),
                 env_file=dict(type="path"),
                 # The server's environment: its values are secret.
-                env_content=dict(type="str", no_log=True),
                 enabled=dict(type="bool"),
                 loaded=dict(type="dict"),
                 dropins=dict(type="str", choices=["warn", "remove", "fail"], default="warn"),

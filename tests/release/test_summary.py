@@ -461,3 +461,38 @@ def test_a_rollback_where_no_server_ran_before_does_not_say_killed():
                           "timings": {"kill_s": 0.0}, "rolled_back": g}
     cells = {row["host"]: row["restart"] for row in cb.rows()}
     assert cells == {"h1": "killed, rolled back to 0123456789ab", "h2": "rolled back to 0123456789ab"}, cells
+
+
+LONG_FAILURE = """
+- name: Pretend rollout whose canary failed with a long systemd rollback message
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Record the failure like the role's rescue (the whole message)
+      ansible.builtin.set_fact:
+        gpufleet_server_result: {restarted: true, failed: true, failure: "{{ long_failure }}"}
+
+    - name: Fail the host
+      ansible.builtin.fail:
+        msg: "{{ gpufleet_server_result.failure }}"
+"""
+
+
+def test_a_long_failure_keeps_each_clause_in_the_summary_and_whole_in_the_hosts_failure(tmp_path):
+    """Found by the new-user pass (issue 24/26): the role's rescue cut a long failure to its first 150 and last 445
+    characters before the summary saw it, losing systemd's exit status and the rollback's own cause."""
+    why = ("gpufleet-demo.service exited during start-up after 0.3 s; systemd: Result=exit-code, code=exited, status=1; "
+           "journal (journalctl -u gpufleet-demo.service): " + "j" * 300 + " | status=1/FAILURE; log tail "
+           "(/var/log/gpufleet/demo.log): " + "t" * 300 + " | RuntimeError: --fail-at-startup asked for")
+    msg = ("the rollback to the last known good 0123456789ab failed too (launch of gpufleet-demo.service failed: "
+           "systemctl start -- gpufleet-demo.service failed (rc=1)); the new server failed: " + why)
+    (tmp_path / "pb.yml").write_text(LONG_FAILURE)
+    r, data = _play(tmp_path, tmp_path / "pb.yml", ["h1"], "-e", json.dumps({"long_failure": msg}))
+    assert r.returncode == 2, r.stdout
+    failure = data["hosts"][0]["failure"]
+    assert len(failure) <= 600, len(failure)
+    for part in ("the rollback to the last known good 0123456789ab failed too", "; the new server failed: ",
+                 "systemd: Result=exit-code, code=exited, status=1", "journal (journalctl -u gpufleet-demo.service)",
+                 "log tail (/var/log/gpufleet/demo.log)", "RuntimeError: --fail-at-startup asked for"):
+        assert part in failure, (part, failure)
+    assert msg in " ".join(r.stdout.split()), r.stdout[-3000:]  # the host's own failure says all of it

@@ -245,8 +245,8 @@ def test_concurrent_rollouts_never_interleave(bare, tmp_path):
     provoked="host1's lock file names a live run of another controller that started after this rollout; once the "
              "rollout's check has started, the lock is removed (that run finished), 5 s later",
     outcome="the earlier run waits (bounded by gpufleet_server_lock_wait, 900 s by default) and says so with how long: "
-            "'waited N s for the host lock of a later gpufleet run <id> (started HH:MM:SS); this earlier run goes "
-            "first'; then it restarts host1 and exits 0; one launch")
+            "'waited N s for the host lock of a later gpufleet run <id> (started HH:MM:SS), which held this host; "
+            "this earlier run goes on now'; then it restarts host1 and exits 0; one launch")
 def test_an_earlier_run_waits_for_a_later_runs_lock_and_says_how_long(bare, tmp_path):
     fleet = bare
     invs = _inventory(fleet, tmp_path)[0]
@@ -261,8 +261,8 @@ def test_an_earlier_run_waits_for_a_later_runs_lock_and_says_how_long(bare, tmp_
     sh(fleet, H, "rm -f %s" % LOCK)
     assert run.wait() == 0, run.text()[-4000:]
     out = " ".join(run.text().split())
-    m = re.search(r"waited ([0-9.]+) s for the host lock of a later gpufleet run %s \(started [0-9:]{8}\); this "
-                  r"earlier run goes first" % re.escape(later), out)
+    m = re.search(r"waited ([0-9.]+) s for the host lock of a later gpufleet run %s \(started [0-9:]{8}\), which held "
+                  r"this host; this earlier run goes on now" % re.escape(later), out)
     assert m and float(m.group(1)) > 0, out[-3000:]
     assert _launches(fleet) == 1
     assert read_host_file(fleet, H, LOCK) is None

@@ -146,8 +146,9 @@ def _layer_digests(rf):
              "token (fails the gate), then one whose server dies at start-up, then that one with another NCCL profile "
              "(custom, NCCL_ALGO=Tree) written to both layers (A has no /etc/nccl.conf); then A again",
     outcome="each failed restart goes back to A: the host fails (rc 2) with 'rolled back to the last known good "
-            "<A>: ...' and why the new one failed (the gate; the start-up, then 'The failed new server was stopped; the "
-            "last known good (pid N) serves in its place', never 'not serving'), its restarted column says 'killed, rolled "
+            "<A>: ...' and why the new one failed (the gate; the start-up, then 'The failed new server was stopped (or "
+            "not running any more, as its stop found it); the last known good (pid N) serves in its place', never 'not "
+            "serving'), its restarted column says 'killed, rolled "
             "back to <A>', the JSON row has rolled_back (fingerprint A, workers_verified 2) and nccl_changed false (the "
             "layer files the same bytes and mode as before each run, the other profile's included, its /etc/nccl.conf "
             "removed again); A's server serves "
@@ -176,7 +177,9 @@ def test_a_failed_restart_rolls_back_to_the_last_known_good_and_serves_again(rf)
         # It serves again: the failure does not say otherwise (the stop of the failed server said so before the rollback).
         assert "not serving" not in row["failure"], row
         if not why:
-            assert "The failed new server was stopped; the last known good (pid " in " ".join(row["failure"].split()), row
+            # Stopped, or found gone (a server that died at start-up): said as the stop found it (its new_server text).
+            assert re.search(r"The failed new server was (stopped|not running any more); the last known good \(pid ",
+                             " ".join(row["failure"].split())), row
         assert row["restart"] == "killed, rolled back to %s" % good[:12], row
         assert row["rolled_back"]["fingerprint"] == good and row["workers_verified"] == 2, row
         assert _layer_digests(rf) == layers and row["nccl_changed"] is False, row

@@ -343,7 +343,8 @@ def _ssh(fleet: t.Any, host: str) -> t.Callable[[str], str]:
             "(root:root 0600; with the last known good generations, /var/lib/gpufleet/demo.last_good.json, 0600 root, which "
             "keep the unit's files for a rollback, the only files on the host holding a secret); the unit file and `systemctl show "
             "-p Environment` (readable by every user) hold the tag and NCCL variables, no secret; no secret in "
-            "stdout, the ansible log, the job events or any file of either run")
+            "stdout, the ansible log, the job events, any file of either run or the host's journal (ansible-core's "
+            "'Invoked with' entries)")
 def test_systemd_rollout_keeps_the_secrets_in_a_root_only_environment_file(systemd_host, tmp_path):
     fleet = systemd_host
     host = fleet.hosts[0]
@@ -382,6 +383,11 @@ def test_systemd_rollout_keeps_the_secrets_in_a_root_only_environment_file(syste
     found = json.loads(sh("python3 -c %s %s %s" % (_q(SCAN), _q(json.dumps(needles)), _q(json.dumps(
         ["/etc", "/var", "/run", "/tmp", "/root", "/home", "/srv", "/opt"])))))
     assert sorted(found) == sorted([[ENV_FILE, "0600", 0], [LAST_GOOD, "0600", 0]]), found
+    # The host's journal, where ansible-core logs each module's arguments ("Invoked with ..."), readable by the adm
+    # group: the environment file's content went there in a dict option, its lines unmasked (new-user pass, issue 26).
+    journal = sh("journalctl --no-pager -o short 2>/dev/null; true")
+    assert "Invoked with" in journal and "systemd_env_content=NOT_LOGGING_PARAMETER" in journal, journal[-3000:]
+    assert not [n for n in needles if n in journal], [ln for ln in journal.splitlines() if any(n in ln for n in needles)][:3]
     _assert_nowhere(needles, {"stdout -vvv": p1.stdout, "log -vvv": log1.read_text(), "runner stdout": run.stdout},
                     tmp_path, skip=[plain])
 

@@ -204,3 +204,33 @@ def test_a_service_is_not_launched_onto_layers_another_services_unfinished_run_w
     stalled = two["runs"]["sglang-stalled"]
     assert stalled.rc != 0 and summary(stalled)[H]["restarted"] is False, summary(stalled)
     assert host_py(fleet, H, SITE_CODE) == site and read_host_file(fleet, H, snapshot) is None  # put back
+
+
+ROLLBACK_SITE = "- name: gpufleet rollback\n  ansible.builtin.import_playbook: gpufleet.serving.rollback\n"
+
+
+@pytest.mark.reliability(
+    section="input", case="The rollback playbook for one of two services, to NCCL values the other does not run with",
+    provoked="sgb stopped; sglang rolled out with NCCL_BUFFSIZE 4194304 (its newest last known good; the one before has "
+             "the profile's value); sgb rolled out with the same NCCL_BUFFSIZE; then gpufleet.serving.rollback for "
+             "sglang, whose last known good before puts the profile's value back",
+    outcome="the rollback fails on the host at its check, before the drain and the kill: 'rollback: the NCCL layers of "
+            "the last known good FINGERPRINT cannot be put back: ... service sgb (pid N) runs on this host ...'; "
+            "sglang's server runs on (same pids), the layers are unchanged (before: sglang was killed, then its "
+            "launch was refused, 'killed, not relaunched')")
+def test_a_rollback_that_would_change_the_layers_under_another_service_is_refused_before_the_kill(two):
+    fleet, rollout = two["fleet"], two["rollout"]
+    runner_play(two["work"], CLEAN_SITE, [fleet.inventory, two["invs"]["sgb"]], ident="sgb-clean-2")
+    buff = {"gpufleet_nccl_env": {"NCCL_BUFFSIZE": "4194304"}}
+    _ok(rollout("sglang-buff", "sglang", extravars=buff))
+    _ok(rollout("sgb-buff", "sgb", extravars=buff))
+    site, sglang = host_py(fleet, H, SITE_CODE), _tree(fleet, "sglang")
+    assert "4194304" in site["text"] and _tree(fleet, "sgb"), site
+    run = runner_play(two["work"], ROLLBACK_SITE, [fleet.inventory, two["invs"]["sglang"]], extravars=buff,
+                      ident="sglang-rollback")
+    assert run.rc != 0, run.stdout[-3000:]
+    msgs = " ".join(f["res"].get("msg", "") for f in run.failed(H))
+    assert "rollback: the NCCL layers of the last known good " in msgs and " cannot be put back: " in msgs \
+        and "service sgb (pid " in msgs and "runs on this host" in msgs, msgs
+    assert RESTART_TASK not in run.tasks_seen(H), run.tasks_seen(H)
+    assert _tree(fleet, "sglang") == sglang and host_py(fleet, H, SITE_CODE) == site

@@ -184,8 +184,9 @@ def test_a_change_while_another_services_run_holds_its_lock_is_refused(tmp_path,
     for check_mode in (True, False):
         r = run_module(main, dict(args, env={"NCCL_PROTO": "Simple"}), check_mode=check_mode)
         assert r.get("failed") is True, r
-        assert "service sgb (its host lock held by run %s) is being restarted on this host by another run" % owner \
-            in r["msg"], r["msg"]
+        assert "service sgb (its host lock held by run %s since " % owner in r["msg"], r["msg"]
+        assert "no process of that run works on this host now) is being restarted on this host by another run" \
+            in r["msg"] and "rerun the rollout of sgb" in r["msg"], r["msg"]
         assert "changing NCCL_PROTO for sglang" in r["msg"] and "Simple" not in r["msg"], r["msg"]
         assert r["other_services"] == ["sgb"]
         assert path.read_bytes() == before
@@ -249,3 +250,23 @@ def test_a_tagged_process_of_another_user_holds_back_no_change_unless_its_pidfil
     finally:
         ghost.kill()
         ghost.wait()
+
+
+@pytest.mark.parametrize("layer", [_sitecustomize, _ncclconf], ids=["sitecustomize_env", "nccl_conf"])
+def test_a_change_while_a_running_services_unfinished_run_changed_the_layers_says_to_finish_that_run(
+        tmp_path, run_module, other_service, layer):
+    """Found by the new-user pass (issue 24): sglang's controller was killed after its run wrote the layers (lock and
+    snapshot left) while sglang's old server ran on; sgb's run with values of its own was told "stop sglang first",
+    which stops a healthy server. It is told that sglang's run is unfinished, and to rerun it."""
+    main, args, path, locks, before = _written_with_locks(tmp_path, layer, run_module)
+    sgb = other_service("sgb")
+    owner = "ctl:4244:boot.1.uuid:%d" % int(time.time())
+    _lock(locks, "sgb", owner)
+    (locks / ("sgb" + _layershare.SNAPSHOT_SUFFIX)).write_text(json.dumps({"files": []}))
+    r = run_module(main, dict(args, env={"NCCL_PROTO": "Simple"}))
+    assert r.get("failed") is True and r["other_services"] == ["sgb"], r
+    assert "service sgb (its host lock held by run %s since " % owner in r["msg"], r["msg"]
+    assert ") changed them and has not finished its restart on this host; changing NCCL_PROTO for sglang now would " \
+        "change what it launches with, or puts back." in r["msg"], r["msg"]
+    assert "rerun the rollout of sgb" in r["msg"] and "stop sgb first" not in r["msg"] and "Simple" not in r["msg"]
+    assert path.read_bytes() == before and sgb.poll() is None

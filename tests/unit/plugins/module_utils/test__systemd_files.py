@@ -28,3 +28,42 @@ def test_put_back_restores_each_file_with_its_mode_writes_nothing_when_they_are_
     envf.chmod(0o644)  # the same content under a mode that shows the secret: written again, root-only
     assert _systemd.put_back(kept) == [str(envf)] and stat.S_IMODE(envf.stat().st_mode) == 0o600
     assert sorted(os.listdir(tmp_path)) == sorted([UNIT, "sglang.env"])  # no temp file left
+
+
+def test_a_dropin_is_put_back_only_when_it_is_gone(tmp_path):
+    """Found by the new-user pass (issue 26): a rollback rewrote a drop-in the operator had edited since the last known
+    good (EXTRA=2 back to EXTRA=1) and kept a newer one, leaving a mix neither had in force. A drop-in that is there is
+    the operator's as it is now; one the failed run removed (gpufleet_server_systemd_dropins remove) comes back."""
+    d = tmp_path / (UNIT + ".d")
+    d.mkdir()
+    edited = d / "override.conf"
+    edited.write_text("[Service]\nEnvironment=EXTRA=2\n")
+    gone = d / "10-removed.conf"
+    kept = [{"path": str(edited), "mode": "0644", "content": "[Service]\nEnvironment=EXTRA=1\n"},
+            {"path": str(gone), "mode": "0644", "content": "[Service]\nEnvironment=OTHER=1\n"}]
+    assert _systemd.put_back(kept) == [str(gone)]
+    assert edited.read_text().endswith("EXTRA=2\n") and gone.read_text().endswith("OTHER=1\n")
+
+
+def test_dropins_made_before_the_unit_is_installed_are_found_on_disk():
+    """Found by the new-user pass (issue 26): a drop-in made for the unit before the first rollout was not reported
+    (systemd lists no DropInPaths for a unit it has not loaded), so gpufleet_server_systemd_dropins did not apply to it,
+    and the next audit failed on it. Read where systemd will read it once the unit is installed."""
+    import uuid
+    unit = "gpufleet-ut-%s.service" % uuid.uuid4().hex[:8]
+    d = "/etc/systemd/system/%s.d" % unit
+    try:
+        os.makedirs(d)
+    except PermissionError:
+        import pytest
+        pytest.skip("needs to write /etc/systemd/system")
+    try:
+        with open(os.path.join(d, "override.conf"), "w") as f:
+            f.write("[Service]\nEnvironment=EXTRA=1\n")
+        assert _systemd.foreign_dropins({"LoadState": "not-found", "DropInPaths": ""}, unit) == [d + "/override.conf"]
+        # A loaded unit: what systemd says is what applies.
+        assert _systemd.foreign_dropins({"LoadState": "loaded", "DropInPaths": ""}, unit) == []
+    finally:
+        for name in os.listdir(d):
+            os.unlink(os.path.join(d, name))
+        os.rmdir(d)

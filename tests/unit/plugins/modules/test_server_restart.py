@@ -374,6 +374,30 @@ def test_a_gpu_holder_carrying_the_tag_as_another_user_is_named_in_the_refusal(s
         forged.wait()
 
 
+def test_another_services_tag_on_a_process_of_a_user_that_service_does_not_run_as_is_said_to_be_no_server(server):
+    """Found by the new-user pass (issue 24): a nobody GPU holder carrying service sgb's tag, sgb not running; the
+    refusal said "gpufleet service sgb, stop it first", and stopping sgb (gpufleet.serving.clean) stopped nothing."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start a process as nobody")
+    a = dict(server, user="root", kill=dict(cmdline_regex=None, gpu_strays=False, exclude_regex=None))
+    forged = subprocess.Popen(["/bin/sleep", "600"], env={a["tag_name"]: "sgb", "PATH": "/usr/bin:/bin"}, user=65534,
+                              group=65534, cwd="/", start_new_session=True)
+    root_sgb = subprocess.Popen(["/bin/sleep", "600"], env={a["tag_name"]: "sgb"}, start_new_session=True)
+    try:
+        wait_for(lambda: (_proc.read_proc(forged.pid) or _proc.read_proc(os.getpid())).uid == 65534
+                 and _proc.read_environ(root_sgb.pid, [a["tag_name"]]), 30, "the tagged processes")
+        run_dir = os.path.dirname(a["pidfile"])
+        hint = _restart.holders_hint(a, [forged.pid, root_sgb.pid])
+        assert hint == ("pid %d: the launch tag of service sgb as user %s, and no sgb server of that user runs from %s: "
+                        "not that service's server; never killed for that tag, stop it by hand; pid %d: gpufleet "
+                        "service %s=sgb, stop it first or give each service its own GPUs (gpufleet_server_gpus)"
+                        % (forged.pid, _proc.user_name(65534), run_dir, root_sgb.pid, a["tag_name"])), hint
+    finally:
+        for p in (forged, root_sgb):
+            p.kill()
+            p.wait()
+
+
 def test_an_adopt_regex_leaves_a_hand_started_server_on_other_gpus_alone(server, run_module, nvml, tmp_path):
     """Issue 24: two services on one host, both servers started by hand (no launch tag yet), one adopt regex in
     group_vars matching both. The restart of the service on GPU 0 adopts and kills its own hand-started server and a
@@ -1042,3 +1066,19 @@ def test_the_rollback_waits_for_the_generation_where_it_answered_not_at_the_fail
 def _lastgood_path(a):
     from ansible_collections.gpufleet.serving.plugins.module_utils import _lastgood
     return _lastgood.path_for(a["record"]["state_file"])
+
+
+def test_keep_failed_with_nothing_left_to_keep_goes_back_to_the_last_known_good(server, run_module):
+    """Found by the new-user pass (issue 26): keep_failed with a new server that died at start-up kept nothing and
+    skipped the rollback, leaving the host without a server ("keep_failed had nothing to keep ... (no rollback:
+    keep_failed keeps the failed server instead)"). With nothing to keep, the host goes back as without keep_failed."""
+    a = dict(server, rollback=True)
+    assert "failed" not in run_module(server_restart.main, a)
+    dies = dict(a, command=[sys.executable, "-c", "import sys; sys.exit(3)"], keep_failed=True,
+                wait_ready=dict(a["wait_ready"], timeout=8), record=dict(a["record"], fingerprint="e" * 64))
+    _lock(a)
+    r = run_module(server_restart.main, dies)
+    assert r["failed"] and r["msg"].startswith("rolled back to the last known good %s" % ("f" * 12)), r["msg"]
+    assert "no rollback" not in r["msg"] and r["rolled_back"]["pid"] in _tagged(a), r
+    assert "The failed new server was not running any more; the last known good (pid %d) serves in its place" \
+        % r["rolled_back"]["pid"] in r["msg"], r["msg"]

@@ -862,3 +862,45 @@ def test_what_the_restart_refuses_about_its_files_and_path_refuses_a_wanted_rest
         full = dict({"user": "root", "workdir": "/", "path": None, "log_path": None}, **la)
         assert server_state.restart_problems({"launchable": full, "systemd": {"unit": "x"}, "rotation_file": None,
                                               "state_file": None, "pidfile": None, "lock_file": None}) == []
+
+
+def test_another_users_process_carrying_the_tag_is_no_worker(servers, paths, run_module):
+    """Found by the new-user pass (issue 24): the audit called a nobody process carrying the service's launch tag a
+    worker lacking the expected environment. It is not the server's (its kill leaves it alone): no worker, and no
+    environment problem of the server."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start a process as nobody")
+    running(servers, paths, run_module)
+    forged = subprocess.Popen(["/bin/sleep", "600"], env={"GPUFLEET_SERVICE": NAME, "PATH": "/usr/bin:/bin"}, user=65534,
+                              group=65534, cwd="/", start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (_proc.read_proc(forged.pid).uid == 65534 and _proc.read_environ(forged.pid, ["GPUFLEET_SERVICE"])):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        r = run_module(server_state.main, check_args(paths))
+        assert "failed" not in r, r.get("msg")
+        assert forged.pid not in [w["pid"] for w in r["workers"]] and str(forged.pid) not in r["env_problems"], r
+        assert r["needs_restart"] is False, r["reasons"]
+    finally:
+        forged.kill()
+        forged.wait()
+
+
+def test_a_generation_left_aside_for_the_running_server_is_kept_by_the_next_locked_check(servers, paths, run_module):
+    """Found by the new-user pass (issue 24, a full state filesystem): the record was written again but the last known
+    good file was still too full, and the generation put aside for the running server stayed aside for good (kept only
+    at the next kill). The read-only check says the host is not up to date; the locked check keeps the generation."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _lastgood
+    s = running(servers, paths, run_module)
+    g = _lastgood.generation({"launcher": "process", "command": [sys.executable], "env": {}}, "f" * 64, None, None)
+    _lastgood.keep_pending(paths["pidfile"], g, 3, (s.pid, s.start))
+    fast = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"]))
+    assert fast["up_to_date"] is False and fast["last_good_pending"] is True and fast["needs_restart"] is False, fast
+    assert fast["changed"] is False and os.path.exists(_lastgood.pending_path(paths["pidfile"]))
+    r = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:1:a"))
+    assert "failed" not in r and r["needs_restart"] is False and r["last_good_kept"] is True and r["changed"] is True, r
+    assert r["last_good"]["newest"]["fingerprint"] == "f" * 64, r["last_good"]
+    assert not os.path.exists(_lastgood.pending_path(paths["pidfile"])) and not os.path.exists(paths["lock_file"])
+    again = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"]))
+    assert again["up_to_date"] is True and "last_good_pending" not in again, again
