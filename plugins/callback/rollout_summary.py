@@ -195,13 +195,13 @@ def failure_text(res: t.Mapping[str, t.Any], limit: int = FAILURE_CHARS) -> str:
 
 
 # The shortest a clause is cut to: its head (what it is about: "systemd: ...", "log tail (PATH): ") and its end.
-_CLAUSE_MIN = 100
+_CLAUSE_MIN = 60
 
 
-def _head_end(text: str, limit: int) -> str:
-    """A quarter of `limit` from the head (at least up to the first ": ", which names the clause, when that is within
-    half of it), the rest from the end."""
-    head = limit // 4
+def _head_end(text: str, limit: int, ratio: float = 0.25) -> str:
+    """`ratio` of `limit` from the head (at least up to the first ": ", which names the clause, when that is within half
+    of it), the rest from the end."""
+    head = int(limit * ratio)
     colon = text.find(": ")
     if 0 < colon and colon + 2 <= limit // 2:
         head = max(head, colon + 2)
@@ -209,23 +209,33 @@ def _head_end(text: str, limit: int) -> str:
 
 
 def fit(text: str, limit: int) -> str:
-    """`text` within `limit` characters, cut clause by clause (after "; " and ". "): the longest clause loses its middle
-    first, so every clause keeps its head and its end. A rollback's failure joins several causes (the rollback's, the
-    new server's exit, systemd's status, its journal, the log tail, what was left) and each keeps what names it; one
-    long clause (an unreachable host's OpenSSH text) keeps its head and its end, as a whole text did."""
+    """`text` within `limit` characters. gpufleet's own failures join clauses with "; " (a rollback's: its own cause, the
+    new server's exit, systemd's status, its journal, the log tail, what was left): they are cut clause by clause
+    (after "; " and ". "), the longest first and only down to the next longest, so each clause keeps its head and its
+    end. Any other text (OpenSSH's, whose advice is at its end) keeps its head and its end as a whole."""
     if len(text) <= limit:
         return text
-    # Clauses with their separators kept: "a; " "b. " "c".
+    if "; " not in text:
+        return _head_end(text, limit)
     parts = [x for x in re.split(r"(?<=; )|(?<=\. )", text) if x]
-    while True:
-        total = sum(len(x) for x in parts)
-        if total <= limit:
-            return "".join(parts)
-        i = max(range(len(parts)), key=lambda k: len(parts[k]))
-        want = max(len(parts[i]) - (total - limit), _CLAUSE_MIN)
-        if want >= len(parts[i]):  # every clause is as short as it gets: the whole text loses its middle
-            return _head_end("".join(parts), limit)
-        parts[i] = _head_end(parts[i], want)
+    size = [len(x) for x in parts]
+
+    def cut_size(i: int) -> int:  # a clause cut at all loses at least the " ... " it gains
+        return size[i] if size[i] >= len(parts[i]) else min(size[i], len(parts[i]) - 6)
+
+    while sum(cut_size(i) for i in range(len(parts))) > limit:
+        top = max(size)
+        longest = [i for i in range(len(parts)) if size[i] == top]
+        below = max([n for n in size if n < top] or [0])
+        room = top - max(below, _CLAUSE_MIN)  # each longest clause loses at most down to the next longest
+        if room <= 0:  # every clause as short as it gets: the whole text loses its middle
+            return _head_end(text, limit)
+        excess = sum(cut_size(i) for i in range(len(parts))) - limit
+        step = min(room, -(-excess // len(longest)))
+        for i in longest:
+            size[i] -= step
+    return "".join(parts[i] if cut_size(i) >= len(parts[i]) else _head_end(parts[i], cut_size(i), 0.5)
+                   for i in range(len(parts)))
 
 
 def _fmt(v: t.Any) -> str:

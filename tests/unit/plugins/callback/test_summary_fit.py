@@ -40,3 +40,24 @@ def test_many_short_clauses_fall_back_to_head_and_end_within_the_limit():
     out = fit(text, 600)
     assert len(out) <= 600 and out.startswith("clause 000") and out.endswith("y" * 30), out
     assert "clause 039 " in out, out
+
+
+def test_a_rollback_that_failed_too_keeps_both_causes_and_an_ssh_text_its_advice():
+    """Many mid-sized clauses share the cut (the longest down to the next longest), so the new server's own cause at
+    the end of its log tail stays; a text without gpufleet's "; " clauses (OpenSSH's) keeps its head and its end."""
+    rb = ("the rollback to the last known good 91f571e01242 failed too (server process 609 exited during start-up after "
+          "0.1 s (exit status 1); log tail (/var/log/gpufleet/demo.log): ==== gpufleet launch 2026-12-05T10:20:01 pid 609 "
+          "| Traceback (most recent call last): | File \"/opt/gpufleet-fake/demo_server.py\", line 400, in main | "
+          "RuntimeError: rollback fail...); the new server failed: server process 600 exited during start-up after 0.1 s "
+          "(exit status 1); log tail (/var/log/gpufleet/demo.log): ==== gpufleet launch 2026-12-05T10:20:00 pid 600 | "
+          "Traceback (most recent call last): | File \"/opt/gpufleet-fake/demo_server.py\", line 412, in <module> | "
+          "RuntimeError: demo failure at startup. The failed new server was not running any more and its GPUs are "
+          "clean: nothing of this service runs on the host, which is not serving")
+    out = fit(rb, FAILURE_CHARS)
+    assert len(out) <= FAILURE_CHARS and out.startswith("the rollback to the last known good 91f571e01242 failed too (")
+    assert "RuntimeError: demo failure at startup" in out and "; the new server failed: " in out, out
+    ssh = ("Failed to connect to the host via ssh: WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! " + "x " * 300
+           + "Offending ED25519 key in /root/.ssh/known_hosts:7 remove with: ssh-keygen -f '/root/.ssh/known_hosts' -R "
+           "'gpu17' Host key verification failed.")
+    out = fit(ssh, FAILURE_CHARS)
+    assert "REMOTE HOST IDENTIFICATION HAS CHANGED" in out and "ssh-keygen -f '/root/.ssh/known_hosts' -R 'gpu17'" in out
