@@ -234,8 +234,17 @@ def fit(text: str, limit: int) -> str:
         step = min(room, -(-excess // len(longest)))
         for i in longest:
             size[i] -= step
-    return "".join(parts[i] if cut_size(i) >= len(parts[i]) else _head_end(parts[i], cut_size(i), 0.5)
+    return "".join(parts[i] if cut_size(i) >= len(parts[i]) else _cut_clause(parts[i], cut_size(i), i == 0)
                    for i in range(len(parts)))
+
+
+def _cut_clause(text: str, size: int, first: bool) -> str:
+    """A clause in `size` characters: lines joined by " | " (a log tail, the journal) keep their name ("log tail
+    (PATH): ") and as much of their end as fits, where the error is; the first clause, which says what failed, most of
+    its head; any other half of each."""
+    if " | " in text:
+        return _head_end(text, size, 0.0)
+    return _head_end(text, size, 0.75 if first else 0.5)
 
 
 def _fmt(v: t.Any) -> str:

@@ -870,7 +870,8 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
             # The unit's files as they were when the generation passed (the failed restart rewrote them), then the
             # unit as systemd starts it.
             try:
-                _systemd.put_back(g["systemd_files"])
+                restored = _systemd.put_back(g["systemd_files"], dropins=result.get("dropins_removed") or [])
+                result["unit_restored"] = restored
                 _systemd.daemon_reload(_runner(module))
             except _systemd.SystemdError as e:
                 raise StepError("cannot put back the unit's files: %s" % e) from None
@@ -908,9 +909,10 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
     stopped = new_server.get("text")
     if stopped and why.endswith(stopped):
         # Said when the failed server was stopped (or found gone), before the rollback: the host serves again now.
-        why = why[:-len(stopped)] + ("The failed new server was %s; the last known good (pid %d) serves in its place"
-                                     % ("stopped" if new_server.get("processes", 1) else "not running any more",
-                                        proc.pid))
+        now = ("The failed new server was %s; the last known good (pid %d) serves in its place"
+               % ("stopped" if new_server.get("processes", 1) else "not running any more", proc.pid))
+        why = why[:-len(stopped)] + now
+        cause.details["new_server"] = dict(new_server, text=now)  # the result says what the message says
     raise StepError("rolled back to the last known good %s (recorded %s): %s" % (fp[:12], g.get("recorded_at"), why),
                     **cause.details)
 
@@ -931,7 +933,7 @@ def stop_failed(module: t.Any, p: t.Mapping[str, t.Any], result: t.Mapping[str, 
     out: t.Dict[str, t.Any] = {"kept": False, "stopped": False, "processes": len(alive)}
     try:
         if p["launcher"] == "systemd":
-            _systemd.stop(_runner(module), p["systemd"]["unit"])
+            _systemd_bounded_stop(module, p)
         kill = _kill_step(module, p, tag="%s=%s" % (p["tag_name"], p["name"]), pidfile=p["pidfile"])
         out.update(stopped=True, killed=ended(kill))
         out["clean"] = _gpumod.wait_or_fail(gate)
@@ -1028,7 +1030,8 @@ def _systemd_stop(module: t.Any, p: t.Mapping[str, t.Any], result: t.Dict[str, t
         procs = _proc.snapshot()
         tagged = own_tagged(p, procs)
         t0 = time.monotonic()
-        _systemd.stop(run, unit)
+        if _systemd_bounded_stop(module, p):
+            result["stop_escalated"] = True
         stop_s = time.monotonic() - t0
     except _systemd.SystemdError as e:
         raise StepError("%s: %s" % (unit, e), **e.details)
@@ -1036,6 +1039,22 @@ def _systemd_stop(module: t.Any, p: t.Mapping[str, t.Any], result: t.Dict[str, t
     result["killed"] = gone
     result["changed"] = result["changed"] or gone > 0
     result["timings"]["kill_s"] = round(stop_s, 4)
+
+
+# Beyond the grace (the unit's TimeoutStopSec, which the role sets to it), what systemd's own stop may take to send
+# SIGKILL and reap: a stop is bounded by their sum whatever the unit's drop-ins set (TimeoutStopSec=infinity).
+STOP_MARGIN_S = 5.0
+
+
+def _systemd_bounded_stop(module: t.Any, p: t.Mapping[str, t.Any]) -> bool:
+    """Stop the unit within the kill grace and a margin (then SIGKILL of its cgroup): True when it came to that."""
+    unit = p["systemd"]["unit"]
+    escalated = _systemd.stop(_runner(module), unit, bound=p["kill"]["grace"] + STOP_MARGIN_S,
+                              final_wait=max(p["kill"]["final_wait"], 1.0))
+    if escalated:
+        module.warn("%s did not stop within gpufleet_server_kill_grace (%.0f s) and %.0f s more (a drop-in setting "
+                    "TimeoutStopSec?): its whole cgroup was sent SIGKILL" % (unit, p["kill"]["grace"], STOP_MARGIN_S))
+    return escalated
 
 
 def _retire_unit(module: t.Any, p: t.Mapping[str, t.Any], result: t.Dict[str, t.Any]) -> None:

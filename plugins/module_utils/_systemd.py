@@ -18,6 +18,7 @@ from __future__ import annotations
 import glob
 import os
 import stat
+import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock
@@ -176,7 +177,8 @@ def drift(props: t.Mapping[str, str], unit: str, unit_path: str, desired: t.Opti
     if loaded and props.get("NeedDaemonReload") == "yes":
         # The file on disk is not what systemd runs: a restart after a daemon-reload makes them one.
         restart.append("the unit file changed on disk since systemd loaded it (daemon-reload pending)")
-    dropins = foreign_dropins(props, unit) if loaded else []
+    # A unit not installed yet: the drop-ins made for it beforehand (found on disk) apply once it is.
+    dropins = foreign_dropins(props, unit) if loaded or props.get("LoadState") == "not-found" else []
     if dropins:
         other.append("drop-ins gpufleet did not write change the unit: %s" % ", ".join(dropins))
     state = props.get("UnitFileState") or ""
@@ -195,10 +197,37 @@ def daemon_reload(run: Runner) -> None:
     _call(run, ["systemctl", "daemon-reload"])
 
 
-def stop(run: Runner, unit: str) -> None:
-    """`systemctl stop`: the unit's own TERM -> TimeoutStopSec -> KILL of its whole cgroup; returns when it is down."""
-    # 5: the unit is not loaded (never installed): nothing to stop.
-    _call(run, ["systemctl", "stop", "--", unit], ok=(0, 5))
+def stop(run: Runner, unit: str, bound: t.Optional[float] = None, final_wait: float = 5.0,
+         poll: float = 0.1) -> bool:
+    """`systemctl stop`: the unit's own TERM -> TimeoutStopSec -> KILL of its whole cgroup; returns when it is down.
+
+    With `bound` (seconds: the kill grace and a margin), the stop is not left to the unit's TimeoutStopSec alone: a
+    drop-in may set it to infinity, and a server ignoring SIGTERM would then hold the restart, its host lock and its
+    drain for ever. Past the bound the whole cgroup gets SIGKILL (`systemctl kill`), and the stop waits `final_wait`
+    more. Returns whether it had to. SystemdError when the unit is still up after that."""
+    if bound is None:
+        # 5: the unit is not loaded (never installed): nothing to stop.
+        _call(run, ["systemctl", "stop", "--", unit], ok=(0, 5))
+        return False
+    _call(run, ["systemctl", "stop", "--no-block", "--", unit], ok=(0, 5))
+    if _wait_down(run, unit, time.monotonic() + bound, poll):
+        return False
+    _call(run, ["systemctl", "kill", "--kill-who=all", "--signal=SIGKILL", "--", unit], ok=(0, 1, 5))
+    if _wait_down(run, unit, time.monotonic() + final_wait, poll):
+        return True
+    raise SystemdError("%s did not stop: still %s %.0f s after the grace and a SIGKILL of its cgroup"
+                       % (unit, show(run, unit).get("ActiveState") or "?", final_wait))
+
+
+def _wait_down(run: Runner, unit: str, deadline: float, poll: float) -> bool:
+    """Whether the unit reached inactive (or failed, or is not loaded) by `deadline`."""
+    while True:
+        props = show(run, unit)
+        if props.get("ActiveState") in ("inactive", "failed", "") or props.get("LoadState") == "not-found":
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
 
 
 def start(run: Runner, unit: str) -> None:
@@ -273,16 +302,16 @@ def is_dropin(path: str) -> bool:
     return os.path.basename(os.path.dirname(path)).endswith(".d") and path.endswith(".conf")
 
 
-def put_back(files: t.Sequence[t.Mapping[str, t.Any]]) -> t.List[str]:
+def put_back(files: t.Sequence[t.Mapping[str, t.Any]], dropins: t.Sequence[str] = ()) -> t.List[str]:
     """Write each of definition_files()' files back as it was (content and mode, root's), atomically; a drop-in's
-    directory is made when it is gone. A drop-in is put back only when it is gone (the failed run removed it, as
-    gpufleet_server_systemd_dropins remove does): one that is there is the operator's as it is now, edited since, and
-    stays as it is, as do drop-ins made since. Returns the paths written. The caller reloads systemd."""
+    directory is made when it is gone. Drop-ins are the operator's: only those named in `dropins` (the ones the failed
+    run removed, gpufleet_server_systemd_dropins remove) are put back, when gone; one edited, deleted or made since
+    the generation stays as the operator left it. Returns the paths written. The caller reloads systemd."""
     changed = []
     for f in files:
         path, content = str(f["path"]), str(f["content"]).encode("utf-8")
         mode = int(str(f.get("mode") or "0644"), 8)
-        if is_dropin(path) and os.path.lexists(path):
+        if is_dropin(path) and (path not in dropins or os.path.lexists(path)):
             continue
         try:
             with open(path, "rb") as cur:

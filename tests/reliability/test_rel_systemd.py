@@ -141,6 +141,32 @@ def test_a_server_ignoring_sigterm_is_killed_after_the_grace(host, tmp_path):
 
 
 @pytest.mark.reliability(
+    section="systemd", case="A drop-in setting TimeoutStopSec=infinity, and a server ignoring SIGTERM",
+    provoked="a server whose launcher and workers ignore SIGTERM (--ignore-term), gpufleet_server_kill_grace 2; a "
+             "drop-in of the unit with TimeoutStopSec=infinity (systemctl daemon-reload); a forced restart",
+    outcome="the stop is bounded by the grace and a 5 s margin, then the unit's whole cgroup gets SIGKILL (a warning "
+            "says so): the restart passes with kill_s under 12 s (before: systemctl stop waited for ever, the host "
+            "drained and locked)")
+def test_a_stop_is_bounded_by_the_grace_whatever_a_dropin_sets(host, tmp_path):
+    cmd = sandbox.server_vars(host.python, mib=1000)["gpufleet_server_command"] + ["--ignore-term"]
+    first = _run(host, tmp_path, "first", gpufleet_server_command=cmd, gpufleet_server_kill_grace=2)
+    assert first.rc == 0, first.stdout[-6000:]
+    d = "/etc/systemd/system/%s.d" % UNIT
+    _sh(host, "mkdir -p %s && printf '[Service]\\nTimeoutStopSec=infinity\\n' > %s/slowstop.conf && "
+              "systemctl daemon-reload" % (d, d))
+    try:
+        assert _show(host)["TimeoutStopUSec"] == "infinity"
+        forced = _run(host, tmp_path, "forced", gpufleet_server_command=cmd, gpufleet_server_kill_grace=2,
+                      gpufleet_server_force_restart=True)
+        assert forced.rc == 0, forced.stdout[-6000:]
+        h = _host(forced, host)
+        assert h["restarted"] is True and h["kill_s"] <= 12, h
+        assert "its whole cgroup was sent SIGKILL" in " ".join(forced.stdout.split()), forced.stdout[-4000:]
+    finally:
+        _sh(host, "rm -rf %s && systemctl daemon-reload" % d)
+
+
+@pytest.mark.reliability(
     section="systemd", case="A `systemctl restart` by hand is not a dead server",
     provoked="after a rollout, `systemctl restart gpufleet-demo` (the pidfile still names the old main pid); "
              "the audit, then the rollout",

@@ -30,19 +30,21 @@ def test_put_back_restores_each_file_with_its_mode_writes_nothing_when_they_are_
     assert sorted(os.listdir(tmp_path)) == sorted([UNIT, "sglang.env"])  # no temp file left
 
 
-def test_a_dropin_is_put_back_only_when_it_is_gone(tmp_path):
-    """Found by the new-user pass (issue 26): a rollback rewrote a drop-in the operator had edited since the last known
-    good (EXTRA=2 back to EXTRA=1) and kept a newer one, leaving a mix neither had in force. A drop-in that is there is
-    the operator's as it is now; one the failed run removed (gpufleet_server_systemd_dropins remove) comes back."""
+def test_only_the_dropins_the_failed_run_removed_are_put_back(tmp_path):
+    """Found by the new-user passes (issue 26): a rollback rewrote a drop-in the operator had edited since the last known
+    good (EXTRA=2 back to EXTRA=1), then brought back one the operator had deleted. Drop-ins are the operator's: only
+    one the failed run removed (gpufleet_server_systemd_dropins remove) comes back."""
     d = tmp_path / (UNIT + ".d")
     d.mkdir()
     edited = d / "override.conf"
     edited.write_text("[Service]\nEnvironment=EXTRA=2\n")
-    gone = d / "10-removed.conf"
+    removed_by_run, deleted_by_hand = d / "10-removed.conf", d / "20-deleted.conf"
     kept = [{"path": str(edited), "mode": "0644", "content": "[Service]\nEnvironment=EXTRA=1\n"},
-            {"path": str(gone), "mode": "0644", "content": "[Service]\nEnvironment=OTHER=1\n"}]
-    assert _systemd.put_back(kept) == [str(gone)]
-    assert edited.read_text().endswith("EXTRA=2\n") and gone.read_text().endswith("OTHER=1\n")
+            {"path": str(removed_by_run), "mode": "0644", "content": "[Service]\nEnvironment=OTHER=1\n"},
+            {"path": str(deleted_by_hand), "mode": "0644", "content": "[Service]\nEnvironment=GONE=1\n"}]
+    assert _systemd.put_back(kept, dropins=[str(removed_by_run), str(edited)]) == [str(removed_by_run)]
+    assert edited.read_text().endswith("EXTRA=2\n") and removed_by_run.read_text().endswith("OTHER=1\n")
+    assert not deleted_by_hand.exists()
 
 
 def test_dropins_made_before_the_unit_is_installed_are_found_on_disk():

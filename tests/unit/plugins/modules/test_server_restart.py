@@ -1053,7 +1053,7 @@ def test_the_rollback_waits_for_the_generation_where_it_answered_not_at_the_fail
     assert "failed" not in first, first.get("msg")
     port = _free_port()
     bad = dict(a, command=[sys.executable, "-c", "import sys; sys.exit(3)", str(port)],
-               wait_ready=dict(a["wait_ready"], health_url="http://127.0.0.1:%d/health" % port, timeout=8),
+               wait_ready=dict(a["wait_ready"], health_url="http://127.0.0.1:%d/health" % port, timeout=60),
                record=dict(a["record"], fingerprint="e" * 64))
     _lock(a)
     r = run_module(server_restart.main, bad)
@@ -1075,7 +1075,7 @@ def test_keep_failed_with_nothing_left_to_keep_goes_back_to_the_last_known_good(
     a = dict(server, rollback=True)
     assert "failed" not in run_module(server_restart.main, a)
     dies = dict(a, command=[sys.executable, "-c", "import sys; sys.exit(3)"], keep_failed=True,
-                wait_ready=dict(a["wait_ready"], timeout=8), record=dict(a["record"], fingerprint="e" * 64))
+                wait_ready=dict(a["wait_ready"], timeout=60), record=dict(a["record"], fingerprint="e" * 64))
     _lock(a)
     r = run_module(server_restart.main, dies)
     assert r["failed"] and r["msg"].startswith("rolled back to the last known good %s" % ("f" * 12)), r["msg"]
