@@ -163,6 +163,16 @@ def _changing_text(own: t.Tuple[str, str], changing: t.Mapping[str, str], lock_d
             "is refused before its kill, and %s would then run with values" % (who, own[1]))
 
 
+def _refusal(path: str, runs: t.Mapping[str, str], lock_dir: t.Optional[str], names: t.Sequence[str],
+             own: t.Tuple[str, str], doing: str, what: str) -> StepError:
+    """A change refused because another service's run holds its lock (`doing`: what that run does; `what`: what a change
+    now would change for it)."""
+    return StepError("NCCL layers are host-wide (%s): service %s %s; changing %s for %s now would change what it %s. %s, "
+                     "with the same gpufleet_nccl_* for every service of the host; nothing was changed"
+                     % (path, _who(runs, lock_dir), doing, ", ".join(names), own[1], what, _run_again(runs, lock_dir)),
+                     path=path, changed_vars=list(names), other_services=sorted(runs))
+
+
 def refuse_if_shared(own: t.Optional[t.Tuple[str, str]], path: str, before: t.Mapping[str, str],
                      after: t.Mapping[str, str], lock_dir: t.Optional[str] = None) -> None:
     """StepError when writing `after` over `before` in the host-wide file `path` would change the values another
@@ -181,23 +191,15 @@ def refuse_if_shared(own: t.Optional[t.Tuple[str, str]], path: str, before: t.Ma
                         % (path, _changing_text(own, changing, lock_dir), _run_again(changing, lock_dir)),
                         path=path, changed_vars=[], other_services=sorted(changing))
     if changing:
-        raise StepError(
-            "NCCL layers are host-wide (%s): service %s changed them and has not finished its restart on this host; "
-            "changing %s for %s now would change what it launches with, or puts back. %s, with the same gpufleet_nccl_* "
-            "for every service of the host; nothing was changed"
-            % (path, _who(changing, lock_dir), ", ".join(names), own[1], _run_again(changing, lock_dir)),
-            path=path, changed_vars=names, other_services=sorted(changing))
+        raise _refusal(path, changing, lock_dir, names, own,
+                       "changed them and has not finished its restart on this host", "launches with, or puts back")
     if not names:
         return
     others = other_services(own, lock_dir)
     rolling = {k: v for k, v in services_in_rollout(own, lock_dir).items() if k not in others}
     if rolling:
-        raise StepError(
-            "NCCL layers are host-wide (%s): service %s is being restarted on this host by another run, which launches "
-            "it onto the layers' current values; changing %s for %s now would change what it starts with. %s, with the "
-            "same gpufleet_nccl_* for every service of the host; nothing was changed"
-            % (path, _who(rolling, lock_dir), ", ".join(names), own[1], _run_again(rolling, lock_dir)),
-            path=path, changed_vars=names, other_services=sorted(rolling))
+        raise _refusal(path, rolling, lock_dir, names, own, "is being restarted on this host by another run, which "
+                       "launches it onto the layers' current values", "starts with")
     if not others:
         return
     who = ", ".join("%s (pid %d)" % kv for kv in others.items())
