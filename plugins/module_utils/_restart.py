@@ -870,7 +870,12 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
             # The unit's files as they were when the generation passed (the failed restart rewrote them), then the
             # unit as systemd starts it.
             try:
-                restored = _systemd.put_back(g["systemd_files"], dropins=result.get("dropins_removed") or [])
+                # The generation's unit file and environment file; of the drop-ins, those this run removed, as they
+                # were when it removed them (the operator's, edited since the generation or made after it).
+                removed = [x for x in getattr(module, "gpufleet_removed_dropins", None) or []
+                           if x["path"] in (result.get("dropins_removed") or [])]
+                restored = _systemd.put_back([x for x in g["systemd_files"] if not _systemd.is_dropin(str(x["path"]))]
+                                             + removed, dropins=[x["path"] for x in removed])
                 result["unit_restored"] = restored
                 _systemd.daemon_reload(_runner(module))
             except _systemd.SystemdError as e:
@@ -1021,6 +1026,8 @@ def _systemd_stop(module: t.Any, p: t.Mapping[str, t.Any], result: t.Dict[str, t
         result["unit"] = {k: props[k] for k in ("LoadState", "ActiveState", "MainPID")}
         if module.check_mode:
             return
+        # As the operator had them: a rollback puts back these, not an older generation's copies.
+        module.gpufleet_removed_dropins = _systemd.snapshot(p["systemd"]["remove_dropins"])
         removed = _systemd.remove_dropins(p["systemd"]["remove_dropins"], unit)
         if removed:
             result.update(dropins_removed=removed, changed=True)

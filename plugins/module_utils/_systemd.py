@@ -82,6 +82,17 @@ def main_pid(props: t.Mapping[str, str]) -> int:
         return 0
 
 
+def _dropin_dir_names(unit: str) -> t.List[str]:
+    """The drop-in directories systemd reads for `unit`: its own (UNIT.d) and those of each dash prefix of its name
+    (gpufleet-demo.service: gpufleet-.service.d), as systemd.unit(5) says."""
+    name, dot, suffix = unit.rpartition(".")
+    dirs = [unit + ".d"]
+    parts = name.split("-")
+    for i in range(1, len(parts)):
+        dirs.append("-".join(parts[:i]) + "-" + dot + suffix + ".d")
+    return dirs
+
+
 def foreign_dropins(props: t.Mapping[str, str], unit: str) -> t.List[str]:
     """The drop-ins in force for this unit: its own (`systemctl edit`: UNIT.d/*.conf under /etc, /run or /usr/lib)
     and those of a name prefix (gpufleet-.service.d/, which apply to it too).
@@ -92,9 +103,8 @@ def foreign_dropins(props: t.Mapping[str, str], unit: str) -> t.List[str]:
     if not paths and props.get("LoadState") == "not-found":
         # A unit not installed yet (the first rollout) has no DropInPaths, but drop-ins made for it beforehand apply
         # once it is: read them where systemd will (its own directories; a name prefix's are found once it is loaded).
-        paths = sorted(glob.glob("/etc/systemd/system/%s.d/*.conf" % glob.escape(unit))
-                       + glob.glob("/run/systemd/system/%s.d/*.conf" % glob.escape(unit))
-                       + glob.glob("/usr/lib/systemd/system/%s.d/*.conf" % glob.escape(unit)))
+        paths = sorted(p for d in _dropin_dir_names(unit) for base in ("/etc", "/run", "/usr/lib")
+                       for p in glob.glob("%s/systemd/system/%s/*.conf" % (base, glob.escape(d))))
     return [p for p in paths if os.path.basename(os.path.dirname(p)) != "service.d"]
 
 
@@ -260,6 +270,21 @@ def remove_dropins(paths: t.Sequence[str], unit: str) -> t.List[str]:
         except FileNotFoundError:
             pass
     return removed
+
+
+def snapshot(paths: t.Sequence[str]) -> t.List[t.Dict[str, str]]:
+    """Each existing file of `paths` as put_back() writes it again (path, mode, content): the drop-ins a restart is
+    about to remove, so that its rollback puts back what the operator had, not an older generation's copy."""
+    out = []
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                content = f.read().decode("utf-8", "surrogateescape")
+        except (FileNotFoundError, IsADirectoryError):
+            continue
+        out.append({"path": path, "mode": "%04o" % stat.S_IMODE(st.st_mode), "content": content})
+    return out
 
 
 def environment_files(run: Runner, unit: str) -> t.List[str]:

@@ -69,3 +69,43 @@ def test_dropins_made_before_the_unit_is_installed_are_found_on_disk():
         for name in os.listdir(d):
             os.unlink(os.path.join(d, name))
         os.rmdir(d)
+
+
+def test_a_removed_dropin_is_put_back_as_the_operator_had_it(tmp_path):
+    """Found by the new-user pass (issue 26): with gpufleet_server_systemd_dropins remove, the rollback wrote back the
+    last known good generation's copy of a drop-in (EXTRA=1) over the operator's edit (EXTRA=2), and lost one made
+    since. The restart keeps what it removes (snapshot) and the rollback puts that back."""
+    d = tmp_path / (UNIT + ".d")
+    d.mkdir()
+    edited, made_since = d / "override.conf", d / "zz-ops.conf"
+    edited.write_text("[Service]\nEnvironment=EXTRA=2\n")
+    made_since.write_text("[Service]\nEnvironment=ZZ=ops\n")
+    made_since.chmod(0o600)
+    kept = _systemd.snapshot([str(edited), str(made_since), str(d / "gone.conf")])
+    assert [x["path"] for x in kept] == [str(edited), str(made_since)] and kept[1]["mode"] == "0600"
+    edited.unlink()
+    made_since.unlink()
+    assert _systemd.put_back(kept, dropins=[x["path"] for x in kept]) == [str(edited), str(made_since)]
+    assert edited.read_text().endswith("EXTRA=2\n") and made_since.read_text().endswith("ZZ=ops\n")
+    assert stat.S_IMODE(made_since.stat().st_mode) == 0o600
+
+
+def test_dropins_of_a_name_prefix_made_before_the_unit_is_installed_are_found():
+    """Found by the new-user pass (issue 26): a gpufleet-.service.d/ drop-in (it applies to every gpufleet-*.service)
+    went unreported on the first rollout of a service."""
+    import uuid
+    prefix = "gpufleetut%s-" % uuid.uuid4().hex[:6]
+    unit = prefix + "demo3.service"
+    d = "/etc/systemd/system/%s.service.d" % prefix
+    try:
+        os.makedirs(d)
+    except PermissionError:
+        import pytest
+        pytest.skip("needs to write /etc/systemd/system")
+    try:
+        with open(os.path.join(d, "pfx.conf"), "w") as f:
+            f.write("[Service]\nEnvironment=PFX=1\n")
+        assert _systemd.foreign_dropins({"LoadState": "not-found", "DropInPaths": ""}, unit) == [d + "/pfx.conf"]
+    finally:
+        os.unlink(os.path.join(d, "pfx.conf"))
+        os.rmdir(d)
