@@ -196,6 +196,7 @@ def failure_text(res: t.Mapping[str, t.Any], limit: int = FAILURE_CHARS) -> str:
 
 # The shortest a clause is cut to: its head (what it is about: "systemd: ...", "log tail (PATH): ") and its end.
 _CLAUSE_MIN = 60
+_LINES_MIN = 150
 
 
 def _head_end(text: str, limit: int, ratio: float = 0.25) -> str:
@@ -223,17 +224,26 @@ def fit(text: str, limit: int) -> str:
     def cut_size(i: int) -> int:  # a clause cut at all loses at least the " ... " it gains
         return size[i] if size[i] >= len(parts[i]) else min(size[i], len(parts[i]) - 6)
 
-    while sum(cut_size(i) for i in range(len(parts))) > limit:
-        top = max(size)
-        longest = [i for i in range(len(parts)) if size[i] == top]
-        below = max([n for n in size if n < top] or [0])
-        room = top - max(below, _CLAUSE_MIN)  # each longest clause loses at most down to the next longest
-        if room <= 0:  # every clause as short as it gets: the whole text loses its middle
-            return _head_end(text, limit)
-        excess = sum(cut_size(i) for i in range(len(parts))) - limit
-        step = min(room, -(-excess // len(longest)))
-        for i in longest:
-            size[i] -= step
+    # The middle clauses first: the first says what failed, the last what to do or what was left.
+    middle = list(range(1, len(parts) - 1))
+    # A log tail's or the journal's lines (" | ") keep room for their last line in that first pass.
+    floors = [_LINES_MIN if " | " in x else _CLAUSE_MIN for x in parts]
+    for pool in (middle, list(range(len(parts)))):
+        floors = floors if pool is middle else [_CLAUSE_MIN] * len(parts)
+        pool = [i for i in pool if size[i] > floors[i]]
+        while pool and sum(cut_size(i) for i in range(len(parts))) > limit:
+            top = max(size[i] for i in pool)
+            longest = [i for i in pool if size[i] == top]
+            below = max([size[i] for i in pool if size[i] < top] or [0])
+            room = top - max(below, max(floors[i] for i in longest))  # down to the next longest at most
+            if room <= 0:  # this pool's clauses as short as they get
+                break
+            excess = sum(cut_size(i) for i in range(len(parts))) - limit
+            step = min(room, -(-excess // len(longest)))
+            for i in longest:
+                size[i] -= step
+    if sum(cut_size(i) for i in range(len(parts))) > limit:  # every clause as short as it gets
+        return _head_end(text, limit)
     return "".join(parts[i] if cut_size(i) >= len(parts[i]) else _cut_clause(parts[i], cut_size(i), i == 0)
                    for i in range(len(parts)))
 

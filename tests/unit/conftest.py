@@ -65,9 +65,14 @@ UNIT_DIR = Path(__file__).resolve().parent
 FAST_MARKER = "fast: the fast tier (tests/unit and pure tests): `pytest -m fast`, CONTRIBUTING.md"
 
 
+RELIABILITY_MARKER = "reliability(section, case, provoked, outcome): one row of docs/reliability.md (tests/reliability/gen_table.py)"
+
+
 def pytest_configure(config):
-    # pyproject.toml registers the marker for `pytest`; ansible-test units runs pytest with its own ini file.
+    # pyproject.toml registers the markers for `pytest`; ansible-test units runs pytest with its own ini file and
+    # --strict-markers (a unit test can be a row of docs/reliability.md).
     config.addinivalue_line("markers", FAST_MARKER)
+    config.addinivalue_line("markers", RELIABILITY_MARKER)
 
 
 def pytest_collection_modifyitems(config, items):

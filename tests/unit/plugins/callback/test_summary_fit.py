@@ -61,3 +61,19 @@ def test_a_rollback_that_failed_too_keeps_both_causes_and_an_ssh_text_its_advice
            "'gpu17' Host key verification failed.")
     out = fit(ssh, FAILURE_CHARS)
     assert "REMOTE HOST IDENTIFICATION HAS CHANGED" in out and "ssh-keygen -f '/root/.ssh/known_hosts' -R 'gpu17'" in out
+
+
+def test_the_middle_clauses_are_cut_first_so_the_holders_and_the_advice_stay():
+    """A clean-gate refusal a little over the limit: its holders' command lines hold "; " too. The first clause (the
+    first holder, pid and user) and the last (what to do) stay whole; the middle ones share the cut."""
+    msg = ("fails at the clean gate, before the kill: GPUs not clean after 4.0 s, held by processes the kill would not "
+           "end: GPU 0 pid 142 (root, 20000 MiB): /usr/bin/python3 -c from multiprocessing.spawn import spawn_main; "
+           "spawn_main(tracker_fd=6, pipe_handle=13) --multiprocessing-fork; GPU 1 pid 143 (root, 20000 MiB): "
+           "/usr/bin/python3 -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=6, pipe_handle=17) "
+           "--multiprocessing-fork; nothing was stopped. None is gpufleet's and kill.cmdline_regex "
+           "(gpufleet_server_adopt_cmdline_regex) does not match them: kill.gpu_strays (gpufleet_server_kill_gpu_strays) "
+           "ends them")
+    out = fit(msg, FAILURE_CHARS)
+    assert len(msg) > FAILURE_CHARS >= len(out), len(msg)
+    assert "pid 142 (root, 20000 MiB): " in out and "pid 143 (root, 20000 MiB): " in out, out
+    assert out.endswith("kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends them"), out
