@@ -74,17 +74,10 @@ def other_services(own: t.Tuple[str, str], lock_dir: t.Optional[str] = None) -> 
 def service_uids(service: str, run_dir: str, procs: t.Mapping[int, _proc.Proc]) -> t.Set[int]:
     """The users whose processes carrying `service`'s launch tag count as that gpufleet service's: root, and the user of
     the live process its pidfile in the run dir (<run_dir>/<service>.pid, written by gpufleet as root) names."""
-    return {0} | (set() if "/" in service else _pidfile_uid(procs, os.path.join(run_dir, service + ".pid")))
-
-
-def _pidfile_uid(procs: t.Mapping[int, _proc.Proc], path: str) -> t.Set[int]:
-    """The uid of the live process a gpufleet pidfile ('PID START_TIME') names, as a set (empty when none does)."""
-    name = os.path.basename(path)
-    if name.startswith(".") or os.path.dirname(path) == "" or "/" in name:  # a name is no path to walk
-        return set()
-    ident = _server.pidfile_identity(path)
-    p = procs.get(ident[0]) if ident else None
-    return {p.uid} if p is not None and ident is not None and p.start_time == ident[1] else set()
+    if "/" in service or service.startswith("."):  # a name is no path to walk
+        return {0}
+    uid = _server.pidfile_uid(os.path.join(run_dir, service + ".pid"), procs)
+    return {0} if uid is None else {0, uid}
 
 
 def services_in_rollout(own: t.Tuple[str, str], lock_dir: t.Optional[str]) -> t.Dict[str, str]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pwd
 import signal
 import time
 import typing as t
@@ -373,15 +372,11 @@ def server_uids(p: t.Mapping[str, t.Any]) -> t.Set[int]:
     (a server launched before gpufleet_server_user changed; the pidfile is gpufleet's, in the root-owned run dir)."""
     uids = set()
     try:
-        uids.add(pwd.getpwnam(p["user"]).pw_uid)
-    except KeyError:
-        if str(p["user"]).isdigit():
-            uids.add(int(p["user"]))
-    ident = _server.pidfile_identity(p["pidfile"]) if p.get("pidfile") else None
-    proc = _proc.read_proc(ident[0]) if ident else None
-    if proc is not None and proc.start_time == ident[1]:
-        uids.add(proc.uid)
-    return uids
+        uids.add(_select.uid_of(p["user"]))
+    except _select.SelectError:  # the launch check names a missing user
+        pass
+    pid_uid = _server.pidfile_uid(p["pidfile"]) if p.get("pidfile") else None
+    return uids if pid_uid is None else uids | {pid_uid}
 
 
 def own_tagged(p: t.Mapping[str, t.Any], procs: t.Mapping[int, _proc.Proc]) -> t.List[_proc.Proc]:

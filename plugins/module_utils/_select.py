@@ -168,9 +168,9 @@ def select(sel: Selector, procs: t.Mapping[int, _proc.Proc] | None = None, self_
     own = parse_tag(sel.service_tag) if sel.service_tag else tag
     uid = None
     if sel.user is not None:
-        uid = _uid_of(sel.user)
+        uid = uid_of(sel.user)
 
-    tag_uids = {_uid_of(u) for u in sel.tag_users} if sel.tag_users else None
+    tag_uids = {uid_of(u) for u in sel.tag_users} if sel.tag_users else None
 
     reasons: t.Dict[int, t.List[str]] = {}
     notes: t.List[str] = []
@@ -347,7 +347,7 @@ def _exclusion(p: _proc.Proc, protected: t.Set[int], excl: t.Sequence[t.Pattern[
     return None
 
 
-def _uid_of(user: str) -> int:
+def uid_of(user: str) -> int:
     import pwd
 
     try:

@@ -838,6 +838,16 @@ def pidfile_identity(path: str) -> t.Optional[t.Tuple[int, int]]:
         return None
 
 
+def pidfile_uid(path: str, procs: t.Optional[t.Mapping[int, _proc.Proc]] = None) -> t.Optional[int]:
+    """The uid of the live process a gpufleet pidfile ('PID START_TIME') names (None when none does): the run dir is
+    root's, so the pidfile tells which user a service's server runs as."""
+    ident = pidfile_identity(path)
+    if ident is None:
+        return None
+    p = procs.get(ident[0]) if procs is not None else _proc.read_proc(ident[0])
+    return p.uid if p is not None and p.start_time == ident[1] else None
+
+
 def acquire_lock(path: str, owner: str, ttl: float, wait: float, poll: float = 0.2) -> t.Dict[str, t.Any]:
     """Host-side lock: one rollout at a time. A lock older than its TTL is stale and broken.
 
