@@ -499,6 +499,9 @@ class CallbackModule(CallbackBase):
     # marks _result/_host/_task for deprecation (2.23).
     def v2_runner_on_ok(self, result: t.Any) -> None:
         facts = result.result.get("ansible_facts") or {}
+        if "gpufleet_server_result" in result.result:  # the rollout_check action returns a no-op host's row, as no fact
+            facts = dict(facts, gpufleet_server_result=result.result["gpufleet_server_result"],
+                         gpufleet_nccl_changed=result.result.get("gpufleet_nccl_changed", False))
         if facts.get("gpufleet_rollout_halted"):  # {} at the start of each batch
             self.halted = dict(facts["gpufleet_rollout_halted"])
         if "gpufleet_server_result" in facts:

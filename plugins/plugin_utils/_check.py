@@ -121,3 +121,20 @@ def decide(check: t.Mapping[str, t.Any], force: bool, balancers: t.Sequence[str]
         would_return=check_mode,
         found={n: (records[n].get("found", "UP") if isinstance(records[n], t.Mapping) else "UP") for n in names})
     return out
+
+
+def fast_verdict(check: t.Mapping[str, t.Any], balancers: t.Sequence[t.Any], name: str) -> Result:
+    """The rollout's fast path after its read-only check (the rollout_check action): a host is up to date only when the
+    check says so and no drain record of gpufleet's names one of its balancers (an earlier run died after its drain:
+    the roles put the host back). A server that cannot be launched fails the host, before anything on it changes. Any
+    other outcome, a failed check included, leaves the host to the roles, which report it."""
+    if check.get("launch_problems"):
+        return {"failed": True, "msg": "%s: %s" % (name, check.get("msg", "")), "launch_problems": check["launch_problems"]}
+    drained = set(check.get("drain_records") or {}) & {str(b) for b in balancers}
+    if check.get("failed") or not check.get("up_to_date") or drained:
+        return {"up_to_date": False}
+    workers = check.get("workers") or []
+    return {"up_to_date": True,
+            "gpufleet_server_result": {"restarted": False, "reasons": [], "workers": len(workers),
+                                       "workers_verified": len([w for w in workers if w.get("holds_gpu")])},
+            "gpufleet_nccl_changed": False}

@@ -18,7 +18,7 @@ def _layer_call(path: Path, name: str):
 
 
 def test_the_apply_takes_each_layer_from_the_dict_the_check_passes():
-    # One source: vars/main.yml's _gpufleet_nccl_*_args, which tasks/desired.yml hands to the up-to-date check (and,
+    # One source: vars/main.yml's _gpufleet_nccl_*_args, which the rollout_check action hands to the up-to-date check (and,
     # as gpufleet_nccl_desired_layers, to the gpu_server role's write of the layers).
     task = _layer_call(ROLE / "tasks" / "configure.yml",
                        "Manage the NCCL blocks in the Python interpreters' sitecustomize.py and in nccl.conf")
@@ -29,9 +29,9 @@ def test_the_apply_takes_each_layer_from_the_dict_the_check_passes():
         "backup": "{{ gpufleet_nccl_backup }}",
         # Where the files are kept as they were (under gpu_server's lock); it changes nothing the layers become.
         "keep_previous": "{{ _gpufleet_nccl_keep_previous | default(omit) }}"}
-    desired = (ROLE / "tasks" / "desired.yml").read_text()
-    assert "{'sitecustomize': _gpufleet_nccl_sitecustomize_args}" in desired
-    assert "{'nccl_conf': _gpufleet_nccl_conf_args}" in desired
+    # The rollout's check templates those very variables by name (its action), for the check and the write below.
+    from ansible_collections.gpufleet.serving.plugins.action.rollout_check import LAYER_ARGS
+    assert LAYER_ARGS == {"sitecustomize": "_gpufleet_nccl_sitecustomize_args", "nccl_conf": "_gpufleet_nccl_conf_args"}
     # The rollout's write under the host lock (explicit profiles) takes the very dicts the check took.
     main = ROLE.parent / "gpu_server" / "tasks" / "lifecycle.yml"
     block = next(t for t in yaml.safe_load(main.read_text()) if "block" in t)["block"]
@@ -56,7 +56,7 @@ def test_the_layer_arguments_set_every_option_of_the_modules_but_backup():
 
 
 def test_fast_check_asks_the_server_check_what_the_roles_check_asks():
-    """The rollout's one-call check (gpu_server tasks/up_to_date.yml) ends a host only when the roles' own check
+    """The rollout's one-call check (gpu_server tasks/rollout_check.yml) ends a host only when the roles' own check
     (tasks/check.yml) would say no restart: it must pass the same server_state arguments with the same values."""
     tasks = Path(__file__).resolve().parents[2] / "roles" / "gpu_server" / "tasks"
 
@@ -64,7 +64,8 @@ def test_fast_check_asks_the_server_check_what_the_roles_check_asks():
         return next(t["gpufleet.serving.server_state"] for t in yaml.safe_load((tasks / name).read_text())
                     if "gpufleet.serving.server_state" in t)
 
-    full, fast = state_call("check.yml"), state_call("up_to_date.yml")
+    full = state_call("check.yml")
+    fast = yaml.safe_load((tasks / "rollout_check.yml").read_text())[0]["vars"]["_gpufleet_rollout_check_args"]
     # What only the roles' check needs: it takes the lock for the restart to come (owner, ttl, keep_lock, lock_wait),
     # and decides what the role does (decide, read by the action); the fast check only looks at the lock. The rollback
     # playbook's choice of a last known good (rollback) is the roles' check's alone: that playbook has no fast path.

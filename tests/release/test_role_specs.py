@@ -73,25 +73,27 @@ def _tasks_from_uses():
     return sorted(out)
 
 
-# The rollout's fast path (playbooks/rollout.yml) only reads: it ends a host only when the recorded fingerprint (written
-# after the main entry point validated the same definition) and the layer modules' own checks agree, and any error
-# sends the host through the validated main entry point. Validating there too would cost a task per host and run.
 # The batch bookkeeping of the rollout playbooks (gpu_server tasks/batch_begin.yml, batch_end.yml) takes no role
 # variables: it reads the play's batch and gpufleet_rollout_max_fail_percentage, which batch_begin checks itself.
 # The capacity guard (tasks/capacity.yml) likewise reads the batch, gpufleet_rollout_min_in_service (checked there)
 # and whether each host has balancers.
-READ_ONLY_UNVALIDATED = {("nccl_tuning", "desired"), ("gpu_server", "up_to_date"), ("gpu_server", "batch_begin"),
-                         ("gpu_server", "batch_end"), ("gpu_server", "capacity")}
+# The audit's computation of the NCCL layers (nccl_tuning tasks/desired.yml) only reads, and the audit entry point
+# validates the definition after it.
+READ_ONLY_UNVALIDATED = {("nccl_tuning", "desired"), ("gpu_server", "batch_begin"), ("gpu_server", "batch_end"), ("gpu_server", "capacity")}
+# The rollout and rollback playbooks' pre-flight (gpu_server tasks/rollout_check.yml): its action validates the
+# definition against gpu_server's preflight entry and nccl_tuning's validate entry itself, in the one task execution
+# per host it costs (issue 25); tests/rollout/test_rollout_check.py runs it on bad input.
+VALIDATES_ITSELF = {("gpu_server", "rollout_check")}
 # The rollout and rollback playbooks' entry into the lifecycle (gpu_server tasks/rollout.yml) comes after their
-# pre-tasks validated every host with the preflight entry point (the same specs as main's): validating again would cost
-# every host a task execution (issue 25). The test below checks that order in each playbook.
-VALIDATED_BEFORE = {("gpu_server", "rollout"): (("playbooks/rollout.yml", "playbooks/rollback.yml"), "tasks_from: preflight")}
+# pre-tasks validated every host with it: validating again would cost every host a task execution (issue 25). The test
+# below checks that order in each playbook.
+VALIDATED_BEFORE = {("gpu_server", "rollout"): (("playbooks/rollout.yml", "playbooks/rollback.yml"), "tasks_from: rollout_check")}
 
 
 def test_tasks_from_entry_points_are_validated():
     uses = _tasks_from_uses()
     assert ("gpu_server", "audit") in uses  # playbooks/audit.yml
-    assert READ_ONLY_UNVALIDATED <= set(uses)
+    assert READ_ONLY_UNVALIDATED | VALIDATES_ITSELF <= set(uses)
     for (role, entry), (playbooks, validation) in VALIDATED_BEFORE.items():
         assert entry not in _specs(role)
         for playbook in playbooks:
@@ -99,7 +101,8 @@ def test_tasks_from_entry_points_are_validated():
             assert validation in text and text.index(validation) < text.index("tasks_from: %s\n" % entry), (playbook, entry)
         assert _specs(role)["preflight"]["options"] == _specs(role)["main"]["options"]
     for role, entry in uses:
-        if (role, entry) in VALIDATED_BEFORE:
+        if (role, entry) in VALIDATED_BEFORE or (role, entry) in VALIDATES_ITSELF:
+            assert entry not in _specs(role), entry
             continue
         if (role, entry) in READ_ONLY_UNVALIDATED:
             assert entry not in _specs(role), "%s/%s is validated now: drop it from READ_ONLY_UNVALIDATED" % (role, entry)

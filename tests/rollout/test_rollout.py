@@ -57,7 +57,8 @@ def test_first_rollout_replaces_the_stale_server_on_every_host(stale):
     rf.state = "clean"
 
 
-FAST_END = "TASK [gpufleet.serving.gpu_server : Report the host as up to date (the roles are skipped for it)]"
+# The rollout's one task per host before the roles: validation, and the fast path's read-only check.
+FAST_CHECK = "TASK [gpufleet.serving.gpu_server : Validate the host's input and check in one call whether it is already right]"
 # Tasks of the roles' own steps (not the rollout's validation and up-to-date check, which run on every host).
 ROLE_STEPS = ("gpufleet.serving.nccl_tuning : Manage", "gpufleet.serving.gpu_server : Write the NCCL layers",
               "gpufleet.serving.gpu_server : Check the running server", "gpufleet.serving.gpu_server : Restart")
@@ -84,11 +85,11 @@ def test_second_rollout_reports_changed_0_and_restarts_nothing(rolled_out, fast_
         assert run.summary[h]["workers_verified"] == 2, run.summary[h]
     if fast_check:
         # One read-only check per host, then the roles are skipped for it: none of their steps runs.
-        assert FAST_END in run.out and NCCL_APPLY not in run.out and "Check the running server" not in run.out
+        assert FAST_CHECK in run.out and NCCL_APPLY not in run.out and "Check the running server" not in run.out
         for h in ALL:
             assert not [n for n in tasks_run(run.out, h) if n.startswith(ROLE_STEPS)], tasks_run(run.out, h)
     else:
-        assert FAST_END not in run.out and NCCL_APPLY in run.out
+        assert FAST_CHECK in run.out and NCCL_APPLY in run.out
     rf.state = "clean"
 
 

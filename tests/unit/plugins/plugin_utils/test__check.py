@@ -146,3 +146,24 @@ def test_a_kept_host_whose_layers_the_run_did_not_apply_names_them_and_a_restart
     # A restart onto them is refused (refusal), not reported as stale.
     d = _check.decide(check(nccl_layers=stale, needs_restart=True, reasons=["r"]), False, [], True, False)
     assert "nccl_stale" not in d["result"]
+
+
+# The rollout's fast path (the rollout_check action) after its read-only check.
+def test_the_fast_path_ends_only_a_host_the_check_calls_up_to_date_and_no_drain_record_names():
+    up = check(up_to_date=True)
+    assert _check.fast_verdict(up, ["lb"], "demo") == {
+        "up_to_date": True, "gpufleet_nccl_changed": False,
+        "gpufleet_server_result": dict(restarted=False, reasons=[], workers=3, workers_verified=2)}
+    # An earlier run died after its drain: the roles put the host back, however right its server.
+    assert _check.fast_verdict(dict(up, drain_records={"lb": {}}), ["lb"], "demo") == {"up_to_date": False}
+    # A record of a balancer the host no longer has is not this host's business here.
+    assert _check.fast_verdict(dict(up, drain_records={"old": {}}), ["lb"], "demo")["up_to_date"] is True
+    # Not up to date, or a check that failed: the roles take the host and report it.
+    assert _check.fast_verdict(check(up_to_date=False), [], "demo") == {"up_to_date": False}
+    assert _check.fast_verdict(dict(up, failed=True, msg="no"), [], "demo") == {"up_to_date": False}
+
+
+def test_the_fast_path_fails_a_host_whose_server_cannot_be_launched():
+    v = _check.fast_verdict(check(launch_problems=["no such user"], msg="cannot launch: no such user", failed=True),
+                            [], "demo")
+    assert v == {"failed": True, "msg": "demo: cannot launch: no such user", "launch_problems": ["no such user"]}

@@ -1,0 +1,165 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Action of gpufleet.serving.rollout_check: the rollout's whole pre-flight of one host in one task execution.
+
+It was nine tasks per host (two argument-spec validations, two asserts, the NCCL layers' set_fact, an include and the
+three tasks of the up-to-date check): each a fork of the main process and a look at the host's variables, ~38 ms of
+controller CPU whether it ran or was skipped (issue 25, STYLE.md item 21). The rules stay where they were:
+
+- the types, choices and defaults are the roles' meta/argument_specs.yml (gpu_server's O(preflight) entry,
+  nccl_tuning's O(validate) entry), validated with ansible-core's own ArgumentSpecValidator on the values as the play
+  has them, as the roles' automatic validation does;
+- the rules the specs cannot say are the server_problems and nccl_names_refused filters' Python
+  (plugin_utils/_preflight.py, module_utils/_ncclvars.py), and nccl_tuning's vars/main.yml for the input's form and
+  the layers' arguments, templated here as the role templates them;
+- the up-to-date check is one gpufleet.serving.server_state call with the arguments the task's
+  C(_gpufleet_rollout_check_args) variable wires (roles/gpu_server/tasks/rollout_check.yml).
+
+The results are returned, not set as facts: an action's C(ansible_facts) are host facts, below set_fact's precedence
+and visible as top-level variables only through INJECT_FACTS_AS_VARS. The playbooks register the result and hand it to
+the gpu_server role (C(_gpufleet_server_checked)); the rollout summary reads RV(gpufleet_server_result).
+"""
+
+from __future__ import annotations
+
+import os
+import typing as t
+from collections import ChainMap
+
+from ansible.errors import AnsibleError
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.common.text.converters import to_text
+from ansible.module_utils.parsing.convert_bool import boolean
+from ansible.plugins.action import ActionBase
+from ansible_collections.gpufleet.serving.plugins.plugin_utils import _check
+from ansible_collections.gpufleet.serving.plugins.plugin_utils._preflight import definition_refusal
+
+# The nccl_tuning role's variables the layers' arguments are templated from (its vars/main.yml): the one source for
+# the role's own writes (tasks/configure.yml) and for the rollout's check and write under the host lock.
+LAYER_ARGS = {"sitecustomize": "_gpufleet_nccl_sitecustomize_args", "nccl_conf": "_gpufleet_nccl_conf_args"}
+CHECK_ARGS = "_gpufleet_rollout_check_args"
+
+
+class ActionModule(ActionBase):
+
+    _supports_check_mode = True
+    _VALID_ARGS = frozenset(("nccl", "fast_check"))
+
+    def _role_file(self, role: str, *parts: str) -> t.Any:
+        """A file of one of the collection's roles, as its loader parsed it (strings trusted as templates, as Ansible
+        loads role files). The roles sit side by side in the collection, next to this task's role."""
+        here = self._task._role._role_path  # type: ignore[union-attr]  # the task is gpu_server's (rollout_check.yml)
+        path = os.path.join(os.path.dirname(here), role, *parts)
+        return self._loader.load_from_file(path, trusted_as_template=True) or {}
+
+    def _spec(self, role: str, entry: str) -> t.Dict[str, t.Any]:
+        return dict(self._role_file(role, "meta", "argument_specs.yml")["argument_specs"][entry]["options"])
+
+    @staticmethod
+    def _spec_errors(role: str, entry: str, spec: t.Mapping[str, t.Any], values: t.Mapping[str, t.Any]) -> t.Optional[str]:
+        res = ArgumentSpecValidator(dict(spec)).validate(dict(values))
+        if not res.error_messages:
+            return None
+        # ansible-core's own message for a role's argument spec, naming which one.
+        return "Validation of arguments failed (role %s, argument spec %r):\n%s" % (role, entry, "\n".join(res.error_messages))
+
+    def _values(self, templar: t.Any, names: t.Iterable[str], task_vars: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
+        """The variables the play has for these names, templated (as ansible's validate_argument_spec takes them)."""
+        return {n: templar.template(task_vars[n]) for n in names if n in task_vars}
+
+    def _nccl(self, mode: str, templar: t.Any, task_vars: t.Mapping[str, t.Any]) -> t.Tuple[t.Optional[str], t.Dict[str, t.Any]]:
+        """(refusal, what the NCCL layers should hold). `check` refuses bad input; `compute` (the rollback playbook, which
+        restores a generation's own layers) only computes, an unusable input giving nothing, as before."""
+        if mode == "check":
+            spec = self._spec("nccl_tuning", "validate")
+            err = self._spec_errors("nccl_tuning", "validate", spec, self._values(templar, spec, task_vars))
+            if err:
+                return err, {}
+        defaults = self._role_file("nccl_tuning", "defaults", "main.yml")
+        role_vars = self._role_file("nccl_tuning", "vars", "main.yml")
+        # nccl_tuning's own precedence within this play: its vars over the play's over its defaults (the rollout
+        # imports only gpu_server, whose variables this task sees as any of the role's tasks does).
+        scope = ChainMap(role_vars, dict(task_vars), defaults)
+        ntemplar = templar.copy_with_new_env(available_variables=scope)
+        if mode == "check":
+            refusal = to_text(ntemplar.template(role_vars["_gpufleet_nccl_input_refusal"]))
+            if refusal:
+                return refusal, {}
+            usable = True
+        else:  # the role's own test of its input (form and names, not the types), as the layers' arguments take it
+            usable = boolean(ntemplar.template(role_vars["_gpufleet_nccl_inputs_valid"]), strict=False)
+        profile = ntemplar.template(scope["gpufleet_nccl_profile"])
+        if not usable or profile == "auto":  # auto needs gpu_info on the host: the role's tuning sets them
+            return None, {"nccl_effective_env": None, "nccl_desired_layers": None}
+        scope.maps.insert(0, {"_gpufleet_nccl_for": profile})
+        env = ntemplar.copy_with_new_env(available_variables=scope).template(role_vars["_gpufleet_nccl_env_for"])
+        scope.maps.insert(0, {"_gpufleet_nccl_env": env})
+        ntemplar = ntemplar.copy_with_new_env(available_variables=scope)
+        layers = ntemplar.template(scope["gpufleet_nccl_layers"])
+        desired = {k: ntemplar.template(role_vars[v]) for k, v in LAYER_ARGS.items() if k in layers}
+        return None, {"nccl_effective_env": dict(env), "nccl_desired_layers": desired}
+
+    def _fast_check(self, templar: t.Any, task_vars: t.Mapping[str, t.Any], nccl: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
+        """The read-only server_state check, with what this run computed for the NCCL layers in scope."""
+        scope = ChainMap({"gpufleet_nccl_effective_env": nccl.get("nccl_effective_env"),
+                          "gpufleet_nccl_desired_layers": nccl.get("nccl_desired_layers")}, dict(task_vars))
+        ctemplar = templar.copy_with_new_env(available_variables=scope)
+        args = dict(ctemplar.template(task_vars[CHECK_ARGS]))  # an omitted value is no key (ansible-core 2.19+)
+        balancers = [b.get("name") for b in ctemplar.template(task_vars["_gpufleet_server_balancers"]) or []]
+        res = self._execute_module(module_name="gpufleet.serving.server_state", module_args=args, task_vars=task_vars)
+        return dict(res, _balancer_names=balancers)
+
+    def run(self, tmp=None, task_vars=None):
+        result = super(ActionModule, self).run(tmp, task_vars)
+        del tmp  # tmp no longer has any effect
+        task_vars = task_vars or {}
+        nccl_mode = str(self._task.args.get("nccl") or "none")
+        if nccl_mode not in ("check", "compute", "none"):
+            return dict(result, failed=True, msg="nccl must be check, compute or none (got %s)" % nccl_mode[:40])
+        fast = boolean(self._task.args.get("fast_check", False), strict=False)
+        templar = self._templar
+        result.update(changed=False, up_to_date=False)
+
+        # 1. The server definition: gpu_server's argument spec, then the rules it cannot say.
+        spec = self._spec("gpu_server", "preflight")
+        try:
+            server = self._values(templar, spec, task_vars)
+        except AnsibleError as e:
+            return dict(result, failed=True, msg="gpu_server: a variable of the server definition cannot be templated: %s"
+                        % to_text(e.message if hasattr(e, "message") else e))
+        err = self._spec_errors("gpu_server", "preflight", spec, server)
+        if err:
+            return dict(result, failed=True, msg=err)
+        problem = definition_refusal(dict(server, gpufleet_server_gate=server.get("gpufleet_server_gate")))
+        if problem:
+            return dict(result, failed=True, msg=problem)
+
+        # 2. The NCCL tuning input, and what the layers should hold.
+        nccl: t.Dict[str, t.Any] = {"nccl_effective_env": None, "nccl_desired_layers": None}
+        if nccl_mode != "none":
+            try:
+                refusal, nccl = self._nccl(nccl_mode, templar, task_vars)
+            except AnsibleError as e:
+                return dict(result, failed=True, msg="nccl_tuning: %s" % to_text(e.message if hasattr(e, "message") else e))
+            if refusal:
+                return dict(result, failed=True, msg=refusal)
+        result.update(nccl)
+
+        # 3. The fast path: one read-only check. Not for the auto profile (it needs gpu_info on the host), and any
+        # outcome but "already right" leaves the host to the roles, which report it; only a server that cannot be
+        # launched fails the host here, before anything on it changes.
+        if not fast or (nccl_mode != "none" and nccl["nccl_desired_layers"] is None):
+            return result
+        try:
+            check = self._fast_check(templar, task_vars, nccl)
+        except AnsibleError as e:  # a templating error in the host's variables: the roles report it
+            result["check_error"] = to_text(e.message if hasattr(e, "message") else e)
+            return result
+        verdict = _check.fast_verdict(check, check.pop("_balancer_names"), str(server.get("gpufleet_server_name")))
+        if verdict.get("failed"):
+            return dict(result, **verdict)
+        result.update(verdict)
+        return result

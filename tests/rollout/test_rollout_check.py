@@ -1,0 +1,84 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The rollout's pre-flight of each host is one task (gpu_server tasks/rollout_check.yml, the rollout_check action,
+issue 25): bad input of every kind fails the host there, with the roles' own messages, before anything on any host is
+read or changed; a no-op rollout costs each host three task executions, counted by bench/callback/task_counts.py."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from rollout_helpers import RolloutFleet, tasks_run
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECK = "gpufleet.serving.gpu_server : Validate the host's input and check in one call whether it is already right"
+
+
+def _failed_in_the_check(rf: RolloutFleet, host_vars: dict, expect: dict) -> None:
+    before = rf.snapshot()
+    run = rf.playbook("rollout", host_vars=host_vars, extra_vars={"gpufleet_rollout_max_fail_percentage": 100})
+    assert run.rc == 2, run.tail()
+    after = rf.snapshot()
+    for h, text in expect.items():
+        assert run.recap[h]["failed"] == 1 and run.recap[h]["changed"] == 0, (h, run.recap)
+        assert tasks_run(run.out, h)[-1] == CHECK, (h, tasks_run(run.out, h))  # its last: the batch's bookkeeping before
+        failure = " ".join(run.summary[h]["failure"].split())
+        assert text in failure, (h, failure)
+        assert after.identities(h) == before.identities(h), h
+        assert after[h]["files"] == before[h]["files"], h
+        assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"], h
+
+
+def test_bad_server_definitions_and_nccl_names_fail_each_host_in_its_one_check_and_change_nothing(rolled_out):
+    rf = rolled_out("clean")
+    _failed_in_the_check(
+        rf,
+        {"host1": {"gpufleet_server_start_timeout": "soon"},          # gpu_server's argument spec (type)
+         "host2": {"gpufleet_nccl_env": {"LD_PRELOAD": "/tmp/evil.so"}},  # nccl_tuning's names (the filter)
+         "host3": {"gpufleet_server_env": {"BAD NAME": "1"}}},        # gpu_server's rules (server_problems)
+        {"host1": "Validation of arguments failed (role gpu_server, argument spec 'preflight')",
+         "host2": "LD_PRELOAD (the dynamic loader or the C library reads it in every program) is never written host-wide",
+         "host3": 'invalid variable name(s) "BAD NAME"'})
+    rf.state = "clean"
+
+
+def test_bad_nccl_input_and_an_empty_command_fail_each_host_in_its_one_check_and_change_nothing(rolled_out):
+    rf = rolled_out("clean")
+    _failed_in_the_check(
+        rf,
+        {"host1": {"gpufleet_nccl_profile": "custom", "gpufleet_nccl_env": {}},  # nccl_tuning's form (vars/main.yml)
+         "host2": {"gpufleet_nccl_backup": "maybe"},                           # nccl_tuning's argument spec (type)
+         "host3": {"gpufleet_server_command": []}},                           # gpu_server's rules
+        {"host1": "Invalid NCCL tuning input: gpufleet_nccl_profile must be auto, pcie_only, nvlink, none or custom "
+                  "(custom needs gpufleet_nccl_env)",
+         "host2": "Validation of arguments failed (role nccl_tuning, argument spec 'validate')",
+         "host3": "gpufleet_server_command must not be empty and its first element must be the executable"})
+    rf.state = "clean"
+
+
+def test_a_noop_rollout_is_three_task_executions_per_host(rolled_out, tmp_path):
+    rf = rolled_out("clean")
+    before = rf.snapshot()
+    counts = tmp_path / "counts.json"
+    run = rf.playbook("rollout", env={"GPUFLEET_TASK_COUNTS": str(counts),
+                                      "ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "bench" / "callback"),
+                                      "ANSIBLE_CALLBACKS_ENABLED": "gpufleet.serving.rollout_summary,task_counts"})
+    assert run.rc == 0, run.tail()
+    hosts = json.loads(counts.read_text())["hosts"]
+    # host1 also ran the batch's run_once bookkeeping; the others ran only their own three.
+    for h in ("host2", "host3"):
+        assert [n for n, _ in hosts[h]["tasks"]] == [
+            CHECK, "Check the capacity left in rotation",
+            "Tune NCCL, restart, verify and record the server where needed, under the host lock"], hosts[h]
+        assert [st for _, st in hosts[h]["tasks"]] == ["ok", "skipped", "skipped"], hosts[h]
+    after = rf.snapshot()
+    for h in ("host1", "host2", "host3"):
+        assert run.summary[h]["restarted"] is False and run.summary[h]["workers_verified"] == 2, run.summary[h]
+        assert after.identities(h) == before.identities(h)
+    rf.state = "clean"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
