@@ -65,10 +65,10 @@ def test_capacity_guard_names_a_bad_setting(tmp_path):
 
 def test_capacity_guard_lets_a_batch_that_fits_through(tmp_path):
     # One host with balancers, already up to date: the batch drains nobody, so no balancer is read (lb1 has none here).
-    r = _run(tmp_path, "capacity", {"gpufleet_rollout_min_in_service": 1, "__gpufleet_rollout_check": {"up_to_date": True},
+    r = _run(tmp_path, "capacity", {"gpufleet_rollout_min_in_service": 1, "_gpufleet_capacity_up_to_date": ["localhost"],
                                     "gpufleet_server_balancers": [{"type": "haproxy", "delegate_to": "lb1"}]})
     assert r.returncode == 0, r.stdout[-3000:]
-    r = _run(tmp_path, "capacity", {"gpufleet_rollout_min_in_service": "100%", "__gpufleet_rollout_check": {"up_to_date": False},
+    r = _run(tmp_path, "capacity", {"gpufleet_rollout_min_in_service": "100%", "_gpufleet_capacity_up_to_date": [],
                                     "gpufleet_server_balancers": [{"type": "haproxy", "delegate_to": "lb1"}]})
     # A batch that drains must read the balancers: lb1 has no HAProxy socket here, so the guard refuses to count.
     assert r.returncode != 0
