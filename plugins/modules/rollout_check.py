@@ -26,7 +26,7 @@ description:
     needs; O(nccl=none) leaves both null.
   - With O(fast_check=true), one read-only M(gpufleet.serving.server_state) check with the arguments the task's
     C(_gpufleet_rollout_check_args) variable gives says whether the host is already right (server, workers'
-    environment, NCCL layers, no drain record of gpufleet's naming one of its balancers): RV(up_to_date). A server
+    environment, NCCL layers, no drain record of gpufleet's naming one of its balancers), in RV(up_to_date). A server
     that cannot be launched fails the host here. Any other outcome leaves the host to the role, which reports it.
     Not for the auto profile.
   - Nothing is set as a fact. Register the result and pass it to the role's C(rollout) entry point as

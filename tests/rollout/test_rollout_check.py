@@ -69,10 +69,10 @@ def test_a_noop_rollout_is_three_task_executions_per_host(rolled_out, tmp_path):
     hosts = json.loads(counts.read_text())["hosts"]
     # host1 also ran the batch's run_once bookkeeping; the others ran only their own three.
     for h in ("host2", "host3"):
-        assert [n for n, _ in hosts[h]["tasks"]] == [
+        assert [task[0] for task in hosts[h]["tasks"]] == [
             CHECK, "Check the capacity left in rotation",
             "Tune NCCL, restart, verify and record the server where needed, under the host lock"], hosts[h]
-        assert [st for _, st in hosts[h]["tasks"]] == ["ok", "skipped", "skipped"], hosts[h]
+        assert [task[1] for task in hosts[h]["tasks"]] == ["ok", "skipped", "skipped"], hosts[h]
     after = rf.snapshot()
     for h in ("host1", "host2", "host3"):
         assert run.summary[h]["restarted"] is False and run.summary[h]["workers_verified"] == 2, run.summary[h]
