@@ -170,7 +170,7 @@ def sandbox_fleet(n: int, gpus: int, env: t.Optional[t.Mapping[str, str]] = None
 def bench_size(n: int, repeats: int, light: bool, extras: bool, profile_dir: str = "") -> dict:
     gpus = 1 if light else 2
     with sandbox_fleet(n, gpus) as (f, python, hosts, run, pb):
-        ping = [os.path.join(BIN, "ansible"), "all", "-i", inv, "-m", "ansible.builtin.ping"]
+        ping = [os.path.join(BIN, "ansible"), "all", "-i", pb[pb.index("-i") + 1], "-m", "ansible.builtin.ping"]
         run.run(pb + ["gpufleet.serving.rollout"])  # first rollout: tune + launch everywhere
         res = {"hosts": n, "light_server": light, "load_before": os.getloadavg()[0]}
         for k in KINDS:
