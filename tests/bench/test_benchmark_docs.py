@@ -22,6 +22,7 @@ RUNS = [
     ("fleet-rollout-bench-2-4.json", "fleet-rollout-bench-8-32.json"),
     ("fleet-rollout-bench-8-cuts.json",),
     ("fleet-rollout-bench-2-32-79bc33d.json",),
+    ("fleet-rollout-bench-8-rollout-check.json",),
 ]
 
 
