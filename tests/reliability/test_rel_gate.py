@@ -391,6 +391,11 @@ def test_the_rollback_playbook_puts_the_host_back_to_its_last_known_good_and_aga
         assert run.rc == 0 and run.summary[H]["restart"] == "no, runs %s already" % a[:12], run.tail()
         assert _runs(rf)["ids"] == now["ids"] and rec.calls == [], rec.calls
         assert "rolled back:" not in run.out and "the inventory still describes" not in run.out
+        # The rollback playbook computes the inventory's NCCL layers without refusing its NCCL input (the rollout_check
+        # action's compute mode): it restores a generation's own layers, so a broken NCCL input does not block it.
+        run = rf.playbook("rollback", vars_override=dict(_defn(rf, "B", http), gpufleet_nccl_env={"LD_PRELOAD": "/x.so"}))
+        assert run.rc == 0 and run.summary[H]["restart"] == "no, runs %s already" % a[:12], run.tail()
+        assert _runs(rf)["ids"] == now["ids"] and rec.calls == [], rec.calls
 
         # The inventory reverted to A: the hosts match it, the rollout changes nothing.
         run = rf.playbook("rollout", vars_override=_defn(rf, "A", http))
