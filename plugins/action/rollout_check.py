@@ -51,7 +51,7 @@ class ActionModule(ActionBase):
     def _role_file(self, role: str, *parts: str) -> t.Any:
         """A file of one of the collection's roles, as its loader parsed it (strings trusted as templates, as Ansible
         loads role files). The roles sit side by side in the collection, next to this task's role."""
-        here = self._task._role._role_path  # type: ignore[union-attr]  # the task is gpu_server's (rollout_check.yml)
+        here = self._task._role._role_path  # type: ignore[union-attr]  # run() checked it is gpu_server's
         path = os.path.join(os.path.dirname(here), role, *parts)
         return self._loader.load_from_file(path, trusted_as_template=True) or {}
 
@@ -122,6 +122,10 @@ class ActionModule(ActionBase):
         fast = boolean(self._task.args.get("fast_check", False), strict=False)
         templar = self._templar
         result.update(changed=False, up_to_date=False)
+        if self._task._role is None or self._task._role.get_name(include_role_fqcn=False) != "gpu_server":
+            # It reads the gpu_server role's variables (defaults, vars/main.yml) as that role's tasks see them.
+            return dict(result, failed=True, msg="gpufleet.serving.rollout_check runs only as the gpu_server role's task: "
+                        "import the role with tasks_from: rollout_check (see the rollout playbook)")
 
         # 1. The server definition: gpu_server's argument spec, then the rules it cannot say.
         spec = self._spec("gpu_server", "preflight")

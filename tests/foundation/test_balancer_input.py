@@ -77,3 +77,15 @@ def test_capacity_guard_lets_a_batch_that_fits_through(tmp_path):
             "HAProxy admin socket /var/run/haproxy.sock: [Errno 2] No such file or directory) to count the servers in "
             "rotation; nothing was touched" in out), r.stdout[-3000:]
     assert "Traceback" not in out
+
+
+def test_the_rollout_check_action_outside_the_gpu_server_role_is_refused_by_name(tmp_path):
+    # It reads the role's variables as the role's tasks see them: a play of the user's calling it bare gets a clear
+    # refusal, not a traceback (the role's own task is tested through the rollout: tests/rollout/test_rollout_check.py).
+    pb = tmp_path / "bare.yml"
+    pb.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n    - gpufleet.serving.rollout_check:\n")
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH="%s:%s" % (private_collections(), ROOT / "collections"))
+    r = run_playbook(str(pb), env=env, extra_vars=GOOD, timeout=120)
+    assert r.returncode == 2, r.stdout[-3000:]
+    assert "gpufleet.serving.rollout_check runs only as the gpu_server role's task" in r.stdout, r.stdout[-3000:]
+    assert "Traceback" not in r.stdout
