@@ -38,7 +38,9 @@ def test_bad_server_definitions_and_nccl_names_fail_each_host_in_its_one_check_a
         {"host1": {"gpufleet_server_start_timeout": "soon"},          # gpu_server's argument spec (type)
          "host2": {"gpufleet_nccl_env": {"LD_PRELOAD": "/tmp/evil.so"}},  # nccl_tuning's names (the filter)
          "host3": {"gpufleet_server_env": {"BAD NAME": "1"}}},        # gpu_server's rules (server_problems)
-        {"host1": "Validation of arguments failed (role gpu_server, argument spec 'preflight')",
+        {"host1": "Validation of arguments failed (role gpu_server, argument spec 'preflight'): argument "
+                  "'gpufleet_server_start_timeout' is of type str and we were unable to convert to float: str cannot be "
+                  "converted to a float",
          "host2": "LD_PRELOAD (the dynamic loader or the C library reads it in every program) is never written host-wide",
          "host3": 'invalid variable name(s) "BAD NAME"'})
     rf.state = "clean"
