@@ -68,33 +68,6 @@ DEPRECATED: t.Dict[str, str] = {
     "NCCL_MIN_NRINGS": "NCCL_MIN_NRINGS was renamed NCCL_MIN_NCHANNELS, itself deprecated for NCCL_MIN_CTAS",
 }
 
-# The seed's measured set: 94 vs 59 tok/s on a PCIe-only 8-GPU box.
-PROFILES: t.Dict[str, t.Dict[str, str]] = {
-    "pcie_only": {
-        "NCCL_PROTO": "LL",
-        "NCCL_ALGO": "Ring",
-        "NCCL_P2P_LEVEL": "SYS",
-        "NCCL_MAX_NCHANNELS": "16",
-        "NCCL_BUFFSIZE": "16777216",
-        "NCCL_NTHREADS": "512",
-    },
-    # NVLink boxes: NCCL's own topology detection is right; no protocol/algorithm overrides.
-    "nvlink": {},
-    "none": {},
-    "custom": {},
-}
-PROFILE_CHOICES = ["auto", "pcie_only", "nvlink", "none", "custom"]
-
-
-def auto_profile(nvlink_active: t.Optional[bool]) -> t.Tuple[str, t.Optional[str]]:
-    """(profile, note) from gpu_info's nvlink_active: pcie_only only when NVLink is known to be absent."""
-    if nvlink_active is False:
-        return "pcie_only", None
-    if nvlink_active is True:
-        return "nvlink", None
-    return "nvlink", "NVLink state is unknown (nvidia-smi backend?); auto chose nvlink, which sets no overrides"
-
-
 # Variables that change how every process on the host, the Python interpreter or the dynamic loader behaves. The
 # layers write host-wide (every Python process; nccl.conf: NCCL setenv()s every NAME=VALUE line, NCCL_* or not), so
 # these are refused even when listed in allow_vars: set them for one service instead (its launcher's environment).

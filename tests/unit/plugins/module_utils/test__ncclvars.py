@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""_ncclvars: typo suggestions, debugging knobs, deprecations, profiles (and the role's copy of them)."""
+"""_ncclvars: typo suggestions, debugging knobs, deprecations; the profiles, which are the nccl_tuning role's table."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,10 +26,14 @@ def test_typos_are_unknown_with_the_right_suggestion(typo, want):
     assert "did you mean %s" % want in rep.warnings()[0]
 
 
+def _profiles():  # the one table: the nccl_tuning role's
+    return yaml.safe_load((ROOT / "roles" / "nccl_tuning" / "vars" / "main.yml").read_text())["_gpufleet_nccl_profiles"]
+
+
 def test_seed_set_is_known_debug_knobs_and_one_is_deprecated():
-    rep = _ncclvars.check_names(_ncclvars.PROFILES["pcie_only"])
+    rep = _ncclvars.check_names(_profiles()["pcie_only"])
     assert rep.unknown == {}
-    assert rep.debug_knobs == sorted(_ncclvars.PROFILES["pcie_only"])
+    assert rep.debug_knobs == sorted(_profiles()["pcie_only"])
     assert list(rep.deprecated) == ["NCCL_MAX_NCHANNELS"]
     text = " ".join(rep.warnings())
     assert "debugging knobs" in text and "hangs" in text and "2.17" in text and "NCCL_MAX_CTAS" in text
@@ -41,20 +45,10 @@ def test_non_nccl_names_are_not_judged():
 
 
 def test_pcie_only_profile_is_the_seed_set():
-    assert _ncclvars.PROFILES["pcie_only"] == {
+    assert _profiles()["pcie_only"] == {
         "NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS",
         "NCCL_MAX_NCHANNELS": "16", "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
-    assert _ncclvars.PROFILES["nvlink"] == {}
-
-
-def test_role_profiles_equal_the_module_utils_profiles():
-    data = yaml.safe_load((ROOT / "roles" / "nccl_tuning" / "vars" / "main.yml").read_text())
-    assert data["_gpufleet_nccl_profiles"] == _ncclvars.PROFILES
-
-
-@pytest.mark.parametrize("active,profile", [(False, "pcie_only"), (True, "nvlink"), (None, "nvlink")])
-def test_auto_profile(active, profile):
-    assert _ncclvars.auto_profile(active)[0] == profile
+    assert _profiles()["nvlink"] == {}
 
 
 def test_role_defaults_equal_argument_specs():
