@@ -45,6 +45,10 @@ CHECK_ARGS = "_gpufleet_rollout_check_args"
 _TAGGED = re.compile(r"<class 'ansible\.[\w.]*\._AnsibleTagged(\w+)'>")
 
 
+def _message(e: Exception) -> str:
+    return to_text(getattr(e, "message", None) or e)
+
+
 class ActionModule(ActionBase):
 
     _supports_check_mode = True
@@ -75,23 +79,44 @@ class ActionModule(ActionBase):
         return "Validation of arguments failed (role %s, argument spec %r):\n%s" % (role, entry, "\n".join(errors))
 
     def _values(self, templar: t.Any, names: t.Iterable[str], task_vars: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
-        """The variables the play has for these names, templated (as ansible's validate_argument_spec takes them)."""
-        return {n: templar.template(task_vars[n]) for n in names if n in task_vars}
+        """The variables the play has for these names, templated (as ansible's validate_argument_spec takes them). A
+        value that cannot be templated (an undefined variable in it) is named: ansible's own error names only the
+        undefined variable, not the setting it is in."""
+        out = {}
+        for n in names:
+            if n in task_vars:
+                try:
+                    out[n] = templar.template(task_vars[n])
+                except AnsibleError as e:
+                    raise AnsibleError("%s cannot be templated: %s" % (n, _message(e))) from None
+        return out
 
     def _nccl(self, mode: str, templar: t.Any, task_vars: t.Mapping[str, t.Any]) -> t.Tuple[t.Optional[str], t.Dict[str, t.Any]]:
         """(refusal, what the NCCL layers should hold). `check` refuses bad input; `compute` (the rollback playbook, which
         restores a generation's own layers) only computes, an unusable input giving nothing, as before."""
-        if mode == "check":
-            spec = self._spec("nccl_tuning", "validate")
-            err = self._spec_errors("nccl_tuning", "validate", spec, self._values(templar, spec, task_vars))
-            if err:
-                return err, {}
+        if mode == "compute":
+            # A rollback restores a generation's own layers: what the inventory's NCCL input says is only the
+            # fingerprint it reports, so nothing in it is refused, an undefined variable included.
+            try:
+                return self._desired(mode, templar, task_vars)
+            except AnsibleError:
+                return None, {"nccl_effective_env": None, "nccl_desired_layers": None}
+        spec = self._spec("nccl_tuning", "validate")
+        err = self._spec_errors("nccl_tuning", "validate", spec, self._values(templar, spec, task_vars))
+        if err:
+            return err, {}
+        return self._desired(mode, templar, task_vars)
+
+    def _desired(self, mode: str, templar: t.Any,
+                 task_vars: t.Mapping[str, t.Any]) -> t.Tuple[t.Optional[str], t.Dict[str, t.Any]]:
+        """(refusal, what the layers should hold) from nccl_tuning's own variables; `compute` refuses nothing."""
         defaults = self._role_file("nccl_tuning", "defaults", "main.yml")
         role_vars = self._role_file("nccl_tuning", "vars", "main.yml")
         # nccl_tuning's own precedence within this play: its vars over the play's over its defaults (the rollout
         # imports only gpu_server, whose variables this task sees as any of the role's tasks does).
         scope = ChainMap(role_vars, dict(task_vars), defaults)
         ntemplar = templar.copy_with_new_env(available_variables=scope)
+        none = {"nccl_effective_env": None, "nccl_desired_layers": None}
         if mode == "check":
             refusal = to_text(ntemplar.template(role_vars["_gpufleet_nccl_input_refusal"]))
             if refusal:
@@ -101,7 +126,7 @@ class ActionModule(ActionBase):
             usable = boolean(ntemplar.template(role_vars["_gpufleet_nccl_inputs_valid"]), strict=False)
         profile = ntemplar.template(scope["gpufleet_nccl_profile"])
         if not usable or profile == "auto":  # auto needs gpu_info on the host: the role's tuning sets them
-            return None, {"nccl_effective_env": None, "nccl_desired_layers": None}
+            return None, none
         scope.maps.insert(0, {"_gpufleet_nccl_for": profile})
         env = ntemplar.copy_with_new_env(available_variables=scope).template(role_vars["_gpufleet_nccl_env_for"])
         scope.maps.insert(0, {"_gpufleet_nccl_env": env})
@@ -140,8 +165,7 @@ class ActionModule(ActionBase):
         try:
             server = self._values(templar, spec, task_vars)
         except AnsibleError as e:
-            return dict(result, failed=True, msg="gpu_server: a variable of the server definition cannot be templated: %s"
-                        % to_text(e.message if hasattr(e, "message") else e))
+            return dict(result, failed=True, msg="gpu_server: invalid server definition: %s" % _message(e))
         err = self._spec_errors("gpu_server", "preflight", spec, server)
         if err:
             return dict(result, failed=True, msg=err)
@@ -155,7 +179,7 @@ class ActionModule(ActionBase):
             try:
                 refusal, nccl = self._nccl(nccl_mode, templar, task_vars)
             except AnsibleError as e:
-                return dict(result, failed=True, msg="nccl_tuning: %s" % to_text(e.message if hasattr(e, "message") else e))
+                return dict(result, failed=True, msg="Invalid NCCL tuning input: %s" % _message(e))
             if refusal:
                 return dict(result, failed=True, msg=refusal)
         result.update(nccl)
@@ -168,7 +192,7 @@ class ActionModule(ActionBase):
         try:
             check = self._fast_check(templar, task_vars, nccl)
         except AnsibleError as e:  # a templating error in the host's variables: the roles report it
-            result["check_error"] = to_text(e.message if hasattr(e, "message") else e)
+            result["check_error"] = _message(e)
             return result
         verdict = _check.fast_verdict(check, check.pop("_balancer_names"), str(server.get("gpufleet_server_name")))
         if verdict.get("failed"):

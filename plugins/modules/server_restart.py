@@ -871,7 +871,8 @@ def main() -> None:
     p = module.params
     err = _restart.input_error(p)
     if err:
-        module.fail_json(msg=err)
+        # Before anything is read, killed or started: the caller (the gpu_server role) puts a drained host back.
+        module.fail_json(msg=err, phase="preflight", killed=0)
     result: t.Dict[str, t.Any] = dict(changed=False, timings={})
     failure: t.Optional[StepError] = None
     with _restart.shielded(not module.check_mode) as signals:

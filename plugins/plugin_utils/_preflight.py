@@ -157,6 +157,15 @@ def env_problem(d: t.Mapping[str, t.Any]) -> str:
     if bad:
         return ("gpufleet_server_env: invalid variable name(s) %s (names must match ^[A-Za-z_][A-Za-z0-9_]*$)."
                 % ", ".join(to_json(k) for k in bad))
+    if any(not isinstance(v, str) for v in env.values()):
+        # The restart's own rule for the values (a string or a number), here before the lock and the drain: found by
+        # server_restart after them, it left a drained host out of rotation with its server never stopped. Imported
+        # only when a value is not a string (the module is large, and imports from source on every host's worker).
+        from ansible_collections.gpufleet.serving.plugins.module_utils import _server
+        try:
+            _server.validate_env(plain(env), field="gpufleet_server_env")  # plain: its types named as YAML has them
+        except _server.ServerError as e:
+            return "%s." % e
     if d.get("gpufleet_server_launcher") == "systemd":
         command = d.get("gpufleet_server_command")
         multiline = [str(k) for k, v in env.items() if isinstance(v, str) and _LINE_BREAK.search(v)]

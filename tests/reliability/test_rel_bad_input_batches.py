@@ -15,25 +15,31 @@ from helpers import PY, run_playbook
 
 
 @pytest.mark.reliability(
-    section="input", case="A batch setting that is not a number",
-    provoked="gpufleet.serving.rollout with -e gpufleet_rollout_max_fail_percentage=abc on two hosts (gpu1, gpu2)",
+    section="input", case="A batch setting that is not a number (or not a boolean)",
+    provoked="gpufleet.serving.rollout with -e gpufleet_rollout_max_fail_percentage=abc on two hosts (gpu1, gpu2); "
+             "then with -e gpufleet_rollout_fast_check=maybe (read as false by the bool filter, silently, before)",
     outcome="the run fails before any host is touched; the summary says 'rollout refused before any host was "
             "touched: gpufleet_rollout_max_fail_percentage must be a number from 0 to 100 (got str abc)' and lists "
             "gpu1 and gpu2 as not run, neither as failed (before: gpu1 was reported failing and the rollout 'halted: "
-            "1 of 1 host(s) of the batch failed (gpu1)')")
-def test_a_bad_max_fail_percentage_is_refused_by_name_not_as_a_host_failure(tmp_path):
+            "1 of 1 host(s) of the batch failed (gpu1)'); the same for 'gpufleet_rollout_fast_check must be true or false "
+            "(got maybe)'")
+@pytest.mark.parametrize("setting, value, want", [
+    ("gpufleet_rollout_max_fail_percentage", "abc",
+     "gpufleet_rollout_max_fail_percentage must be a number from 0 to 100 (got str abc)"),
+    ("gpufleet_rollout_fast_check", "maybe", "gpufleet_rollout_fast_check must be true or false (got maybe)"),
+])
+def test_a_bad_max_fail_percentage_is_refused_by_name_not_as_a_host_failure(tmp_path, setting, value, want):
     inv = tmp_path / "inv.ini"
     inv.write_text("[gpufleet_servers]\n" + "".join(
         "%s ansible_connection=local ansible_python_interpreter=%s\n" % (h, PY) for h in ("gpu1", "gpu2")))
     out = tmp_path / "summary"
     env = dict(os.environ, GPUFLEET_SUMMARY_DIR=str(out), ANSIBLE_COLLECTIONS_PATH=str(private_collections()))
     r = run_playbook("gpufleet.serving.rollout", inventory=str(inv), env=env, timeout=120, extra_vars={
-        "gpufleet_rollout_max_fail_percentage": "abc", "gpufleet_server_name": "demo",
+        setting: value, "gpufleet_server_name": "demo",
         "gpufleet_server_command": ["/bin/true"], "gpufleet_server_health_url": "http://127.0.0.1:9/health"})
     assert r.returncode != 0, r.stdout
     data = json.loads((out / "rollout-summary.json").read_text())
-    want = ("rollout refused before any host was touched: gpufleet_rollout_max_fail_percentage must be a number from 0 "
-            "to 100 (got str abc)")
+    want = "rollout refused before any host was touched: " + want
     assert data["halted"]["msg"] == want and data["halted"]["refused"] is True, data["halted"]
     assert {h["host"]: h["status"] for h in data["hosts"]} == {"gpu1": "not run", "gpu2": "not run"}, data["hosts"]
     table = r.stdout[r.stdout.index("GPUFLEET ROLLOUT SUMMARY"):]

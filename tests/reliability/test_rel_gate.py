@@ -331,7 +331,7 @@ def _runs(rf) -> dict:
     section="fault", case="A rollout that passed its checks misbehaves later: the rollback playbook (by hand)",
     provoked="definition A, then B (another variable, NCCL profile custom instead of pcie_only) rolled out and gated, "
              "behind an `http` balancer (a recording API); then gpufleet.serving.rollback with --check, for real, "
-             "again, again with LD_PRELOAD in the inventory's NCCL variables, a rollout of A, the rollback with gpufleet_rollback_to naming B by its first 12 characters (from a CI job: "
+             "again, again with LD_PRELOAD and an undefined variable in the inventory's NCCL variables, a rollout of A, the rollback with gpufleet_rollback_to naming B by its first 12 characters (from a CI job: "
              "python -m gpufleet_ci rollback), a rollout of A",
     outcome="--check says 'would roll back to <A>' and changes nothing (same processes, no balancer call); the rollback "
             "drains the host, restarts A's definition with A's NCCL layers (its workers carry A's six pcie_only "
@@ -393,7 +393,8 @@ def test_the_rollback_playbook_puts_the_host_back_to_its_last_known_good_and_aga
         assert "rolled back:" not in run.out and "the inventory still describes" not in run.out
         # The rollback playbook computes the inventory's NCCL layers without refusing its NCCL input (the rollout_check
         # action's compute mode): it restores a generation's own layers, so a broken NCCL input does not block it.
-        run = rf.playbook("rollback", vars_override=dict(_defn(rf, "B", http), gpufleet_nccl_env={"LD_PRELOAD": "/x.so"}))
+        run = rf.playbook("rollback", vars_override=dict(_defn(rf, "B", http), gpufleet_nccl_env={
+            "LD_PRELOAD": "/x.so", "NCCL_PROTO": "{{ nope_undefined }}"}))
         assert run.rc == 0 and run.summary[H]["restart"] == "no, runs %s already" % a[:12], run.tail()
         assert _runs(rf)["ids"] == now["ids"] and rec.calls == [], rec.calls
 

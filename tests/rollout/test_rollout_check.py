@@ -60,6 +60,22 @@ def test_bad_nccl_input_and_an_empty_command_fail_each_host_in_its_one_check_and
     rf.state = "clean"
 
 
+def test_non_string_env_values_and_undefined_variables_fail_each_host_in_its_one_check_naming_the_setting(rolled_out):
+    # A list value used to pass the pre-flight and fail only in server_restart, after the lock and the drain (a new
+    # user's pass, session 22); an undefined variable in a value was named, not the setting it is in.
+    rf = rolled_out("clean")
+    env = dict(rf.server_vars()["gpufleet_server_env"])
+    _failed_in_the_check(
+        rf,
+        {"host1": {"gpufleet_server_env": dict(env, HF_TOKEN=["hf_SECRET123456789"])},
+         "host2": {"gpufleet_server_health_url": "{{ nope_undefined }}"},
+         "host3": {"gpufleet_nccl_env": {"NCCL_PROTO": "{{ nope_undefined }}"}}},
+        {"host1": "gpufleet_server_env: value of HF_TOKEN must be a string or a number, got list",
+         "host2": "gpufleet_server_health_url cannot be templated: 'nope_undefined' is undefined",
+         "host3": "Invalid NCCL tuning input: gpufleet_nccl_env cannot be templated: 'nope_undefined' is undefined"})
+    rf.state = "clean"
+
+
 def test_a_noop_rollout_is_three_task_executions_per_host(rolled_out, tmp_path):
     rf = rolled_out("clean")
     before = rf.snapshot()

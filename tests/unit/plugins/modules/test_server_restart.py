@@ -611,6 +611,7 @@ def test_the_systemd_launcher_refuses_before_it_stops_the_unit(server, run_modul
     ({"kill": {"signals": ["TERM", "NOPE"]}}, "kill: signals: "),
     ({"kill": {"grace": -1}}, "kill: grace must be >= 0 seconds"),
     ({"env": {"BAD-NAME": "x"}}, "env: invalid variable name 'BAD-NAME'"),
+    ({"env": {"HF_TOKEN": ["a", "list"]}}, "env: value of HF_TOKEN must be a string or a number, got list"),
     ({"verify_env": {"expected": {}}}, "verify_env: expected must name at least one variable"),
     ({"wait_busy": {"min_processes": 0}}, "wait_busy: "),
     ({"wait_clean": {"timeout": 0}}, "wait_clean: timeout and poll_interval must be greater than 0 seconds"),
@@ -626,6 +627,9 @@ def test_bad_input_fails_before_anything_is_killed(server, run_module, change, m
     assert r["failed"] and msg in r["msg"], r["msg"]
     assert "kill" not in r and _tagged(a) == old
     assert all(pid_alive(p) for p in old)
+    # Said so the caller can act on it: the gpu_server role puts a drained host back into rotation only when the
+    # failure says nothing was stopped (it left a healthy server out of its balancers otherwise).
+    assert r["phase"] == "preflight" and r["killed"] == 0, r
 
 
 def _status_umask(pid):
