@@ -331,14 +331,16 @@ def _runs(rf) -> dict:
     section="fault", case="A rollout that passed its checks misbehaves later: the rollback playbook (by hand)",
     provoked="definition A, then B (another variable, NCCL profile custom instead of pcie_only) rolled out and gated, "
              "behind an `http` balancer (a recording API); then gpufleet.serving.rollback with --check, for real, "
-             "again, again with LD_PRELOAD and an undefined variable in the inventory's NCCL variables, a rollout of A, the rollback with gpufleet_rollback_to naming B by its first 12 characters (from a CI job: "
+             "again, again with LD_PRELOAD and an undefined variable in the inventory's NCCL variables, a rollout of "
+             "A, the rollback with gpufleet_rollback_to naming B by its first 12 characters (from a CI job: "
              "python -m gpufleet_ci rollback), a rollout of A",
     outcome="--check says 'would roll back to <A>' and changes nothing (same processes, no balancer call); the rollback "
             "drains the host, restarts A's definition with A's NCCL layers (its workers carry A's six pcie_only "
             "variables again, none of B's), verifies its 2 workers, records A (A's measurement the baseline, A the newest "
             "last known good, the rollback noted) and puts the host back (DELETE then PUT); the summary says 'rolled back "
             "to <A>' and that the inventory is unchanged (the next rollout restarts the host to its definition); again: 'no, runs <A> already', "
-            "nothing touched, also with the broken NCCL input (the rollback does not refuse it); a rollout of A (the inventory reverted) changes nothing; by B's fingerprint: back to B (gpufleet_ci "
+            "nothing touched, also with the broken NCCL input (the rollback does not refuse it); a rollout of A (the "
+            "inventory reverted) changes nothing; by B's fingerprint: back to B (gpufleet_ci "
             "exits 0, its report's row 'rolled back to <B>'); "
             "the next rollout restarts the host to the inventory's definition (A)")
 def test_the_rollback_playbook_puts_the_host_back_to_its_last_known_good_and_again_is_a_no_op(rf):
