@@ -31,48 +31,46 @@ def _failed_in_the_check(rf: RolloutFleet, host_vars: dict, expect: dict) -> Non
         assert after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"], h
 
 
-def test_bad_server_definitions_and_nccl_names_fail_each_host_in_its_one_check_and_change_nothing(rolled_out):
-    rf = rolled_out("clean")
-    _failed_in_the_check(
-        rf,
-        {"host1": {"gpufleet_server_start_timeout": "soon"},          # gpu_server's argument spec (type)
+# Each case: three hosts, each with one kind of bad input (host vars), and what its failure says. "ENV" stands for the
+# fleet's own gpufleet_server_env, with one value added.
+CASES = {
+    "specs-names-rules": (
+        {"host1": {"gpufleet_server_start_timeout": "soon"},              # gpu_server's argument spec (type)
          "host2": {"gpufleet_nccl_env": {"LD_PRELOAD": "/tmp/evil.so"}},  # nccl_tuning's names (the filter)
-         "host3": {"gpufleet_server_env": {"BAD NAME": "1"}}},        # gpu_server's rules (server_problems)
+         "host3": {"gpufleet_server_env": {"BAD NAME": "1"}}},            # gpu_server's rules (server_problems)
         {"host1": "Validation of arguments failed (role gpu_server, argument spec 'preflight'): argument "
                   "'gpufleet_server_start_timeout' is of type str and we were unable to convert to float: str cannot be "
                   "converted to a float",
          "host2": "LD_PRELOAD (the dynamic loader or the C library reads it in every program) is never written host-wide",
-         "host3": 'invalid variable name(s) "BAD NAME"'})
-    rf.state = "clean"
-
-
-def test_bad_nccl_input_and_an_empty_command_fail_each_host_in_its_one_check_and_change_nothing(rolled_out):
-    rf = rolled_out("clean")
-    _failed_in_the_check(
-        rf,
+         "host3": 'invalid variable name(s) "BAD NAME"'}),
+    "form-spec-command": (
         {"host1": {"gpufleet_nccl_profile": "custom", "gpufleet_nccl_env": {}},  # nccl_tuning's form (vars/main.yml)
-         "host2": {"gpufleet_nccl_backup": "maybe"},                           # nccl_tuning's argument spec (type)
-         "host3": {"gpufleet_server_command": []}},                           # gpu_server's rules
+         "host2": {"gpufleet_nccl_backup": "maybe"},                             # nccl_tuning's argument spec (type)
+         "host3": {"gpufleet_server_command": []}},                              # gpu_server's rules
         {"host1": "Invalid NCCL tuning input: gpufleet_nccl_profile must be auto, pcie_only, nvlink, none or custom "
                   "(custom needs gpufleet_nccl_env)",
          "host2": "Validation of arguments failed (role nccl_tuning, argument spec 'validate')",
-         "host3": "gpufleet_server_command must not be empty and its first element must be the executable"})
-    rf.state = "clean"
-
-
-def test_non_string_env_values_and_undefined_variables_fail_each_host_in_its_one_check_naming_the_setting(rolled_out):
+         "host3": "gpufleet_server_command must not be empty and its first element must be the executable"}),
     # A list value used to pass the pre-flight and fail only in server_restart, after the lock and the drain (a new
     # user's pass, session 22); an undefined variable in a value was named, not the setting it is in.
-    rf = rolled_out("clean")
-    env = dict(rf.server_vars()["gpufleet_server_env"])
-    _failed_in_the_check(
-        rf,
-        {"host1": {"gpufleet_server_env": dict(env, HF_TOKEN=["hf_SECRET123456789"])},
+    "value-types-undefined": (
+        {"host1": {"gpufleet_server_env": "ENV", "HF_TOKEN": ["hf_SECRET123456789"]},
          "host2": {"gpufleet_server_health_url": "{{ nope_undefined }}"},
          "host3": {"gpufleet_nccl_env": {"NCCL_PROTO": "{{ nope_undefined }}"}}},
         {"host1": "gpufleet_server_env: value of HF_TOKEN must be a string or a number, got list",
          "host2": "gpufleet_server_health_url cannot be templated: 'nope_undefined' is undefined",
-         "host3": "Invalid NCCL tuning input: gpufleet_nccl_env cannot be templated: 'nope_undefined' is undefined"})
+         "host3": "Invalid NCCL tuning input: gpufleet_nccl_env cannot be templated: 'nope_undefined' is undefined"}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_fails_each_host_in_its_one_check_with_the_roles_message_and_changes_nothing(rolled_out, case):
+    rf = rolled_out("clean")
+    host_vars, expect = CASES[case]
+    env = rf.server_vars()["gpufleet_server_env"]
+    host_vars = {h: ({"gpufleet_server_env": dict(env, HF_TOKEN=v["HF_TOKEN"])} if v.get("gpufleet_server_env") == "ENV"
+                     else v) for h, v in host_vars.items()}
+    _failed_in_the_check(rf, host_vars, expect)
     rf.state = "clean"
 
 
