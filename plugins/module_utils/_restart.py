@@ -885,6 +885,10 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
         _server.wait_ready((proc.pid, proc.start_time), r["health_url"], r["request"], r["timeout"], r["interval"],
                            p["log_path"], r["log_tail_lines"], r["log_tail_path"], tail_since,
                            tag=(p["tag_name"], p["name"]), check_listener=r["check_listener"])
+        if p["wait_busy"]:
+            # As after the new server's launch: its workers may answer before they hold the GPUs, and the check below
+            # looks at the GPU holders (without the wait, a loaded host failed the rollback at "none holds a GPU").
+            wait_busy(p, (proc.pid, proc.start_time))
         verified = 0
         if p["verify_env"] and g.get("expected_env"):
             params = _selector(p, tag="%s=%s" % (p["tag_name"], p["name"]), exclude_regex=None)

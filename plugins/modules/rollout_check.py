@@ -11,7 +11,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: rollout_check
 short_description: Validate a host's server definition and NCCL tuning input, and check whether it is already right
-version_added: 0.9.0
+version_added: 0.3.0
 description:
   - The pre-flight of the gpufleet.serving rollout and rollback playbooks, for one host, in one task (an action plugin
     on the controller plus at most one M(gpufleet.serving.server_state) call on the host). It must run in the
