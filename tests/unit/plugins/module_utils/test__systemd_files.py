@@ -7,8 +7,12 @@ its own drop-in and environment file as a generation and check each comes back b
 made up here: a canned one would only repeat what the parser assumes."""
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import uuid
+
+import pytest
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd
 
@@ -47,28 +51,34 @@ def test_only_the_dropins_the_failed_run_removed_are_put_back(tmp_path):
     assert not deleted_by_hand.exists()
 
 
+@contextlib.contextmanager
+def _etc_dropin(dir_name: str, name: str, content: str):
+    """A drop-in under /etc/systemd/system/DIR_NAME (where systemd reads it), removed with its directory after."""
+    d = "/etc/systemd/system/%s" % dir_name
+    try:
+        os.makedirs(d)
+    except PermissionError:
+        pytest.skip("needs to write /etc/systemd/system")
+    path = os.path.join(d, name)
+    try:
+        with open(path, "w") as f:
+            f.write(content)
+        yield path
+    finally:
+        for entry in os.listdir(d):
+            os.unlink(os.path.join(d, entry))
+        os.rmdir(d)
+
+
 def test_dropins_made_before_the_unit_is_installed_are_found_on_disk():
     """Found by the new-user pass (issue 26): a drop-in made for the unit before the first rollout was not reported
     (systemd lists no DropInPaths for a unit it has not loaded), so gpufleet_server_systemd_dropins did not apply to it,
     and the next audit failed on it. Read where systemd will read it once the unit is installed."""
-    import uuid
     unit = "gpufleet-ut-%s.service" % uuid.uuid4().hex[:8]
-    d = "/etc/systemd/system/%s.d" % unit
-    try:
-        os.makedirs(d)
-    except PermissionError:
-        import pytest
-        pytest.skip("needs to write /etc/systemd/system")
-    try:
-        with open(os.path.join(d, "override.conf"), "w") as f:
-            f.write("[Service]\nEnvironment=EXTRA=1\n")
-        assert _systemd.foreign_dropins({"LoadState": "not-found", "DropInPaths": ""}, unit) == [d + "/override.conf"]
+    with _etc_dropin(unit + ".d", "override.conf", "[Service]\nEnvironment=EXTRA=1\n") as path:
+        assert _systemd.foreign_dropins({"LoadState": "not-found", "DropInPaths": ""}, unit) == [path]
         # A loaded unit: what systemd says is what applies.
         assert _systemd.foreign_dropins({"LoadState": "loaded", "DropInPaths": ""}, unit) == []
-    finally:
-        for name in os.listdir(d):
-            os.unlink(os.path.join(d, name))
-        os.rmdir(d)
 
 
 def test_a_removed_dropin_is_put_back_as_the_operator_had_it(tmp_path):
@@ -93,19 +103,6 @@ def test_a_removed_dropin_is_put_back_as_the_operator_had_it(tmp_path):
 def test_dropins_of_a_name_prefix_made_before_the_unit_is_installed_are_found():
     """Found by the new-user pass (issue 26): a gpufleet-.service.d/ drop-in (it applies to every gpufleet-*.service)
     went unreported on the first rollout of a service."""
-    import uuid
     prefix = "gpufleetut%s-" % uuid.uuid4().hex[:6]
-    unit = prefix + "demo3.service"
-    d = "/etc/systemd/system/%s.service.d" % prefix
-    try:
-        os.makedirs(d)
-    except PermissionError:
-        import pytest
-        pytest.skip("needs to write /etc/systemd/system")
-    try:
-        with open(os.path.join(d, "pfx.conf"), "w") as f:
-            f.write("[Service]\nEnvironment=PFX=1\n")
-        assert _systemd.foreign_dropins({"LoadState": "not-found", "DropInPaths": ""}, unit) == [d + "/pfx.conf"]
-    finally:
-        os.unlink(os.path.join(d, "pfx.conf"))
-        os.rmdir(d)
+    with _etc_dropin(prefix + ".service.d", "pfx.conf", "[Service]\nEnvironment=PFX=1\n") as path:
+        assert _systemd.foreign_dropins({"LoadState": "not-found", "DropInPaths": ""}, prefix + "demo3.service") == [path]
