@@ -20,7 +20,7 @@ import pytest
 
 from helpers import FAKE_NVML_DIR, wait_for
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _server, _state
 from ansible_collections.gpufleet.serving.plugins.modules import server_state
 
 
@@ -860,8 +860,8 @@ def test_what_the_restart_refuses_about_its_files_and_path_refuses_a_wanted_rest
     # The systemd launcher: its unit runs the command, the restart looks no bare name up.
     if "command" in over.get("launchable", {}):
         full = dict({"user": "root", "workdir": "/", "path": None, "log_path": None}, **la)
-        assert server_state.restart_problems({"launchable": full, "systemd": {"unit": "x"}, "rotation_file": None,
-                                              "state_file": None, "pidfile": None, "lock_file": None}) == []
+        assert _state.restart_problems({"launchable": full, "systemd": {"unit": "x"}, "rotation_file": None,
+                                        "state_file": None, "pidfile": None, "lock_file": None}) == []
 
 
 def test_another_users_process_carrying_the_tag_is_no_worker(servers, paths, run_module):
