@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from urllib.parse import urlsplit, urlunsplit
 
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _http, _server
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 APIS = ("auto", "sglang", "openai")
@@ -105,7 +105,7 @@ def build_request(req: t.Mapping[str, t.Any]) -> Request:
     """The request option checked and encoded: a dict or list body as JSON (with a JSON Content-Type unless one is
     set). Messages never show a header's or the body's value: they may hold tokens."""
     url = req.get("url") or ""
-    if not _server.is_http_url(url):
+    if not _http.is_http_url(url):
         raise StepError("request.url must be an http:// or https:// URL with a host (and a valid port), got %r"
                         % shown_url(url))
     method = req.get("method") or "POST"
@@ -163,11 +163,11 @@ def sender(req: Request, timeout: float) -> Send:
     """A function sending `req` once: (status, answer). Through _server's client, as every HTTP call of the collection
     (ansible.module_utils.urls: certificates checked unless validate_certs is false, no proxy, no ~/.netrc), one
     client (one SSL context) shared by every request and thread. Each request opens its own connection."""
-    client = _server.http_client(validate_certs=req.validate_certs)
+    client = _http.http_client(validate_certs=req.validate_certs)
 
     def send() -> t.Tuple[int, str]:
-        return _server.http(req.url, req.method, req.body, req.headers, timeout=timeout, client=client,
-                            max_bytes=ANSWER_MAX_BYTES)
+        return _http.http(req.url, req.method, req.body, req.headers, timeout=timeout, client=client,
+                          max_bytes=ANSWER_MAX_BYTES)
 
     return send
 
@@ -178,7 +178,7 @@ def attempt(send: Send, api: str, need_tokens: bool, url: str, timeout: float,
     t0 = clock()
     try:
         status, text = send()
-    except (TimeoutError, http.client.HTTPException) + _server.url_errors() as e:
+    except (TimeoutError, http.client.HTTPException) + _http.url_errors() as e:
         latency = clock() - t0
         reason = getattr(e, "reason", None) or e
         if isinstance(reason, TimeoutError) or "timed out" in str(reason):

@@ -21,7 +21,7 @@ import os
 import time
 import typing as t
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _select, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _hostlock, _proc, _select, _server
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 
@@ -91,7 +91,7 @@ def services_in_rollout(own: t.Tuple[str, str], lock_dir: t.Optional[str]) -> t.
         name = entry[:-len(".lock")] if entry.endswith(".lock") else ""
         if not name or name == own[1]:
             continue
-        holder = _server.lock_holder(os.path.join(lock_dir, entry))
+        holder = _hostlock.lock_holder(os.path.join(lock_dir, entry))
         if holder:
             out[name] = holder
     return out
@@ -132,7 +132,7 @@ def _lock_text(lock_dir: t.Optional[str], name: str, holder: str) -> str:
         out += " since %s, until %s" % (since, until)
     except (KeyError, TypeError, ValueError):
         pass
-    worker = _server.lock_worker(cur)
+    worker = _hostlock.lock_worker(cur)
     return out + ("; its restart runs on this host as pid %d" % worker[0] if worker else
                   "; no process of that run works on this host now")
 

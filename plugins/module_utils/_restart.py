@@ -30,8 +30,8 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _bench, _envblock, _envcheck, _gpumod, _lastgood, _layers, _layershare, _gpuwait, _killmod, _listener, _nvml, _proc, _select,
-    _server, _systemd)
+    _bench, _envblock, _envcheck, _gpumod, _hostlock, _lastgood, _layers, _layershare, _gpuwait, _killmod, _listener, _nvml,
+    _proc, _select, _server, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 
@@ -530,7 +530,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
         # If the controller dies now, this cycle still runs to its end here; a takeover waits for this process.
         me = _proc.read_proc(os.getpid())
         if me is not None:
-            _server.mark_lock(p["release_lock"]["lock_file"], p["release_lock"]["owner"], (me.pid, me.start_time))
+            _hostlock.mark_lock(p["release_lock"]["lock_file"], p["release_lock"]["owner"], (me.pid, me.start_time))
     # The old server's processes that the kill ended; a failed restart's summary shows from it that the old server is
     # gone. Counted as ended, not as signalled: with the launcher first, its workers usually exit with it, unsignalled.
     result["killed"] = 0
@@ -1148,7 +1148,7 @@ def release(p: t.Mapping[str, t.Any], result: t.Dict[str, t.Any], check_mode: bo
     if failed and rl.get("keep_on_failure"):
         result["lock_released"] = False
         return
-    result["lock_released"] = _server.release_lock(rl["lock_file"], rl["owner"])
+    result["lock_released"] = _hostlock.release_lock(rl["lock_file"], rl["owner"])
 
 
 # Where a failing step's own result goes in the module's result (the others' details go to the top level).

@@ -19,16 +19,12 @@ import re
 import shlex
 import shutil
 import signal
-import ssl
 import stat
 import subprocess
 import time
 import typing as t
-import urllib.error
-from urllib.parse import urlparse
 
-
-from ansible_collections.gpufleet.serving.plugins.module_utils import _listener, _proc, _runid, _select
+from ansible_collections.gpufleet.serving.plugins.module_utils import _http, _listener, _proc, _select
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -554,42 +550,6 @@ def failure_tail(log_path: str, lines: int, tail_path: t.Optional[str] = None,
     return "\n".join(out), (log_path or "no log") + note
 
 
-def url_errors() -> t.Tuple[t.Type[BaseException], ...]:
-    """What an HTTP call through http_client() raises for an unreachable or failing server (an `except` clause
-    evaluates it only when an exception arrives, by when http_client() imported ansible.module_utils.urls)."""
-    from ansible.module_utils.urls import ConnectionError as UrlsConnectionError  # pylint: disable=import-outside-toplevel
-    return (urllib.error.URLError, UrlsConnectionError, OSError, ValueError)
-
-
-def http_client(validate_certs: bool = True) -> t.Any:
-    """The collection's one HTTP client (ansible.module_utils.urls), for the ready poll (server_ready, server_restart)
-    and the metrics reads (inflight_wait): no proxy (the server is on this host), no ~/.netrc credentials,
-    certificates verified unless `validate_certs` is false."""
-    # One Request with one SSL context for a whole wait, not open_url per poll: open_url builds a new SSL context (it
-    # reads the CA bundle) on every call, measured at 34 to 147 ms per request against a local HTTP server on the 2-core
-    # CI machine, against 1.2 to 1.7 ms for a reused Request; the poll runs every 0.25 s by default.
-    # Imported here, not at the top: ansible.module_utils.urls pulls in cryptography's x509 and email.mime, about 130 ms
-    # of CPU on the host every time a module that imports this file runs (AnsiballZ compiles its zip's sources on each
-    # run), and most of them (the check, the lock, the drain record, the kill) never send a request.
-    from ansible.module_utils.urls import Request  # pylint: disable=import-outside-toplevel
-    context = ssl.create_default_context()
-    if not validate_certs:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return Request(use_proxy=False, use_netrc=False, context=context)
-
-
-def http(url: str, method: str = "GET", body: t.Optional[str] = None, headers: t.Optional[t.Mapping[str, str]] = None,
-         timeout: float = 5.0, client: t.Any = None, max_bytes: int = 65536) -> t.Tuple[int, str]:
-    """(status, the first `max_bytes` of the body decoded); an HTTP error status is returned, not raised."""
-    data = body.encode() if body is not None else None
-    try:
-        with (client or http_client()).open(method, url, data=data, headers=dict(headers or {}), timeout=timeout) as r:
-            return r.status, r.read(max_bytes).decode("utf-8", "replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read(4096).decode("utf-8", "replace") if e.fp else ""
-
-
 def ready_input_error(health_url: str, request: t.Mapping[str, t.Any], timeout: float, interval: float) -> t.Optional[str]:
     """What is wrong with readiness options, or None."""
     request = compact_request(request)
@@ -602,7 +562,7 @@ def ready_input_error(health_url: str, request: t.Mapping[str, t.Any], timeout: 
     if request and not request.get("url"):
         return "request.url is required when request is set"
     for what, url in (("health_url", health_url), ("request.url", (request or {}).get("url"))):
-        if url and not is_http_url(url):
+        if url and not _http.is_http_url(url):
             return "%s must be an http:// or https:// URL with a host (and a valid port), got %r" % (what, url)
     if request and request.get("method") and not re.fullmatch(r"[A-Z]+", str(request["method"])):
         return "request.method must be an HTTP method such as GET or POST, got %r" % request["method"]
@@ -614,16 +574,6 @@ def ready_input_error(health_url: str, request: t.Mapping[str, t.Any], timeout: 
         except re.error as e:
             return "request.expect_regex: invalid regular expression %r: %s" % (request["expect_regex"], e)
     return None
-
-
-def is_http_url(url: str) -> bool:
-    """Whether `url` is http:// or https:// with a host and a valid port (server_ready's and server_bench's URLs)."""
-    u = urlparse(url)
-    try:
-        u.port  # pylint: disable=pointless-statement  # raises on a port out of 0-65535
-    except ValueError:
-        return False
-    return u.scheme in ("http", "https") and bool(u.hostname)
 
 
 def exit_status(pid: int) -> t.Optional[str]:
@@ -657,7 +607,7 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
     """
     request = compact_request(request)
     body, headers = request_body(request.get("body"), request.get("headers") or {})
-    client = http_client()
+    client = _http.http_client()
     t0 = time.monotonic()
     deadline = t0 + timeout
     last = "not polled yet"
@@ -716,7 +666,8 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
         attempts += 1
         try:
             if health_url and health_ok_at is None:
-                code, _body = http(health_url, timeout=min(5.0, max(0.1, deadline - time.monotonic())), client=client)
+                code, _body = _http.http(health_url, timeout=min(5.0, max(0.1, deadline - time.monotonic())),
+                                         client=client)
                 if code == 200:
                     why = foreign_answer(health_url, "health")
                     if why:
@@ -728,8 +679,8 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
             if health_ok_at is not None or not health_url:
                 if not request:
                     return done({})
-                code, text = http(request["url"], request.get("method") or "POST", body, headers,
-                                  timeout=float(request.get("timeout") or 10), client=client)
+                code, text = _http.http(request["url"], request.get("method") or "POST", body, headers,
+                                        timeout=float(request.get("timeout") or 10), client=client)
                 want = int(request.get("status") or 200)
                 rx = request.get("expect_regex")
                 if code == want and (not rx or re.search(rx, text)):
@@ -741,7 +692,7 @@ def wait_ready(identity: t.Optional[t.Tuple[int, int]], health_url: str, request
                         return done({"request_status": code, "response": text[:300]})
                 else:
                     last = "real request returned HTTP %d: %s" % (code, text[:200])
-        except url_errors() as e:
+        except _http.url_errors() as e:
             reason = getattr(e, "reason", e)
             last = ("real request" if health_ok_at is not None else "health") + " failed: %s" % reason
         if time.monotonic() >= deadline:
@@ -846,124 +797,3 @@ def pidfile_uid(path: str, procs: t.Optional[t.Mapping[int, _proc.Proc]] = None)
         return None
     p = procs.get(ident[0]) if procs is not None else _proc.read_proc(ident[0])
     return p.uid if p is not None and p.start_time == ident[1] else None
-
-
-def acquire_lock(path: str, owner: str, ttl: float, wait: float, poll: float = 0.2) -> t.Dict[str, t.Any]:
-    """Host-side lock: one rollout at a time. A lock older than its TTL is stale and broken.
-
-    The lock is a file created exclusively (create_exclusive) holding {owner, expires}; the owner re-acquiring (same
-    run) succeeds.
-    Another owner's live lock follows wait-die (both run ids carry their start time, _runid): a run meets the lock
-    of an EARLIER run and fails at once (LockRefused); it waits up to `wait` s for a LATER run's lock. Waits then
-    only go from earlier to later runs, so two rollouts never wait for each other, and the earliest finishes its
-    fleet. Ids without a start time (an older gpufleet) are waited for up to `wait` s, as before.
-    """
-    deadline = time.monotonic() + wait
-    t0 = time.monotonic()
-    ensure_dir(os.path.dirname(path))
-    broke = None
-    waited_for = None
-    while True:
-        now = time.time()
-        if create_exclusive(path, json.dumps({"owner": owner, "acquired": now, "expires": now + ttl})):
-            res = {"acquired": True, "broke_stale": broke}
-            if waited_for is not None:
-                res["waited"] = {"for": waited_for, "s": round(time.monotonic() - t0, 1)}
-            return res
-        cur = read_state(path)
-        if cur.get("owner") == owner:
-            if float(cur.get("expires", 0)) < now:
-                # This run's own lock past its TTL: another run could break it at any moment and both would hold
-                # it. Taken anew, with a new expiry.
-                write_json_atomic(path, dict(cur, acquired=now, expires=now + ttl))
-                return {"acquired": True, "refreshed": True, "broke_stale": None}
-            return {"acquired": False, "already_held": True, "broke_stale": None}
-        if cur.get("corrupt") or float(cur.get("expires", 0)) < now:
-            broke = cur
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            continue
-        if _runid.is_earlier(str(cur.get("owner")), owner):
-            raise lock_refused_error(cur)
-        if time.monotonic() >= deadline:
-            raise lock_busy_error(cur, time.monotonic() - t0 if wait > 0 else None)
-        waited_for = cur.get("owner")
-        time.sleep(poll)
-
-
-def lock_refused_error(cur: t.Mapping[str, t.Any]) -> "ServerError":
-    """Wait-die: the lock of an earlier run; this later run stops at once (no wait: the earlier one may be waiting
-    for a host this run holds)."""
-    return ServerError("host is locked by an earlier gpufleet run %s (%s); this later run stops here, the earlier one "
-                       "goes on; run again after it" % (cur.get("owner"), _runid.started_text(cur.get("owner"))),
-                       holder=cur.get("owner"), holder_earlier=True)
-
-
-def lock_busy_error(cur: t.Mapping[str, t.Any], waited: t.Optional[float] = None) -> "ServerError":
-    return ServerError("host is locked by another gpufleet run (%s) until %s%s; not touching it"
-                       % (cur.get("owner"), time.strftime("%H:%M:%S", time.localtime(float(cur.get("expires", 0)))),
-                          "" if waited is None else ", still after waiting %.0f s (lock_wait)" % waited),
-                       holder=cur.get("owner"))
-
-
-def foreign_live_lock(path: str, owner: str) -> t.Optional[t.Dict[str, t.Any]]:
-    """The lock at `path` when another run holds it and it is not past its TTL (what acquire_lock would wait for)."""
-    cur = read_state(path)
-    if cur.get("owner") and cur.get("owner") != owner and not cur.get("corrupt") \
-            and float(cur.get("expires", 0)) >= time.time():
-        return cur
-    return None
-
-
-def lock_holder(path: str) -> t.Optional[str]:
-    """Owner of a lock that is held and not past its expiry, without touching it (None: free, stale or corrupt)."""
-    cur = read_state(path)
-    if not cur or cur.get("corrupt") or float(cur.get("expires", 0)) < time.time():
-        return None
-    return str(cur.get("owner"))
-
-
-def mark_lock(path: str, owner: str, identity: t.Tuple[int, int]) -> bool:
-    """Record in this run's lock the host process working under it (pid, start time): the restart goes on if the
-    controller dies, so a takeover must wait for it (lock_worker) instead of breaking the lock under it."""
-    cur = read_state(path)
-    if cur.get("owner") != owner:
-        return False
-    cur["worker"] = list(identity)
-    write_json_atomic(path, cur)
-    return True
-
-
-def lock_worker(lock: t.Mapping[str, t.Any]) -> t.Optional[t.Tuple[int, int]]:
-    """The live host process working under this lock, if any."""
-    w = lock.get("worker")
-    if isinstance(w, list) and len(w) == 2 and all(isinstance(x, int) for x in w):
-        ident = (w[0], w[1])
-        if _proc.is_alive(ident):
-            return ident
-    return None
-
-
-def wait_lock_worker(path: str, owner: str, timeout: float, poll: float = 0.2) -> t.Optional[t.Dict[str, t.Any]]:
-    """Wait until no live host process works under `owner`'s lock; return what was waited for (None if nothing)."""
-    t0 = time.monotonic()
-    cur = read_state(path)
-    ident = lock_worker(cur) if cur.get("owner") == owner else None
-    if ident is None:
-        return None
-    while _proc.is_alive(ident):
-        if time.monotonic() - t0 >= timeout:
-            raise ServerError("the restart of run %s is still running on this host (pid %d) after %.0f s; not breaking "
-                              "its lock" % (owner, ident[0], timeout), holder=owner)
-        time.sleep(poll)
-    return {"pid": ident[0], "waited_s": round(time.monotonic() - t0, 3)}
-
-
-def release_lock(path: str, owner: str) -> bool:
-    cur = read_state(path)
-    if cur.get("owner") == owner:
-        os.unlink(path)
-        return True
-    return False

@@ -21,7 +21,8 @@ import typing as t
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _gpumod, _lastgood, _layercheck, _layers, _layershare, _nvml, _proc, _rotation, _runid, _select, _server, _systemd)
+    _gpumod, _hostlock, _lastgood, _layercheck, _layers, _layershare, _nvml, _proc, _rotation, _runid, _select, _server,
+    _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 
@@ -63,7 +64,7 @@ def take_lock(module: AnsibleModule) -> dict:
         # The dead run's restart may still be running here (a module goes on when its controller dies): let it finish;
         # it releases the lock itself.
         try:
-            waited = _server.wait_lock_worker(p["lock_file"], p["break_owner"], p["lock_ttl"])
+            waited = _hostlock.wait_lock_worker(p["lock_file"], p["break_owner"], p["lock_ttl"])
         except _server.ServerError as e:
             raise StepError(str(e), **e.details) from None
         if waited:
@@ -77,7 +78,7 @@ def take_lock(module: AnsibleModule) -> dict:
                 pass
             module.warn("broke the lock of dead run %s" % p["break_owner"])
     try:
-        res = _server.acquire_lock(p["lock_file"], p["owner"], p["lock_ttl"], p["lock_wait"])
+        res = _hostlock.acquire_lock(p["lock_file"], p["owner"], p["lock_ttl"], p["lock_wait"])
     except _server.ServerError as e:
         raise StepError(str(e), **e.details) from None
     except OSError as e:  # a full or read-only run directory: the error names the lock file; nothing was left there
@@ -234,12 +235,12 @@ def check(module: AnsibleModule) -> dict:
     elif p["lock_file"] and p["owner"] and not p["break_owner"]:
         # Check mode takes no lock, but predicts the real call: another run's live lock makes it fail (an earlier
         # run's at once, wait-die) or wait.
-        busy = _server.foreign_live_lock(p["lock_file"], p["owner"])
+        busy = _hostlock.foreign_live_lock(p["lock_file"], p["owner"])
         if busy is not None and _runid.is_earlier(str(busy.get("owner")), p["owner"]):
-            e = _server.lock_refused_error(busy)
+            e = _hostlock.lock_refused_error(busy)
             raise StepError(str(e), **e.details)
         if busy is not None and p["lock_wait"] == 0:
-            e = _server.lock_busy_error(busy)
+            e = _hostlock.lock_busy_error(busy)
             raise StepError(str(e), **e.details)
     try:
         res = check_state(module)
@@ -259,7 +260,7 @@ def check(module: AnsibleModule) -> dict:
                 restart_preflight(module)
     except BaseException:
         if locking and not held_before:
-            _server.release_lock(p["lock_file"], p["owner"])
+            _hostlock.release_lock(p["lock_file"], p["owner"])
         raise
     if choice is not None:
         res["reasons"] = rollback_reasons(res, choice)
@@ -279,7 +280,7 @@ def check(module: AnsibleModule) -> dict:
             res["drain_record_error"] = "drain record %s: %s" % (p["rotation_file"], e)
             res["up_to_date"] = False
     if p["lock_file"] and not p["owner"]:
-        holder = _server.lock_holder(p["lock_file"])
+        holder = _hostlock.lock_holder(p["lock_file"])
         if holder is not None:
             res["lock_holder"] = holder
             res["up_to_date"] = False
@@ -287,7 +288,7 @@ def check(module: AnsibleModule) -> dict:
         res["locked"] = True
         rerecord(module, res)  # under the lock, when there is one
         if not res["needs_restart"] and not p["keep_lock"] and not held_before:
-            res["locked"] = not _server.release_lock(p["lock_file"], p["owner"])
+            res["locked"] = not _hostlock.release_lock(p["lock_file"], p["owner"])
         # The lock file this call leaves behind, when it was not there before, is its only change to the host (with
         # the record of a server whose record had failed).
         res["changed"] = res["locked"] and not held_before or bool(res.get("recorded") or res.get("last_good_kept"))
@@ -597,7 +598,7 @@ def unlock(module: AnsibleModule) -> t.Dict[str, t.Any]:
     cur = _server.read_state(p["lock_file"])
     released = False
     if not module.check_mode:
-        released = _server.release_lock(p["lock_file"], p["owner"])
+        released = _hostlock.release_lock(p["lock_file"], p["owner"])
     return dict(changed=released if not module.check_mode else cur.get("owner") == p["owner"], released=released)
 
 

@@ -112,7 +112,7 @@ import typing as t
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _drain, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _drain, _http
 
 # A metrics page lists every gauge and histogram of the server (vLLM's runs to hundreds of KiB with many models).
 METRICS_MAX_BYTES = 4 * 1024 * 1024
@@ -137,10 +137,10 @@ def main() -> None:
     if err:
         module.fail_json(msg=err)
     headers = {str(k): str(v) for k, v in p["headers"].items()}
-    client = _server.http_client(validate_certs=p["validate_certs"])  # one client (one SSL context) for every read
+    client = _http.http_client(validate_certs=p["validate_certs"])  # one client (one SSL context) for every read
 
     def fetch(url: str) -> t.Tuple[int, str]:
-        return _server.http(url, headers=headers, timeout=5.0, client=client, max_bytes=METRICS_MAX_BYTES)
+        return _http.http(url, headers=headers, timeout=5.0, client=client, max_bytes=METRICS_MAX_BYTES)
 
     def alive() -> t.Optional[str]:
         """The alive URL when the server answers there at all (any HTTP status), else None."""

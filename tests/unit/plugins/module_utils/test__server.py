@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _runid, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _hostlock, _http, _proc, _runid, _server
 
 
 # ---------------------------------------------------------------- validate_env
@@ -100,38 +100,38 @@ def lock_content(path):
 
 def test_acquire_then_reacquire_by_the_same_owner_then_release(tmp_path):
     lf = str(tmp_path / "run" / "demo.lock")
-    assert _server.acquire_lock(lf, "ctl:1:a", ttl=60, wait=0) == {"acquired": True, "broke_stale": None}
+    assert _hostlock.acquire_lock(lf, "ctl:1:a", ttl=60, wait=0) == {"acquired": True, "broke_stale": None}
     c = lock_content(lf)
     assert c["owner"] == "ctl:1:a" and 59 <= c["expires"] - time.time() <= 60
-    again = _server.acquire_lock(lf, "ctl:1:a", ttl=60, wait=0)
+    again = _hostlock.acquire_lock(lf, "ctl:1:a", ttl=60, wait=0)
     assert again["acquired"] is False and again["already_held"] is True
-    assert _server.release_lock(lf, "ctl:1:a") is True
+    assert _hostlock.release_lock(lf, "ctl:1:a") is True
     assert not os.path.exists(lf)
-    assert _server.release_lock(lf, "ctl:1:a") is False
+    assert _hostlock.release_lock(lf, "ctl:1:a") is False
 
 
 def test_another_live_owner_refuses_after_waiting_and_names_the_holder(tmp_path):
     lf = str(tmp_path / "demo.lock")
-    _server.acquire_lock(lf, "ctl:1:a", ttl=60, wait=0)
+    _hostlock.acquire_lock(lf, "ctl:1:a", ttl=60, wait=0)
     t0 = time.monotonic()
     with pytest.raises(_server.ServerError) as e:
-        _server.acquire_lock(lf, "ctl:2:b", ttl=60, wait=0.4, poll=0.05)
+        _hostlock.acquire_lock(lf, "ctl:2:b", ttl=60, wait=0.4, poll=0.05)
     took = time.monotonic() - t0
     assert 0.4 <= took < 2
     assert "locked by another gpufleet run (ctl:1:a)" in str(e.value)
     assert e.value.details["holder"] == "ctl:1:a"
     assert lock_content(lf)["owner"] == "ctl:1:a"  # untouched
-    assert _server.release_lock(lf, "ctl:2:b") is False  # a stranger cannot release it
+    assert _hostlock.release_lock(lf, "ctl:2:b") is False  # a stranger cannot release it
     assert lock_content(lf)["owner"] == "ctl:1:a"
 
 
 def test_waiting_owner_gets_the_lock_when_the_holder_releases(tmp_path):
     lf = str(tmp_path / "demo.lock")
-    _server.acquire_lock(lf, "ctl:1:a", ttl=60, wait=0)
-    th = threading.Timer(0.3, _server.release_lock, (lf, "ctl:1:a"))
+    _hostlock.acquire_lock(lf, "ctl:1:a", ttl=60, wait=0)
+    th = threading.Timer(0.3, _hostlock.release_lock, (lf, "ctl:1:a"))
     th.start()
     try:
-        r = _server.acquire_lock(lf, "ctl:2:b", ttl=60, wait=5, poll=0.05)
+        r = _hostlock.acquire_lock(lf, "ctl:2:b", ttl=60, wait=5, poll=0.05)
     finally:
         th.join()
     assert r["acquired"] is True and lock_content(lf)["owner"] == "ctl:2:b"
@@ -139,9 +139,9 @@ def test_waiting_owner_gets_the_lock_when_the_holder_releases(tmp_path):
 
 def test_a_lock_past_its_ttl_is_broken_and_reported(tmp_path):
     lf = str(tmp_path / "demo.lock")
-    _server.acquire_lock(lf, "ctl:1:old", ttl=0.05, wait=0)
+    _hostlock.acquire_lock(lf, "ctl:1:old", ttl=0.05, wait=0)
     time.sleep(0.1)
-    r = _server.acquire_lock(lf, "ctl:2:new", ttl=60, wait=0)
+    r = _hostlock.acquire_lock(lf, "ctl:2:new", ttl=60, wait=0)
     assert r["acquired"] is True
     assert r["broke_stale"]["owner"] == "ctl:1:old"
     assert lock_content(lf)["owner"] == "ctl:2:new"
@@ -150,7 +150,7 @@ def test_a_lock_past_its_ttl_is_broken_and_reported(tmp_path):
 def test_a_corrupt_lock_file_is_broken(tmp_path):
     lf = tmp_path / "demo.lock"
     lf.write_text("{half a json")
-    r = _server.acquire_lock(str(lf), "ctl:2:new", ttl=60, wait=0)
+    r = _hostlock.acquire_lock(str(lf), "ctl:2:new", ttl=60, wait=0)
     assert r["acquired"] is True and r["broke_stale"] == {"corrupt": True}
 
 
@@ -161,10 +161,10 @@ LATE = "ctl-b:22:b.2.u2:1001.500000"
 
 def test_a_later_run_meeting_an_earlier_runs_lock_stops_at_once_naming_it(tmp_path):
     lf = str(tmp_path / "demo.lock")
-    _server.acquire_lock(lf, EARLY, ttl=60, wait=0)
+    _hostlock.acquire_lock(lf, EARLY, ttl=60, wait=0)
     t0 = time.monotonic()
     with pytest.raises(_server.ServerError) as e:
-        _server.acquire_lock(lf, LATE, ttl=60, wait=30, poll=0.05)  # a long wait it must not use
+        _hostlock.acquire_lock(lf, LATE, ttl=60, wait=30, poll=0.05)  # a long wait it must not use
     assert time.monotonic() - t0 < 1
     started = time.strftime("%H:%M:%S", time.localtime(1000))
     assert str(e.value) == ("host is locked by an earlier gpufleet run %s (started %s); this later run stops here, "
@@ -175,11 +175,11 @@ def test_a_later_run_meeting_an_earlier_runs_lock_stops_at_once_naming_it(tmp_pa
 
 def test_an_earlier_run_waits_for_a_later_runs_lock_and_says_how_long(tmp_path):
     lf = str(tmp_path / "demo.lock")
-    _server.acquire_lock(lf, LATE, ttl=60, wait=0)
-    th = threading.Timer(0.5, _server.release_lock, (lf, LATE))
+    _hostlock.acquire_lock(lf, LATE, ttl=60, wait=0)
+    th = threading.Timer(0.5, _hostlock.release_lock, (lf, LATE))
     th.start()
     try:
-        r = _server.acquire_lock(lf, EARLY, ttl=60, wait=10, poll=0.05)
+        r = _hostlock.acquire_lock(lf, EARLY, ttl=60, wait=10, poll=0.05)
     finally:
         th.join()
     assert r["acquired"] is True and lock_content(lf)["owner"] == EARLY
@@ -188,22 +188,22 @@ def test_an_earlier_run_waits_for_a_later_runs_lock_and_says_how_long(tmp_path):
 
 def test_an_earlier_run_waits_only_up_to_its_bound(tmp_path):
     lf = str(tmp_path / "demo.lock")
-    _server.acquire_lock(lf, LATE, ttl=60, wait=0)
+    _hostlock.acquire_lock(lf, LATE, ttl=60, wait=0)
     with pytest.raises(_server.ServerError) as e:
-        _server.acquire_lock(lf, EARLY, ttl=60, wait=0.3, poll=0.05)
+        _hostlock.acquire_lock(lf, EARLY, ttl=60, wait=0.3, poll=0.05)
     assert "locked by another gpufleet run (%s)" % LATE in str(e.value) and "still after waiting 0 s" in str(e.value)
 
 
 def test_two_runs_started_in_the_same_tick_are_ordered_by_their_ids(tmp_path):
     a, b = "ctl:1:b.1.aaa:1000.000000", "ctl:1:b.1.bbb:1000.000000"
     lf = str(tmp_path / "demo.lock")
-    _server.acquire_lock(lf, a, ttl=60, wait=0)
+    _hostlock.acquire_lock(lf, a, ttl=60, wait=0)
     with pytest.raises(_server.ServerError, match="earlier gpufleet run"):
-        _server.acquire_lock(lf, b, ttl=60, wait=30)
-    _server.release_lock(lf, a)
-    _server.acquire_lock(lf, b, ttl=60, wait=0)
+        _hostlock.acquire_lock(lf, b, ttl=60, wait=30)
+    _hostlock.release_lock(lf, a)
+    _hostlock.acquire_lock(lf, b, ttl=60, wait=0)
     with pytest.raises(_server.ServerError, match="another gpufleet run"):  # a waits for b (bounded)
-        _server.acquire_lock(lf, a, ttl=60, wait=0.2, poll=0.05)
+        _hostlock.acquire_lock(lf, a, ttl=60, wait=0.2, poll=0.05)
 
 
 @pytest.mark.parametrize("owner, started", [
@@ -238,11 +238,11 @@ def test_http_answers_every_status_and_ignores_proxies(http_server, monkeypatch)
     # The server is on this host: a proxy from the environment must not be used (it would refuse the connection).
     monkeypatch.setenv("http_proxy", "http://127.0.0.1:1")
     monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:1")
-    client = _server.http_client()
-    assert _server.http(http_server.url + "/health", client=client) == (200, "ok")
-    assert _server.http(http_server.url + "/nothing", client=client) == (404, "no")
+    client = _http.http_client()
+    assert _http.http(http_server.url + "/health", client=client) == (200, "ok")
+    assert _http.http(http_server.url + "/nothing", client=client) == (404, "no")
     http_server.gen_code, http_server.gen_body = 503, "busy"
-    assert _server.http(http_server.url + "/generate", "POST", "{}", {"X-A": "1"}) == (503, "busy")
+    assert _http.http(http_server.url + "/generate", "POST", "{}", {"X-A": "1"}) == (503, "busy")
     assert http_server.bodies == ["{}"]
 
 
@@ -486,8 +486,8 @@ def test_state_file_and_lock_under_umask_077(tmp_path, operator_umask_077):
     state = tmp_path / "var" / "lib" / "gpufleet" / "demo.json"
     _server.record_state(str(state), "demo", "f" * 64, str(tmp_path / "none.pid"), {})
     lock = tmp_path / "run" / "gpufleet" / "demo.lock"
-    assert _server.acquire_lock(str(lock), "me", 60, 0)["acquired"]
-    assert _server.mark_lock(str(lock), "me", (os.getpid(), 1))
+    assert _hostlock.acquire_lock(str(lock), "me", 60, 0)["acquired"]
+    assert _hostlock.mark_lock(str(lock), "me", (os.getpid(), 1))
     for d in (state.parent, state.parent.parent, lock.parent, lock.parent.parent):
         assert _mode(d) == "0755", d
     # The state file's fingerprint digests the secrets: root only. The lock holds none.

@@ -17,14 +17,14 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
 
 CHILD = r'''
 import json, os, sys, time
-from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _hostlock, _proc, _server
 d, what = sys.argv[1], sys.argv[2]
 out = {}
 try:
     if what == "state":
         _server.write_json_atomic(os.path.join(d, "sglang.json"), {"fingerprint": "x" * 100000}, 0o600)
     elif what == "lock":
-        out["lock"] = _server.acquire_lock(os.path.join(d, "sglang.lock"), "run-1", 60, 0)
+        out["lock"] = _hostlock.acquire_lock(os.path.join(d, "sglang.lock"), "run-1", 60, 0)
     elif what == "pidfile":
         _server.write_pidfile(os.path.join(d, "sglang.pid"), _proc.read_proc(os.getpid()))
     elif what == "launch":

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _restart, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _hostlock, _proc, _restart, _server
 from ansible_collections.gpufleet.serving.plugins.modules import server_restart
 
 from helpers import FAKE_NVML_DIR, pid_alive, wait_for
@@ -90,7 +90,7 @@ def _tagged(a):
 
 def _lock(a):
     os.makedirs(os.path.dirname(a["release_lock"]["lock_file"]), exist_ok=True)
-    _server.acquire_lock(a["release_lock"]["lock_file"], a["release_lock"]["owner"], 60, 0)
+    _hostlock.acquire_lock(a["release_lock"]["lock_file"], a["release_lock"]["owner"], 60, 0)
 
 
 def test_full_cycle_kills_the_old_server_relaunches_verifies_records_and_unlocks(server, run_module):
@@ -1020,7 +1020,7 @@ def test_a_failed_cycle_keeps_the_lock_for_the_caller_with_keep_on_failure(serve
     a["wait_clean"] = {"timeout": 0.3}
     r = run_module(server_restart.main, a)
     assert r["failed"] and r["phase"] == "clean" and r["killed"] == 0, r.get("msg")
-    assert r["lock_released"] is False and _server.lock_holder(a["release_lock"]["lock_file"]) == "ctl:1:run"
+    assert r["lock_released"] is False and _hostlock.lock_holder(a["release_lock"]["lock_file"]) == "ctl:1:run"
     stray.kill()
     stray.wait()
     a["wait_clean"] = {"timeout": 10}

@@ -20,7 +20,7 @@ import pytest
 
 from helpers import FAKE_NVML_DIR, wait_for
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _server, _state
+from ansible_collections.gpufleet.serving.plugins.module_utils import _hostlock, _proc, _server, _state
 from ansible_collections.gpufleet.serving.plugins.modules import server_state
 
 
@@ -161,13 +161,11 @@ def test_check_needing_a_restart_keeps_the_lock_and_another_run_is_refused(nvml,
 
 def _dead_runs_lock_with_worker(paths, seconds):
     """The lock of dead run ctl:1:a, under which a real host process (a restart going on) works for `seconds`."""
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _server
-
     os.makedirs(os.path.dirname(paths["lock_file"]), exist_ok=True)
-    _server.acquire_lock(paths["lock_file"], "ctl:1:a", 600, 0)
+    _hostlock.acquire_lock(paths["lock_file"], "ctl:1:a", 600, 0)
     w = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(%s)" % seconds])
-    assert _server.mark_lock(paths["lock_file"], "ctl:1:a", (w.pid, _proc.read_proc(w.pid).start_time))
-    assert not _server.mark_lock(paths["lock_file"], "ctl:9:z", (w.pid, 0)), "marked another run's lock"
+    assert _hostlock.mark_lock(paths["lock_file"], "ctl:1:a", (w.pid, _proc.read_proc(w.pid).start_time))
+    assert not _hostlock.mark_lock(paths["lock_file"], "ctl:9:z", (w.pid, 0)), "marked another run's lock"
     return w
 
 
@@ -413,7 +411,7 @@ def test_check_without_an_owner_only_looks_at_the_lock(servers, paths, run_modul
     assert free["up_to_date"] is True and "lock_holder" not in free and "locked" not in free
     assert not os.path.exists(paths["lock_file"])
 
-    _server.acquire_lock(paths["lock_file"], "ctl:9:z", 600, 0)
+    _hostlock.acquire_lock(paths["lock_file"], "ctl:9:z", 600, 0)
     before = open(paths["lock_file"]).read()
     held = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"]))
     assert held["needs_restart"] is False and held["up_to_date"] is False and held["lock_holder"] == "ctl:9:z", held
