@@ -537,6 +537,9 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
     # A server is never stopped onto GPUs the gate after the kill is sure to refuse (check mode the same).
     result["phase"] = "clean"
     refuse_unended(module, p)
+    # Before the first signal: the preflight, the clean gate's look at the GPUs and the lock mark (the restart's own
+    # overhead before the server stops; docs/gpu-run.md breaks the restart task down by these timings).
+    timings["preflight_s"] = round(time.monotonic() - t0, 4)
 
     result["phase"] = "kill"
     # The tag finds every worker, orphans reparented to PID 1 included; the pidfile and an adopted command line
@@ -651,14 +654,17 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
     if p["wait_busy"]:
         result["phase"] = "busy"
         result["busy"] = wait_busy(p, launched)
+        timings["busy_s"] = result["busy"]["waited_s"]
 
     if p["verify_env"]:
         result["phase"] = "verify_env"
+        t_verify = time.monotonic()
         v = p["verify_env"]
         params = _selector(p, tag="%s=%s" % (p["tag_name"], p["name"]), exclude_regex=None)
         params.update(expected=v["expected"], target=v["target"], nccl_log=v["nccl_log"], allow_empty=False,
                       require_confirmed=False)
         result["env"] = _envcheck.run(params)
+        timings["verify_env_s"] = round(time.monotonic() - t_verify, 4)
 
     if p["gate"]:
         # After every other check, before the record: a server that answers and carries the tuning but is slower

@@ -798,8 +798,8 @@ killed:
   type: int
 timings:
   description:
-    - Seconds of C(kill_s), C(clean_s), C(launch_s), C(ready_s) and C(cycle_s) (first signal to ready), for the
-      steps that ran; also returned on failure.
+    - Seconds of C(preflight_s), C(kill_s), C(clean_s), C(launch_s), C(ready_s), C(cycle_s) (first signal to
+      ready), C(busy_s) and C(verify_env_s), for the steps that ran; also returned on failure.
     - In check mode nothing is signalled and no C(kill_s) is returned.
   returned: always
   type: dict
@@ -818,6 +818,18 @@ timings:
       type: float
     cycle_s:
       description: From the first signal to the server answering its real request.
+      type: float
+    preflight_s:
+      version_added: 0.3.0
+      description: From the module's start to the first signal (its preflight and the clean gate's look at the GPUs).
+      type: float
+    busy_s:
+      version_added: 0.3.0
+      description: The wait, after ready, until each GPU lists the server's processes (O(wait_busy)).
+      type: float
+    verify_env_s:
+      version_added: 0.3.0
+      description: The check of the workers' environment (O(verify_env)).
       type: float
 would_launch:
   description: In check mode, true (false with O(stop_only)).

@@ -320,9 +320,14 @@ def main() -> int:
         # The restart task (kill -> clean -> launch -> ready -> busy -> env check -> record, one module call) as the
         # controller saw it, ansible's task start included; minus the server's own start-up = orchestration overhead.
         with open(os.path.join(a.out, "restart-%d-tasks.json" % i)) as f:
-            task_s = [t["duration_s"] for t in json.load(f) if "Restart the server (" in t["task"]][0]
+            tasks = json.load(f)
+        task_s = [t["duration_s"] for t in tasks if "Restart the server (" in t["task"]][0]
+        # A module call's floor on this machine (ansible's task start, the module's transfer and its Python start):
+        # the check task, one server_state call that reads the host and returns.
+        check_s = [t["duration_s"] for t in tasks if "Check the running server against" in t["task"]]
         restarts.append({"playbook_wall_s": r["wall_s"], "timings": st["timings"], "server_startup_s": startup,
-                         "restart_task_s": task_s, "overhead_s": round(task_s - (startup or 0), 3)})
+                         "restart_task_s": task_s, "overhead_s": round(task_s - (startup or 0), 3),
+                         "check_task_s": check_s[0] if check_s else None})
     ev["restarts"] = restarts
 
     # 9. the performance gate and the automatic rollback (issue 26) on real GPU work: /generate with max_new_tokens
