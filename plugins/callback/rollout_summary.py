@@ -224,13 +224,12 @@ def fit(text: str, limit: int) -> str:
     def cut_size(i: int) -> int:  # a clause cut at all loses at least the " ... " it gains
         return size[i] if size[i] >= len(parts[i]) else min(size[i], len(parts[i]) - 6)
 
-    # The middle clauses first: the first says what failed, the last what to do or what was left.
-    middle = list(range(1, len(parts) - 1))
-    # A log tail's or the journal's lines (" | ") keep room for their last line in that first pass.
-    floors = [_LINES_MIN if " | " in x else _CLAUSE_MIN for x in parts]
-    for pool in (middle, list(range(len(parts)))):
-        floors = floors if pool is middle else [_CLAUSE_MIN] * len(parts)
-        pool = [i for i in pool if size[i] > floors[i]]
+    # Two passes. First the middle clauses (the first says what failed, the last what to do or what was left), a log
+    # tail's or the journal's lines (" | ") keeping room for their last line; then every clause, down to the floor.
+    passes = ((range(1, len(parts) - 1), [_LINES_MIN if " | " in x else _CLAUSE_MIN for x in parts]),
+              (range(len(parts)), [_CLAUSE_MIN] * len(parts)))
+    for clauses, floors in passes:
+        pool = [i for i in clauses if size[i] > floors[i]]
         while pool and sum(cut_size(i) for i in range(len(parts))) > limit:
             top = max(size[i] for i in pool)
             longest = [i for i in pool if size[i] == top]
