@@ -395,10 +395,6 @@ def _restore(path: str, entries: t.Sequence[t.Mapping[str, t.Any]], check_mode: 
     return {"changed": bool(restored), "restored": restored}
 
 
-def ignore_warning(msg: str) -> None:
-    """The default `warn` of a runner called without one."""
-
-
 def install(files: t.Optional[FileOps], real_path: str, tmp: str, existed: bool, backup: bool) -> t.Optional[str]:
     """Move tmp over real_path (keeping the old file's owner and mode); return the backup path."""
     if files is None:

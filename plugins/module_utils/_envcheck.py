@@ -31,6 +31,7 @@ import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _killmod, _nccllog, _nvml, _proc
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
+from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step
 
 
 class EnvCheckError(Exception):
@@ -209,8 +210,9 @@ def normalize_expected(value: t.Any, field: str = "expected") -> t.Dict[str, str
     return expected
 
 
-def run(p: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
+def run(p: t.Mapping[str, t.Any], step: Step = Step()) -> t.Dict[str, t.Any]:
     """process_env (read-only): the check's result; StepError, with the result, when the environment is wrong."""
+    del step  # read-only, the same in check mode, and it warns of nothing
     try:
         expected = normalize_expected(p["expected"])
     except EnvCheckError as e:

@@ -16,6 +16,7 @@ import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _gpumod, _kill, _nvml, _proc, _select
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
+from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step
 
 
 def selector_argspec(**extra: t.Any) -> t.Dict[str, t.Any]:
@@ -147,8 +148,9 @@ def kill_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     return None
 
 
-def run_kill(p: t.Mapping[str, t.Any], check_mode: bool = False) -> t.Dict[str, t.Any]:
+def run(p: t.Mapping[str, t.Any], step: Step = Step()) -> t.Dict[str, t.Any]:
     """process_kill: select, then signal (nothing in check mode); StepError carries the result so far."""
+    check_mode = step.check_mode
     err = kill_input_error(p)
     if err:
         raise StepError(err)

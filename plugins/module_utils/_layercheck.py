@@ -14,10 +14,11 @@ import typing as t
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _ncclconf, _sitecustomize
+from ansible_collections.gpufleet.serving.plugins.module_utils import _ncclconf, _sitecustomize
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
+from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step, ignore_warning
 
-RUNNERS: t.Dict[str, t.Callable[[t.Any], t.Dict[str, t.Any]]] = {
+RUNNERS: t.Dict[str, t.Callable[[t.Any, Step], t.Dict[str, t.Any]]] = {
     "sitecustomize": _sitecustomize.run,
     "nccl_conf": _ncclconf.run,
 }
@@ -35,7 +36,7 @@ def _layer_spec(key: str) -> t.Dict[str, t.Any]:
     return spec
 
 
-def up_to_date(layers: t.Mapping[str, t.Any], warn: t.Callable[[str], None] = _envblock.ignore_warning
+def up_to_date(layers: t.Mapping[str, t.Any], warn: t.Callable[[str], None] = ignore_warning
                ) -> t.Dict[str, t.Any]:
     """Run each asked layer's module code in check mode; up to date when none would change and, for sitecustomize,
     every interpreter already sees the values. A layer whose check fails is not up to date (its module, run for
@@ -51,7 +52,7 @@ def up_to_date(layers: t.Mapping[str, t.Any], warn: t.Callable[[str], None] = _e
             out["up_to_date"] = False
             continue
         try:
-            res = runner(dict(checked.validated_parameters, backup=False), check_mode=True, warn=warn)
+            res = runner(dict(checked.validated_parameters, backup=False), Step(check_mode=True, warn=warn))
         except StepError as e:
             out[key] = {"up_to_date": False, "error": str(e)}
             out["up_to_date"] = False

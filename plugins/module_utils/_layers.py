@@ -17,6 +17,7 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _ncclconf, _sitecustomize
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
+from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step, ignore_warning
 
 # In the order they are written: the sitecustomize layer, then the nccl.conf fallback (the roles' order).
 LAYERS: t.Tuple[t.Tuple[str, t.Any], ...] = (("sitecustomize", _sitecustomize), ("nccl_conf", _ncclconf))
@@ -34,20 +35,19 @@ def validated(key: str, params: t.Mapping[str, t.Any], backup: bool) -> t.Dict[s
     return dict(checked.validated_parameters)
 
 
-def apply(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
-          warn: t.Callable[[str], None] = _envblock.ignore_warning, files: t.Optional[_envblock.FileOps] = None
-          ) -> t.Dict[str, t.Any]:
+def apply(p: t.Mapping[str, t.Any], step: Step = Step()) -> t.Dict[str, t.Any]:
     """Make each asked layer what its options say (nothing in check mode); the result has each layer's result, the
     diffs of both in order, and their access fixes. StepError (with `failed_layer`, and the sitecustomize result when
     the nccl.conf layer fails after it) when a layer cannot. With `keep_previous`, each file is kept there as it was
     before its change (_envblock.Previous), for _envblock.restore_previous."""
+    check_mode, diff, warn, files = step
     asked = [(k, validated(k, p[k], p["backup"])) for k, _mod in LAYERS if p.get(k) is not None]
     runners = dict(LAYERS)
     if len(asked) == 2:
         # nccl.conf refuses values sitecustomize accepts: a refusal must come before the first write. Its names are
         # warned about (or refused) once, by the real runs.
         try:
-            _ncclconf.run(dict(asked[1][1], nccl_names="ignore", backup=False), check_mode=True)
+            _ncclconf.run(dict(asked[1][1], nccl_names="ignore", backup=False), Step(check_mode=True))
         except StepError as e:
             said = str(e).rstrip(".")
             raise StepError("nccl_conf: %s" % (said if said.endswith("nothing was changed") else said + "; nothing was changed"),
@@ -58,7 +58,7 @@ def apply(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False
     diffs: t.List[t.Any] = []
     for key, params in asked:
         try:
-            res = runners[key].run(params, check_mode=check_mode, diff=diff, warn=warn, files=files)
+            res = runners[key].run(params, Step(check_mode, diff, warn, files))
         except StepError as e:
             done = {k: result[k] for k in ("sitecustomize",) if k in result}
             raise StepError("%s: %s" % (key, e), **dict(e.details, failed_layer=key, changed=result["changed"], **done)) \
@@ -76,7 +76,7 @@ def apply(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False
     return result
 
 
-def put_back_refusal(layers: t.Optional[t.Mapping[str, t.Any]], warn: t.Callable[[str], None] = _envblock.ignore_warning,
+def put_back_refusal(layers: t.Optional[t.Mapping[str, t.Any]], warn: t.Callable[[str], None] = ignore_warning,
                      files: t.Optional[_envblock.FileOps] = None) -> t.Optional[str]:
     """Why putting back a last known good generation's NCCL layers (`layers`, as it recorded them) would be refused,
     found in check mode before anything is stopped (another service runs with the layers' current values, a file that
@@ -85,7 +85,7 @@ def put_back_refusal(layers: t.Optional[t.Mapping[str, t.Any]], warn: t.Callable
     if not layers:
         return None
     try:
-        apply(dict(layers, backup=False), check_mode=True, warn=warn, files=files)
+        apply(dict(layers, backup=False), Step(check_mode=True, warn=warn, files=files))
     except StepError as e:
         return str(e)
     return None

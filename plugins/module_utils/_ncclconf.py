@@ -22,6 +22,7 @@ import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _layershare, _ncclvars
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
+from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step
 
 HEADER = "# Created by gpufleet.serving.nccl_conf; removed with its last gpufleet block.\n"
 MAX_VALUE_BYTES = 1023
@@ -73,12 +74,11 @@ def argument_spec() -> t.Dict[str, t.Any]:
     )
 
 
-def run(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
-        warn: t.Callable[[str], None] = _envblock.ignore_warning, files: t.Optional[_envblock.FileOps] = None
-        ) -> t.Dict[str, t.Any]:
+def run(p: t.Mapping[str, t.Any], step: Step = Step()) -> t.Dict[str, t.Any]:
     """nccl_conf: make the file's block what `p` asks (nothing in check mode) and return the result; StepError when it
-    cannot. `files` (the AnsibleModule: backup_local, atomic_move) is needed only to write, so a check-mode run
+    cannot. `step.files` (the AnsibleModule: backup_local, atomic_move) is needed only to write, so a check-mode run
     (server_state's layer check) passes none."""
+    check_mode, diff, warn, files = step
     present = p["state"] == "present"
     try:
         name = _envblock.check_block_name(p["name"])

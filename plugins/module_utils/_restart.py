@@ -33,6 +33,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import (
     _bench, _envblock, _envcheck, _gpumod, _hostlock, _lastgood, _layers, _layershare, _gpuwait, _killmod, _listener, _nvml,
     _proc, _select, _server, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
+from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step
 
 
 def argument_spec() -> t.Dict[str, t.Any]:
@@ -237,7 +238,7 @@ def _kill_step(module: t.Any, p: t.Mapping[str, t.Any], select_only: bool = Fals
     params = _selector(p, **selector)
     params.update(signals=k["signals"], grace=k["grace"], final_wait=k["final_wait"],
                   poll_interval=k["poll_interval"], order=k["order"], fail_on_survivor=True)
-    return _killmod.run_kill(params, module.check_mode or select_only)
+    return _killmod.run(params, Step(check_mode=module.check_mode or select_only))
 
 
 def _old_server(p: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
@@ -750,7 +751,7 @@ ROLLBACK_PHASES = ("launch", "ready", "busy", "verify_env", "gate")
 
 def _restore_layers(module: t.Any, g: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
     """Put back the NCCL layers a generation was launched with (what would change, in check mode)."""
-    res = _layers.apply(dict(g["layers"], backup=False), check_mode=module.check_mode, warn=module.warn, files=module)
+    res = _layers.apply(dict(g["layers"], backup=False), Step(check_mode=module.check_mode, warn=module.warn, files=module))
     return {"changed": bool(res.get("changed")), "layers": sorted(k for k in ("sitecustomize", "nccl_conf") if k in res)}
 
 
@@ -846,7 +847,7 @@ def restore_layers_for_rollback(module: t.Any, g: t.Mapping[str, t.Any]) -> bool
     if not g.get("layers"):
         return False
     # The module is the file operations (atomic moves); without them a layer that differs cannot be written.
-    return bool(_layers.apply(dict(g["layers"], backup=False), warn=module.warn, files=module).get("changed"))
+    return bool(_layers.apply(dict(g["layers"], backup=False), Step(warn=module.warn, files=module)).get("changed"))
 
 
 def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any], cause: StepError) -> None:

@@ -176,6 +176,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _ncclconf
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
+from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step
 
 
 def main() -> None:
@@ -184,7 +185,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     try:
-        result = _ncclconf.run(module.params, module.check_mode, module._diff, module.warn, module)
+        result = _ncclconf.run(module.params, Step.of(module))
     except StepError as e:
         fail(module, e)
     module.exit_json(**result)

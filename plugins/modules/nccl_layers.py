@@ -116,6 +116,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock, _layers
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
+from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step
 
 
 def main() -> None:
@@ -136,7 +137,7 @@ def main() -> None:
         if module.params["restore_previous"]:
             result = _envblock.restore_previous(module.params["restore_previous"], module.check_mode)
         else:
-            result = _layers.apply(module.params, module.check_mode, module._diff, module.warn, module)
+            result = _layers.apply(module.params, Step.of(module))
     except StepError as e:
         fail(module, e)
     module.exit_json(**result)

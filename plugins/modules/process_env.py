@@ -151,6 +151,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _envcheck, _killmod
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
+from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step
 
 
 def main() -> None:
@@ -165,7 +166,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     try:
-        result = _envcheck.run(module.params)
+        result = _envcheck.run(module.params, Step.of(module))
     except StepError as e:
         fail(module, e)
     module.exit_json(**result)

@@ -159,6 +159,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _killmod
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
+from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step
 
 
 def main() -> None:
@@ -168,7 +169,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     try:
-        result = _killmod.run_kill(module.params, module.check_mode)
+        result = _killmod.run(module.params, Step.of(module))
     except StepError as e:
         fail(module, e)
     module.exit_json(**result)
