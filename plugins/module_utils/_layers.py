@@ -40,7 +40,7 @@ def apply(p: t.Mapping[str, t.Any], step: Step = Step()) -> t.Dict[str, t.Any]:
     diffs of both in order, and their access fixes. StepError (with `failed_layer`, and the sitecustomize result when
     the nccl.conf layer fails after it) when a layer cannot. With `keep_previous`, each file is kept there as it was
     before its change (_envblock.Previous), for _envblock.restore_previous."""
-    check_mode, diff, warn, files = step
+    check_mode, diff, warn, files = step.check_mode, step.diff, step.warn, step.files
     asked = [(k, validated(k, p[k], p["backup"])) for k, _mod in LAYERS if p.get(k) is not None]
     runners = dict(LAYERS)
     if len(asked) == 2:

@@ -78,7 +78,7 @@ def run(p: t.Mapping[str, t.Any], step: Step = Step()) -> t.Dict[str, t.Any]:
     """nccl_conf: make the file's block what `p` asks (nothing in check mode) and return the result; StepError when it
     cannot. `step.files` (the AnsibleModule: backup_local, atomic_move) is needed only to write, so a check-mode run
     (server_state's layer check) passes none."""
-    check_mode, diff, warn, files = step
+    check_mode, diff, warn, files = step.check_mode, step.diff, step.warn, step.files
     present = p["state"] == "present"
     try:
         name = _envblock.check_block_name(p["name"])

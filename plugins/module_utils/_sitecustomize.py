@@ -327,7 +327,7 @@ def run(p: t.Mapping[str, t.Any], step: Step = Step()) -> t.Dict[str, t.Any]:
     """sitecustomize_env: make each interpreter's block what `p` asks (nothing in check mode) and return the result;
     StepError when it cannot. `step.files` (the AnsibleModule: backup_local, atomic_move) is needed only to write, so a
     check-mode run (server_state's layer check) passes none."""
-    check_mode, diff, warn, files = step
+    check_mode, diff, warn, files = step.check_mode, step.diff, step.warn, step.files
     try:
         name = _envblock.check_block_name(p["name"])
         env = _envblock.normalize_env(p["env"], "env")

@@ -18,12 +18,11 @@ import pwd
 import time
 import typing as t
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
     _gpumod, _hostlock, _lastgood, _layercheck, _layers, _layershare, _nvml, _proc, _rotation, _runid, _select, _server,
     _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
+from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step
 
 
 def record_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
@@ -58,8 +57,7 @@ def lock_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     return None
 
 
-def take_lock(module: AnsibleModule) -> dict:
-    p = module.params
+def take_lock(p: t.Dict[str, t.Any], step: Step) -> dict:
     if p["break_owner"] and p["break_owner"] != p["owner"]:
         # The dead run's restart may still be running here (a module goes on when its controller dies): let it finish;
         # it releases the lock itself.
@@ -68,7 +66,7 @@ def take_lock(module: AnsibleModule) -> dict:
         except _server.ServerError as e:
             raise StepError(str(e), **e.details) from None
         if waited:
-            module.warn("waited %.1f s for the restart of dead run %s, still running on this host as pid %d, to finish"
+            step.warn("waited %.1f s for the restart of dead run %s, still running on this host as pid %d, to finish"
                         % (waited["waited_s"], p["break_owner"], waited["pid"]))
         cur = _server.read_state(p["lock_file"])
         if cur.get("owner") == p["break_owner"]:
@@ -76,7 +74,7 @@ def take_lock(module: AnsibleModule) -> dict:
                 os.unlink(p["lock_file"])
             except FileNotFoundError:
                 pass
-            module.warn("broke the lock of dead run %s" % p["break_owner"])
+            step.warn("broke the lock of dead run %s" % p["break_owner"])
     try:
         res = _hostlock.acquire_lock(p["lock_file"], p["owner"], p["lock_ttl"], p["lock_wait"])
     except _server.ServerError as e:
@@ -85,11 +83,11 @@ def take_lock(module: AnsibleModule) -> dict:
         raise StepError("cannot take the host lock: %s; nothing was stopped" % (e.strerror or e),
                         path=p["lock_file"]) from None
     if res.get("broke_stale"):
-        module.warn("broke a stale lock: %s" % res["broke_stale"])
+        step.warn("broke a stale lock: %s" % res["broke_stale"])
     if res.get("waited"):
         # Wait-die: only an earlier run waits, for a later one; say so, and for how long, in the run's output.
         waited = res["waited"]
-        module.warn("waited %.1f s for the host lock of a later gpufleet run %s (%s), which held this host; this "
+        step.warn("waited %.1f s for the host lock of a later gpufleet run %s (%s), which held this host; this "
                     "earlier run goes on now (wait-die: only an earlier run waits; lock_wait %.0f s)"
                     % (waited["s"], waited["for"], _runid.started_text(waited["for"]), p["lock_wait"]))
     return res
@@ -109,7 +107,7 @@ def restart_problems(p: t.Mapping[str, t.Any]) -> t.List[str]:
                                     workdir=la["workdir"], path=la["path"])
 
 
-def restart_preflight(module: AnsibleModule) -> None:
+def restart_preflight(p: t.Dict[str, t.Any], step: Step) -> None:
     """What server_restart refuses before its kill but after the drain, refused here before the drain, with its code,
     words and phase: a foreign listener on the server's port (preflight), GPU holders no kill step would end (clean,
     after the clean gate's timeout for them to go, as the restart waits; nothing is signalled, in check mode alike).
@@ -117,7 +115,6 @@ def restart_preflight(module: AnsibleModule) -> None:
     a restart to that check anyway (it would wait the gate's timeout twice), and the audit reports the holders."""
     # Imported here: the restart engine is most of the collection's code, and only a check that may restart needs it.
     from ansible_collections.gpufleet.serving.plugins.module_utils import _restart  # pylint: disable=import-outside-toplevel
-    p = module.params
     la = p["launchable"]
     sel = _restart.selection_params(p["name"], p["tag_name"], p["pidfile"], p["gpus"], p["backend"],
                                     la["kill"]["cmdline_regex"], la["kill"]["gpu_strays"], la["clean_timeout"],
@@ -128,7 +125,7 @@ def restart_preflight(module: AnsibleModule) -> None:
             _layershare.refuse_launch_onto_changing((p["tag_name"], p["name"]), os.path.dirname(p["pidfile"]))
         _restart.refuse_foreign_listeners(sel, la["urls"])
         if p["require_gpu_holders"]:
-            _restart.refuse_unended(module, sel)
+            _restart.refuse_unended(step, sel)
     except StepError as e:
         if e.details.get("phase") == "clean":  # as the restart returns it: phase clean, the gate's details under `clean`
             raise StepError(str(e), phase="clean", clean=dict(e.details))
@@ -158,11 +155,10 @@ def server_processes(p: t.Mapping[str, t.Any], procs: t.Mapping[int, _proc.Proc]
     return mine, [pid for pid in tagged if pid not in mine]
 
 
-def rollback_choice(module: AnsibleModule) -> t.Dict[str, t.Any]:
+def rollback_choice(p: t.Dict[str, t.Any], step: Step) -> t.Dict[str, t.Any]:
     """O(rollback): the last known good generation this host goes back to (_lastgood.choose), chosen before anything
     is locked; the check then compares the host with it instead of O(fingerprint) and O(expected_env), and the launch
     check looks at its command. Fails, nothing changed, when the host has no such generation."""
-    p = module.params
     state = _server.read_state(p["state_file"])
     running = _lastgood.running_from_pidfile(state, p["pidfile"], p["tag_name"], p["name"]) if p["pidfile"] else None
     lkg = _lastgood.path_for(p["state_file"])
@@ -183,7 +179,7 @@ def rollback_choice(module: AnsibleModule) -> t.Dict[str, t.Any]:
         raise StepError("rollback: the last known good %s names %s, which no longer exist%s on this host; nothing "
                         "was changed" % (str(g["fingerprint"])[:12], ", ".join(gone), "s" if len(gone) == 1 else ""),
                         running_fingerprint=running, last_good=_lastgood.summary(f["generations"]))
-    refused = _layers.put_back_refusal(g.get("layers"), warn=module.warn, files=module)
+    refused = _layers.put_back_refusal(g.get("layers"), warn=step.warn, files=step.files)
     if refused:  # before the drain and the kill (a second service on the host runs with the current values)
         raise StepError("rollback: the NCCL layers of the last known good %s cannot be put back: %s"
                         % (str(g["fingerprint"])[:12], refused),
@@ -215,9 +211,8 @@ def rollback_reasons(res: t.Dict[str, t.Any], choice: t.Mapping[str, t.Any]) -> 
     return [said if r.startswith("desired state changed (fingerprint") else r for r in res["reasons"]]
 
 
-def check(module: AnsibleModule) -> dict:
-    p = module.params
-    choice = rollback_choice(module) if p["rollback"] is not None else None
+def check(p: t.Dict[str, t.Any], step: Step) -> dict:
+    choice = rollback_choice(p, step) if p["rollback"] is not None else None
     if p["launchable"]:
         la = p["launchable"]
         problems = _server.launch_problems(la["command"], la["user"], la["workdir"])
@@ -225,13 +220,13 @@ def check(module: AnsibleModule) -> dict:
             raise StepError("cannot run this server: %s." % "; ".join(problems), launch_problems=problems)
         # The restart's own words for a GPU index this host lacks (the GPU reading below would fail on it too).
         _gpumod.gpus_preflight(p)
-    locking = bool(p["lock_file"] and p["owner"]) and not module.check_mode
+    locking = bool(p["lock_file"] and p["owner"]) and not step.check_mode
     # This run's lock from an earlier call (action=lock, or a check that kept it) is neither taken nor dropped here.
     held = _server.read_state(p["lock_file"]) if p["lock_file"] and p["owner"] else {}
     held_before = held.get("owner") == p["owner"] and float(held.get("expires", 0)) >= time.time()
     lock_res = {}
     if locking:
-        lock_res = take_lock(module)
+        lock_res = take_lock(p, step)
     elif p["lock_file"] and p["owner"] and not p["break_owner"]:
         # Check mode takes no lock, but predicts the real call: another run's live lock makes it fail (an earlier
         # run's at once, wait-die) or wait.
@@ -243,13 +238,13 @@ def check(module: AnsibleModule) -> dict:
             e = _hostlock.lock_busy_error(busy)
             raise StepError(str(e), **e.details)
     try:
-        res = check_state(module)
+        res = check_state(p, step)
         # A server its record does not name is kept, but not "already right": the rollout's read-only fast path then
         # leaves it to the role, whose locked check writes the record again (rerecord).
         res["up_to_date"] = (not res["needs_restart"] and not res.get("unit", {}).get("drift")
                              and not res.get("unrecorded") and not res.get("last_good_pending"))
         if p["nccl_layers"]:
-            res["nccl_layers"] = _layercheck.up_to_date(p["nccl_layers"], module.warn)
+            res["nccl_layers"] = _layercheck.up_to_date(p["nccl_layers"], step.warn)
             res["up_to_date"] = res["up_to_date"] and res["nccl_layers"]["up_to_date"]
         if p["launchable"] and (res["needs_restart"] or p["keep_lock"]):
             problems = restart_problems(p)
@@ -257,7 +252,7 @@ def check(module: AnsibleModule) -> dict:
                 raise StepError("cannot run this server, nothing was stopped: %s" % "; ".join(problems),
                                 phase="preflight", launch_problems=problems)
             if p["owner"]:
-                restart_preflight(module)
+                restart_preflight(p, step)
     except BaseException:
         if locking and not held_before:
             _hostlock.release_lock(p["lock_file"], p["owner"])
@@ -268,7 +263,7 @@ def check(module: AnsibleModule) -> dict:
         inv = choice["inventory_fingerprint"]
         if res["needs_restart"] and inv and inv != choice["fingerprint"]:
             # The rollback changes the host, not the inventory: the next rollout restarts it to the inventory's again.
-            module.warn("rollback: %s goes back to %s, but the inventory still describes %s: the next rollout restarts "
+            step.warn("rollback: %s goes back to %s, but the inventory still describes %s: the next rollout restarts "
                         "it to that definition again; change the inventory before the next rollout"
                         % (p["name"], str(choice["fingerprint"])[:12], inv[:12]))
     if lock_res.get("waited"):
@@ -286,7 +281,7 @@ def check(module: AnsibleModule) -> dict:
             res["up_to_date"] = False
     if locking:
         res["locked"] = True
-        rerecord(module, res)  # under the lock, when there is one
+        rerecord(p, step, res)  # under the lock, when there is one
         if not res["needs_restart"] and not p["keep_lock"] and not held_before:
             res["locked"] = not _hostlock.release_lock(p["lock_file"], p["owner"])
         # The lock file this call leaves behind, when it was not there before, is its only change to the host (with
@@ -299,13 +294,12 @@ def check(module: AnsibleModule) -> dict:
     return res
 
 
-def check_unit(module: AnsibleModule, procs: t.Mapping[int, _proc.Proc]) -> t.Dict[str, t.Any]:
+def check_unit(p: t.Mapping[str, t.Any], step: Step, procs: t.Mapping[int, _proc.Proc]) -> t.Dict[str, t.Any]:
     """The systemd launcher: the unit's main pid is the launcher, and the unit systemd runs is compared with the
     desired one (file content, pending reload, drop-ins, enablement)."""
-    p = module.params
     sd = p["systemd"]
     try:
-        props = _systemd.show(module.run_command, sd["unit"])
+        props = _systemd.show(step.run_command, sd["unit"])
     except _systemd.SystemdError as e:
         raise StepError("cannot read the state of %s: %s" % (sd["unit"], e), **e.details)
     try:
@@ -335,7 +329,7 @@ def check_unit(module: AnsibleModule, procs: t.Mapping[int, _proc.Proc]) -> t.Di
                            % ", ".join(d["dropins"]))
             drift = [x for x in drift if not x.startswith("drop-ins")]
         else:
-            module.warn("%s: drop-ins gpufleet did not write change the unit: %s; they stay in force "
+            step.warn("%s: drop-ins gpufleet did not write change the unit: %s; they stay in force "
                         "(gpufleet_server_systemd_dropins: warn)" % (sd["unit"], ", ".join(d["dropins"])))
     enabled_ok = not any(x.startswith("unit is") for x in d["other"]) and d["loaded"]
     return dict(loaded=d["loaded"], active_state=props["ActiveState"], main_pid=pid, main_confirmed=confirmed,
@@ -344,13 +338,12 @@ def check_unit(module: AnsibleModule, procs: t.Mapping[int, _proc.Proc]) -> t.Di
                 restart_reasons=restart, drift=drift)
 
 
-def check_state(module: AnsibleModule) -> dict:
-    p = module.params
+def check_state(p: t.Dict[str, t.Any], step: Step) -> dict:
     state = _server.read_state(p["state_file"])
     reasons = []
     procs = _proc.snapshot()
     pidfile = pidfile_state(p["pidfile"], procs, (p["tag_name"], p["name"])) if p["pidfile"] else None
-    unit = check_unit(module, procs) if p["systemd"] else None
+    unit = check_unit(p, step, procs) if p["systemd"] else None
     notes = []
     if unit is not None:
         # systemd knows the launcher: after a `systemctl restart` by hand the pidfile names the old one.
@@ -494,14 +487,13 @@ def unrecorded_launch(p: t.Mapping[str, t.Any], state: t.Mapping[str, t.Any], la
         return False
 
 
-def rerecord(module: AnsibleModule, res: t.Dict[str, t.Any]) -> None:
+def rerecord(p: t.Mapping[str, t.Any], step: Step, res: t.Dict[str, t.Any]) -> None:
     """Write the record of an up-to-date server the record does not name (unrecorded_launch); a record that still
     cannot be written is a warning, not a restart."""
-    p = module.params
-    if module.check_mode or res["needs_restart"] or not p["pidfile"]:
+    if step.check_mode or res["needs_restart"] or not p["pidfile"]:
         return
     if res.get("last_good_pending"):  # the record names the server; only its generation is still aside
-        keep_pending(module, res)
+        keep_pending(p, step, res)
         return
     if not res.get("unrecorded"):
         return
@@ -511,7 +503,7 @@ def rerecord(module: AnsibleModule, res: t.Dict[str, t.Any]) -> None:
     try:
         pending = _lastgood.pending_for(p["pidfile"], p["fingerprint"], _server.pidfile_identity(p["pidfile"]))
     except OSError as e:  # unreadable: the record is still written, without it
-        module.warn("the last known good generation put aside in %s cannot be read: %s"
+        step.warn("the last known good generation put aside in %s cannot be read: %s"
                     % (_lastgood.pending_path(p["pidfile"]), e.strerror or e))
         pending = None
     gate = (pending or {}).get("generation", {}).get("gate")
@@ -526,18 +518,17 @@ def rerecord(module: AnsibleModule, res: t.Dict[str, t.Any]) -> None:
         res["record_missing"] = ("the running server (pid %s) is up to date and kept, but its record still cannot be "
                                  "written (%s): the record is still missing; the next run writes it once there is "
                                  "room" % ((res.get("pidfile") or {}).get("pid"), why))
-        module.warn(res["record_missing"])
+        step.warn(res["record_missing"])
         return
     res["recorded"] = True
     if pending is not None:
-        keep_pending(module, res, pending)
+        keep_pending(p, step, res, pending)
 
 
-def keep_pending(module: AnsibleModule, res: t.Dict[str, t.Any], pending: t.Optional[t.Mapping[str, t.Any]] = None
+def keep_pending(p: t.Mapping[str, t.Any], step: Step, res: t.Dict[str, t.Any], pending: t.Optional[t.Mapping[str, t.Any]] = None
                  ) -> None:
     """Make the generation put aside for the running server the newest last known good (RV(last_good) shows it); a
     file still too full is a warning, and the generation stays aside for the next check."""
-    p = module.params
     if pending is None:
         try:
             pending = _lastgood.pending_for(p["pidfile"], p["fingerprint"], _server.pidfile_identity(p["pidfile"]))
@@ -548,7 +539,7 @@ def keep_pending(module: AnsibleModule, res: t.Dict[str, t.Any], pending: t.Opti
     try:
         _lastgood.promote(p["pidfile"], p["state_file"], pending)
     except OSError as e:  # the record is written and the server kept: a warning, as after a restart
-        module.warn("the last known good definitions could not be written to %s: %s"
+        step.warn("the last known good definitions could not be written to %s: %s"
                     % (_lastgood.path_for(p["state_file"]), e.strerror or e))
         return
     res["last_good_kept"] = True
@@ -567,48 +558,45 @@ def pidfile_state(path: str, procs: t.Mapping[int, _proc.Proc], tag: t.Tuple[str
                     confirmed_by=None)
 
 
-def record(module: AnsibleModule) -> t.Dict[str, t.Any]:
+def record(p: t.Dict[str, t.Any], step: Step) -> t.Dict[str, t.Any]:
     """O(action=record): the record of a verified launch (the server's fingerprint and pid)."""
-    p = module.params
     err = record_input_error(p)
     if err:
         raise StepError(err)
     if _server.pidfile_identity(p["pidfile"]) is None:
-        module.warn("pidfile %s is missing or does not hold the 'PID START_TIME' a launch writes: recorded without a "
+        step.warn("pidfile %s is missing or does not hold the 'PID START_TIME' a launch writes: recorded without a "
                     "pid, so the next check finds no server running" % p["pidfile"])
     changed, new = _server.record_state(p["state_file"], p["name"], p["fingerprint"], p["pidfile"], p["timings"],
-                                        module.check_mode)
+                                        step.check_mode)
     return dict(changed=changed, state=new)
 
 
-def lock(module: AnsibleModule) -> t.Dict[str, t.Any]:
+def lock(p: t.Dict[str, t.Any], step: Step) -> t.Dict[str, t.Any]:
     """O(action=lock): take this run's host lock (wait-die on the runs' start)."""
-    p = module.params
     cur = _server.read_state(p["lock_file"])
-    if module.check_mode:
+    if step.check_mode:
         return dict(changed=cur.get("owner") != p["owner"], lock=cur)
-    res = take_lock(module)
+    res = take_lock(p, step)
     # Taking the lock writes the lock file; re-taking this run's own lock changes nothing.
     return dict(res, changed=cur.get("owner") != p["owner"], locked=True)
 
 
-def unlock(module: AnsibleModule) -> t.Dict[str, t.Any]:
+def unlock(p: t.Dict[str, t.Any], step: Step) -> t.Dict[str, t.Any]:
     """O(action=unlock): release this run's host lock (another run's is left alone)."""
-    p = module.params
     cur = _server.read_state(p["lock_file"])
     released = False
-    if not module.check_mode:
+    if not step.check_mode:
         released = _hostlock.release_lock(p["lock_file"], p["owner"])
-    return dict(changed=released if not module.check_mode else cur.get("owner") == p["owner"], released=released)
+    return dict(changed=released if not step.check_mode else cur.get("owner") == p["owner"], released=released)
 
 
-ACTIONS: t.Dict[str, t.Callable[[AnsibleModule], t.Dict[str, t.Any]]] = {
+ACTIONS: t.Dict[str, t.Callable[[t.Dict[str, t.Any], Step], t.Dict[str, t.Any]]] = {
     "check": check, "record": record, "lock": lock, "unlock": unlock}
 
 
-def run(module: AnsibleModule) -> t.Dict[str, t.Any]:
+def run(p: t.Dict[str, t.Any], step: Step) -> t.Dict[str, t.Any]:
     """The module's result for its O(action); raises StepError, nothing changed by the failing step."""
-    err = lock_input_error(module.params)
+    err = lock_input_error(p)
     if err:
         raise StepError(err)
-    return ACTIONS[module.params["action"]](module)
+    return ACTIONS[p["action"]](p, step)

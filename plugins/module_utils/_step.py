@@ -22,13 +22,16 @@ def ignore_warning(msg: str) -> None:
 
 class Step(t.NamedTuple):
     """check_mode and diff as the module has them; warn (module.warn); files, what writing a file needs of
-    AnsibleModule (backup_local, atomic_move: SELinux contexts kept), None where nothing is written."""
+    AnsibleModule (backup_local, atomic_move: SELinux contexts kept), None where nothing is written; run_command
+    (module.run_command), None where no command is run."""
 
     check_mode: bool = False
     diff: bool = False
     warn: t.Callable[[str], None] = ignore_warning
     files: t.Any = None
+    run_command: t.Any = None
 
     @classmethod
     def of(cls, module: t.Any) -> "Step":
-        return cls(check_mode=bool(module.check_mode), diff=bool(module._diff), warn=module.warn, files=module)
+        return cls(check_mode=bool(module.check_mode), diff=bool(module._diff), warn=module.warn, files=module,
+                   run_command=module.run_command)

@@ -639,6 +639,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _layercheck, _state
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError, fail
+from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step
 
 
 def main() -> None:
@@ -705,7 +706,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     try:
-        result = _state.run(module)
+        result = _state.run(module.params, Step.of(module))
     except StepError as e:
         fail(module, e)
     module.exit_json(**result)
