@@ -67,7 +67,7 @@ def take_lock(p: t.Dict[str, t.Any], step: Step) -> dict:
             raise StepError(str(e), **e.details) from None
         if waited:
             step.warn("waited %.1f s for the restart of dead run %s, still running on this host as pid %d, to finish"
-                        % (waited["waited_s"], p["break_owner"], waited["pid"]))
+                      % (waited["waited_s"], p["break_owner"], waited["pid"]))
         cur = _server.read_state(p["lock_file"])
         if cur.get("owner") == p["break_owner"]:
             try:
@@ -88,8 +88,8 @@ def take_lock(p: t.Dict[str, t.Any], step: Step) -> dict:
         # Wait-die: only an earlier run waits, for a later one; say so, and for how long, in the run's output.
         waited = res["waited"]
         step.warn("waited %.1f s for the host lock of a later gpufleet run %s (%s), which held this host; this "
-                    "earlier run goes on now (wait-die: only an earlier run waits; lock_wait %.0f s)"
-                    % (waited["s"], waited["for"], _runid.started_text(waited["for"]), p["lock_wait"]))
+                  "earlier run goes on now (wait-die: only an earlier run waits; lock_wait %.0f s)"
+                  % (waited["s"], waited["for"], _runid.started_text(waited["for"]), p["lock_wait"]))
     return res
 
 
@@ -264,8 +264,8 @@ def check(p: t.Dict[str, t.Any], step: Step) -> dict:
         if res["needs_restart"] and inv and inv != choice["fingerprint"]:
             # The rollback changes the host, not the inventory: the next rollout restarts it to the inventory's again.
             step.warn("rollback: %s goes back to %s, but the inventory still describes %s: the next rollout restarts "
-                        "it to that definition again; change the inventory before the next rollout"
-                        % (p["name"], str(choice["fingerprint"])[:12], inv[:12]))
+                      "it to that definition again; change the inventory before the next rollout"
+                      % (p["name"], str(choice["fingerprint"])[:12], inv[:12]))
     if lock_res.get("waited"):
         res["lock_waited"] = lock_res["waited"]
     if p["rotation_file"]:
@@ -330,7 +330,7 @@ def check_unit(p: t.Mapping[str, t.Any], step: Step, procs: t.Mapping[int, _proc
             drift = [x for x in drift if not x.startswith("drop-ins")]
         else:
             step.warn("%s: drop-ins gpufleet did not write change the unit: %s; they stay in force "
-                        "(gpufleet_server_systemd_dropins: warn)" % (sd["unit"], ", ".join(d["dropins"])))
+                      "(gpufleet_server_systemd_dropins: warn)" % (sd["unit"], ", ".join(d["dropins"])))
     enabled_ok = not any(x.startswith("unit is") for x in d["other"]) and d["loaded"]
     return dict(loaded=d["loaded"], active_state=props["ActiveState"], main_pid=pid, main_confirmed=confirmed,
                 main_start_time=live.start_time if live else None, unit_file_state=d["enabled_state"],
@@ -504,7 +504,7 @@ def rerecord(p: t.Mapping[str, t.Any], step: Step, res: t.Dict[str, t.Any]) -> N
         pending = _lastgood.pending_for(p["pidfile"], p["fingerprint"], _server.pidfile_identity(p["pidfile"]))
     except OSError as e:  # unreadable: the record is still written, without it
         step.warn("the last known good generation put aside in %s cannot be read: %s"
-                    % (_lastgood.pending_path(p["pidfile"]), e.strerror or e))
+                  % (_lastgood.pending_path(p["pidfile"]), e.strerror or e))
         pending = None
     gate = (pending or {}).get("generation", {}).get("gate")
     try:
@@ -540,7 +540,7 @@ def keep_pending(p: t.Mapping[str, t.Any], step: Step, res: t.Dict[str, t.Any], 
         _lastgood.promote(p["pidfile"], p["state_file"], pending)
     except OSError as e:  # the record is written and the server kept: a warning, as after a restart
         step.warn("the last known good definitions could not be written to %s: %s"
-                    % (_lastgood.path_for(p["state_file"]), e.strerror or e))
+                  % (_lastgood.path_for(p["state_file"]), e.strerror or e))
         return
     res["last_good_kept"] = True
     try:
@@ -565,7 +565,7 @@ def record(p: t.Dict[str, t.Any], step: Step) -> t.Dict[str, t.Any]:
         raise StepError(err)
     if _server.pidfile_identity(p["pidfile"]) is None:
         step.warn("pidfile %s is missing or does not hold the 'PID START_TIME' a launch writes: recorded without a "
-                    "pid, so the next check finds no server running" % p["pidfile"])
+                  "pid, so the next check finds no server running" % p["pidfile"])
     changed, new = _server.record_state(p["state_file"], p["name"], p["fingerprint"], p["pidfile"], p["timings"],
                                         step.check_mode)
     return dict(changed=changed, state=new)
