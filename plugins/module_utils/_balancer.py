@@ -21,11 +21,13 @@ Logic raises BalancerError; only the module's main() turns it into fail_json.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import socket
 import time
 import typing as t
+from urllib.parse import urlsplit
 
 
 TYPES = ("haproxy", "sglang_router", "http", "none")
@@ -140,6 +142,42 @@ def server_states(rows: t.Sequence[t.Mapping[str, str]], server: str, backend: s
             if r.get("svname") == server and (not backend or r.get("pxname") == backend)}
 
 
+def server_addrs(rows: t.Sequence[t.Mapping[str, str]], server: str, backend: str = "") -> t.Dict[str, str]:
+    """{backend: address} of `server` (show stat's addr, "IP:PORT"; HAProxy 1.7 and later); empty where not shown."""
+    return {r["pxname"]: r.get("addr", "") for r in rows
+            if r.get("svname") == server and (not backend or r.get("pxname") == backend)}
+
+
+def address_mismatch(addr: str, worker_url: str) -> t.Optional[str]:
+    """Why HAProxy's address of a server ("IP:PORT", "[IPv6]:PORT") is not where the worker URL's server listens, or
+    None when it is (or when there is nothing to compare: no address shown, a unix socket, no worker URL). The worker
+    URL's host is resolved here, where HAProxy runs (the entry's delegate_to)."""
+    if not addr or ":" not in addr or not worker_url:
+        return None
+    host, _sep, port = addr.rpartition(":")
+    host = host.strip("[]")
+    u = urlsplit(worker_url)
+    try:
+        want_port = u.port or (443 if u.scheme == "https" else 80)
+    except ValueError:
+        return "its worker URL %s has no valid port" % public_url(worker_url)
+    if port != str(want_port):
+        return "port %s, not the worker URL's %s" % (port, want_port)
+    try:
+        have = ipaddress.ip_address(host)
+    except ValueError:
+        return None  # not an address (a name HAProxy shows unresolved): nothing to compare
+    try:
+        ips = {ipaddress.ip_address(a[4][0].split("%")[0])
+               for a in socket.getaddrinfo(u.hostname or "", want_port, proto=socket.IPPROTO_TCP)}
+    except (socket.gaierror, UnicodeError, ValueError) as e:
+        return "the worker URL's host %s cannot be resolved here (%s)" % (u.hostname, e)
+    if have in ips or (have.version == 6 and have.ipv4_mapped in ips):
+        return None
+    return "address %s, and the worker URL's host %s is %s" % (
+        host, u.hostname, ", ".join(sorted(str(i) for i in ips)))
+
+
 def word(status: str) -> str:
     return (status.split() or [""])[0]
 
@@ -179,6 +217,10 @@ class HAProxy:
 
     def states(self, server: str, backend: str = "") -> t.Dict[str, str]:
         return server_states(self.rows(), server, backend)
+
+    def states_and_addrs(self, server: str, backend: str = "") -> t.Tuple[t.Dict[str, str], t.Dict[str, str]]:
+        rows = self.rows()  # one show stat for both
+        return server_states(rows, server, backend), server_addrs(rows, server, backend)
 
     def set_state(self, backends: t.Iterable[str], server: str, state: str) -> None:
         for b in sorted(backends):
@@ -315,8 +357,8 @@ class Balancers:
     def read_one(self, b: Entry) -> t.Dict[str, t.Any]:
         """What the balancer says of the server: {found, states (HAProxy), workers (the router's URLs)}."""
         if b["type"] == "haproxy":
-            st = self.haproxy(b).states(self.ident(b), b.get("backend") or "")
-            return {"found": found_of(st), "states": st}
+            st, addrs = self.haproxy(b).states_and_addrs(self.ident(b), b.get("backend") or "")
+            return {"found": found_of(st), "states": st, "addrs": addrs}
         if b["type"] == "sglang_router":
             ws = self.router(b).workers()
             mine = [w for w in ws if w.get("url") == self.ident(b)]
@@ -342,6 +384,8 @@ class Balancers:
                     "haproxy %s (%s on %s) has no server %s %s: a wrong server or backend name; nothing was touched"
                     % (b["name"], b.get("socket") or HAPROXY_SOCKET, b.get("delegate_to") or "localhost", self.ident(b),
                        ("in backend " + b["backend"]) if b.get("backend") else "in any backend"))
+            if b["type"] == "haproxy":
+                self.refuse_another_server(b, now["addrs"])
             step: t.Dict[str, t.Any] = {"name": b["name"], "type": b["type"], "found": found, "record": key}
             if found == "MAINT" and rec is None:
                 step["left_as_found"] = "MAINT"  # an operator's: not gpufleet's to take out or put back
@@ -355,6 +399,22 @@ class Balancers:
                                  "keep": found in ("MAINT", "unknown")}
             plan.append(step)
         return plan
+
+    def refuse_another_server(self, b: Entry, addrs: t.Mapping[str, str]) -> None:
+        """A HAProxy server whose address is not this host's server's (a server name copied from another host's
+        entry) would take that other host out of rotation and leave this one serving while it is killed: refused
+        before anything is touched. The address is compared with the entry's worker_url (default the host's
+        http://ansible_host:port), which is where to put the address HAProxy reaches this host's server at when it is
+        another one (a second network, a local HAProxy on 127.0.0.1)."""
+        url = b.get("worker_url") or self.worker_url
+        bad = {k: why for k, why in ((k, address_mismatch(a, url)) for k, a in sorted(addrs.items())) if why}
+        if bad:
+            raise BalancerError(
+                "haproxy %s (%s on %s): server %s is not this host's server (%s): %s; a server name of another host, "
+                "or HAProxy reaches this host's server at another address (set the entry's worker_url to "
+                "http://ADDRESS:PORT as HAProxy has it); nothing was touched"
+                % (b["name"], b.get("socket") or HAPROXY_SOCKET, b.get("delegate_to") or "localhost", self.ident(b),
+                   public_url(url), "; ".join("in backend %s it has %s" % (k, why) for k, why in bad.items())))
 
     def take_out(self, plan: t.Sequence[t.Mapping[str, t.Any]], timeout: float = 30) -> t.Dict[str, t.Any]:
         """Each entry out of rotation as planned; returns {changed, rotation (out_of, found, left_as_found, renamed)}."""

@@ -92,7 +92,12 @@ options:
         description: V(sglang_router), the router, C(http(s)://host:port).
         type: str
       worker_url:
-        description: V(sglang_router), the server as the router knows it; default O(worker_url).
+        description:
+          - V(sglang_router), the server as the router knows it; default O(worker_url).
+          - V(haproxy), where HAProxy reaches the server; default O(worker_url). Before a server is taken out, the
+            address HAProxy has for it (C(show stat)'s C(addr), HAProxy 1.7 and later) must be this URL's host, as
+            resolved where HAProxy runs, and port; another one (a server name of another host) fails the host with
+            nothing touched.
         type: str
       headers:
         description: V(sglang_router), headers of every request (for C(--control-plane-api-keys)); secret.
@@ -158,7 +163,8 @@ options:
     type: str
     default: ''
   worker_url:
-    description: The worker URL where an C(sglang_router) entry has no C(worker_url).
+    description: The worker URL where an entry has no C(worker_url) (the role - C(http://<ansible_host>:<port of the
+      health URL>)).
     type: str
     default: ''
   names:

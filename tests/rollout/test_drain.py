@@ -538,6 +538,28 @@ def test_sglang_router_wrong_worker_url_fails_the_host_before_its_kill(df):
     df.all_in_rotation(timeout=5)
 
 
+def test_a_haproxy_server_name_of_another_host_fails_the_host_before_anything_is_touched(df):
+    """A copy-paste slip in host2's entry (server: host3): HAProxy's host3 is at host3's address, not host2's. Taking it
+    out would drain host3 and kill host2 while HAProxy still sends it requests; the host fails before anything is
+    touched instead, naming both addresses, and host3 stays in rotation (found by a new user, helper-35)."""
+    before = _pids(df)
+    wrong = dict(df.balancers()[0], server="host3")
+    r = df.playbook("rollout", "--limit", "host2", extra_vars={"gpufleet_server_force_restart": True},
+                    vars_override=dict(df.server_vars(), gpufleet_server_balancers=[wrong]))
+    assert r.rc != 0
+    assert df.haproxy_states()["host3"] == "UP" and df.haproxy_states()["host2"] == "UP"
+    h = r.summary["host2"]
+    assert h["status"] == "failed" and not h["restarted"] and h["out_of_rotation"] == [], h
+    said = " ".join(h["failure"].split())
+    assert ("server host3 is not this host's server (%s): in backend %s it has address %s, and the worker URL's host %s "
+            "is %s" % (df.worker_url("host2"), _balancer.BACKEND, df.fleet.addr("host3"), df.fleet.addr("host2"),
+                       df.fleet.addr("host2"))) in said, said
+    assert said.endswith("nothing was touched"), said
+    assert _pids(df) == before
+    assert df.drain_record("host2") is None
+    df.all_in_rotation(timeout=5)
+
+
 def test_a_host_an_interrupted_run_left_drained_is_put_back_without_a_restart(df):
     """What a rollout SIGKILLed after its drain leaves once the restart finished on the host: the server up to date, the
     host in MAINT and out of the router, gpufleet's drain record. The next rollout (fast path included) puts it back

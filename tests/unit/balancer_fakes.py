@@ -18,6 +18,8 @@ class FakeHAProxy:
     def __init__(self, path: str, servers: t.Dict[t.Tuple[str, str], str]) -> None:
         self.path = path
         self.servers = {k: {"status": v, "weight": "1"} for k, v in servers.items()}
+        # show stat's addr column (HAProxy 1.7+), "IP:PORT" by (backend, server): shown once a test sets one.
+        self.addrs: t.Dict[t.Tuple[str, str], str] = {}
         self.commands: t.List[str] = []
         # Called with the command before it is answered: a test's "reload" (MAINT forgotten) or operator action.
         self.hook: t.Optional[t.Callable[[str], None]] = None
@@ -42,13 +44,15 @@ class FakeHAProxy:
 
     def answer(self, line: str) -> str:
         if line == "show stat":
-            out = ["# pxname,svname,qcur,status,weight,"]
+            addr = bool(self.addrs)
+            out = ["# pxname,svname,qcur,status,weight," + ("addr," if addr else "")]
             for b in sorted({k[0] for k in self.servers}):
-                out.append("%s,FRONTEND,,OPEN,," % b)
+                out.append("%s,FRONTEND,,OPEN,,%s" % (b, "," if addr else ""))
                 for (bk, s), v in sorted(self.servers.items()):
                     if bk == b:
-                        out.append("%s,%s,0,%s,%s," % (bk, s, v["status"], v["weight"]))
-                out.append("%s,BACKEND,0,UP,1," % b)
+                        out.append("%s,%s,0,%s,%s,%s" % (bk, s, v["status"], v["weight"],
+                                                         (self.addrs.get((bk, s), "") + ",") if addr else ""))
+                out.append("%s,BACKEND,0,UP,1,%s" % (b, "," if addr else ""))
             return "\n".join(out) + "\n\n"
         parts = line.split()
         if parts[:2] == ["set", "server"] and len(parts) == 5 and parts[3] == "state":

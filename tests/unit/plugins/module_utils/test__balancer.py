@@ -204,6 +204,40 @@ def test_wrong_server_or_unreachable_socket_is_one_line(hp):
                             "directory")
 
 
+@pytest.mark.parametrize("addr, url, why", [
+    ("10.0.0.1:30000", "http://10.0.0.1:30000", None),
+    ("127.0.0.1:30000", "http://localhost:30000", None),  # resolved where HAProxy runs
+    ("[::1]:30000", "http://[::1]:30000", None),
+    ("10.0.0.1:30000", "http://10.0.0.1", "port 30000, not the worker URL's 80"),
+    ("10.0.0.2:30000", "http://10.0.0.1:30000", "address 10.0.0.2, and the worker URL's host 10.0.0.1 is 10.0.0.1"),
+    ("10.0.0.1:30000", "http://no-such-host.invalid:30000", "the worker URL's host no-such-host.invalid cannot be "
+                                                             "resolved here"),
+    ("", "http://10.0.0.1:30000", None),  # an HAProxy older than 1.7 shows no address: nothing to compare
+    ("unix", "http://10.0.0.1:30000", None),
+])
+def test_address_mismatch(addr, url, why):
+    got = B.address_mismatch(addr, url)
+    assert (got is None) if why is None else got.startswith(why), got
+
+
+def test_a_server_name_of_another_host_is_refused_with_nothing_touched(hp):
+    # host2's inventory copied host1's entry (server: host1): HAProxy's host1 is at 10.0.0.1, host2's server at 10.0.0.2.
+    hp.addrs = {("web", "host1"): "10.0.0.1:30000", ("api", "host1"): "10.0.0.1:30000", ("web", "host2"): "10.0.0.2:30000"}
+    b = bal([haproxy_entry(hp, server="host1")], server="host2", worker_url="http://10.0.0.2:30000")
+    with pytest.raises(B.BalancerError) as e:
+        b.plan_out()
+    assert str(e.value) == (
+        "haproxy haproxy (%s on lb1): server host1 is not this host's server (http://10.0.0.2:30000): in backend api it "
+        "has address 10.0.0.1, and the worker URL's host 10.0.0.2 is 10.0.0.2; in backend web it has address 10.0.0.1, "
+        "and the worker URL's host 10.0.0.2 is 10.0.0.2; a server name of another host, or HAProxy reaches this host's "
+        "server at another address (set the entry's worker_url to http://ADDRESS:PORT as HAProxy has it); nothing was "
+        "touched" % hp.path)
+    assert hp.commands == ["show stat"] and hp.status("web", "host1") == "UP"
+    # The right name passes; so does the address HAProxy has, given as the entry's worker_url (a second network).
+    assert bal([haproxy_entry(hp, server="host2")], server="host2", worker_url="http://10.0.0.2:30000").plan_out()
+    assert bal([haproxy_entry(hp, worker_url="http://10.0.0.1:30000")], worker_url="http://192.0.2.9:30000").plan_out()
+
+
 def test_wait_up_times_out_naming_the_state(hp):
     hp.hook = lambda line: hp.servers[("web", "host1")].update(status="DOWN") if line.startswith("show") else None
     b = bal([haproxy_entry(hp, backend="web")])
