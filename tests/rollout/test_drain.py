@@ -538,6 +538,13 @@ def test_sglang_router_wrong_worker_url_fails_the_host_before_its_kill(df):
     df.all_in_rotation(timeout=5)
 
 
+@pytest.mark.reliability(
+    section="fault", case="A HAProxy entry naming another host's server",
+    provoked="4 sandbox hosts behind a real HAProxy; host2 forced to restart with its entry's server host3 (a "
+             "copy-paste slip): HAProxy's host3 has host3's address, not host2's",
+    outcome="host2 fails before anything is touched: 'server host3 is not this host's server (...): in backend ... it has "
+            "address <host3's>, and the worker URL's host <host2's> is ...; ... nothing was touched'; host2 and host3 "
+            "both stay UP in HAProxy, same server pids, no drain record")
 def test_a_haproxy_server_name_of_another_host_fails_the_host_before_anything_is_touched(df):
     """A copy-paste slip in host2's entry (server: host3): HAProxy's host3 is at host3's address, not host2's. Taking it
     out would drain host3 and kill host2 while HAProxy still sends it requests; the host fails before anything is
@@ -715,12 +722,23 @@ def test_a_server_back_in_rotation_before_its_kill_fails_the_host(df):
         assert in_flight_at_the_end, (r.took, h)
         assert h["out_of_rotation"] == ["sglang_router"], h  # HAProxy routes to it again: not out there
         assert _pids(df)["host4"] == before["host4"]
+        # HAProxy's entry is no longer gpufleet's drain: its record went, the router's (still out) stays.
+        rec = df.drain_record("host4")
+        assert rec is not None and sorted(rec[1]) == ["sglang_router"], rec
     finally:
         run_over.set()
         df.fleet.ssh("host4", "touch %s" % release)
         slow.wait(timeout=90)  # ends in host4's server before the next test drains it
     assert slow.returncode == 0
     df.fleet.ssh("host4", "rm -f %s" % release)
+    # An operator then takes host4 out of HAProxy by hand: the next run leaves it there (it used to take the record of
+    # the failed drain for its own and put host4 back, helper-35), and puts it back into the router only.
+    _balancer.haproxy_cmd(df.haproxy.sock, "set server %s/host4 state maint" % _balancer.BACKEND)
+    r = df.playbook("rollout", "--limit", "host4")
+    assert r.rc == 0, r.tail()
+    assert df.haproxy_states()["host4"] == "MAINT"
+    assert df.smg_workers().get(df.worker_url("host4")), df.smg_workers()
+    assert df.drain_record("host4") is None
     df.put_back("host4")
     _wait_in_rotation(df, "host4")
 
