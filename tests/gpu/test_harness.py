@@ -7,6 +7,8 @@ import importlib.util
 import re
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -58,3 +60,28 @@ def test_the_gate_and_rollback_numbers_in_the_docs_are_the_evidence():
         assert "| %s |" % value in doc, value
     fp = g["slow"]["rolled_back"]["fingerprint"][:12]
     assert g["record_after_rollback"]["fingerprint"].startswith(fp) and "last known good `%s`" % fp in doc
+
+
+def test_the_restart_breakdown_in_the_docs_is_the_evidence():
+    """docs/gpu-run.md's breakdown of the restart's overhead (issue 25) quotes docs/evidence/h100-e2e-restart-breakdown.json
+    row by row, and the ranges its text gives are the rows' own."""
+    import json
+
+    ev = json.loads((ROOT / "docs" / "evidence" / "h100-e2e-restart-breakdown.json").read_text())
+    assert ev["ok"] and all(ev["checks"].values()), ev["checks"]
+    doc = (ROOT / "docs" / "gpu-run.md").read_text()
+    section = doc.split("## The restart's overhead broken down")[1].split("\n## ")[0]
+    rows = [r for r in section.splitlines() if re.match(r"^\| \d \|", r)]
+    assert len(rows) == len(ev["restarts"]) == 3
+    for row, r in zip(rows, ev["restarts"]):
+        t = r["timings"]
+        want = [r["server_startup_s"], r["restart_task_s"], r["overhead_s"], round(t["cycle_s"] - r["server_startup_s"], 3),
+                t["preflight_s"], t["kill_s"], t["clean_s"], t["busy_s"], t["verify_env_s"], r["check_task_s"]]
+        got = [float(x) for x in row.strip("|").split("|")[1:]]
+        assert got == pytest.approx(want, abs=0.0006), (row, want)  # quoted to 3 decimals
+    outside = [r["restart_task_s"] - r["timings"]["cycle_s"] for r in ev["restarts"]]
+    assert "minus its cycle is %.2f–%.2f s" % (min(outside), max(outside)) in " ".join(section.split())
+    steps = [r["timings"]["preflight_s"] + r["timings"]["kill_s"] + r["timings"]["clean_s"] for r in ev["restarts"]]
+    assert "clean gate %.2f–%.2f s" % (min(steps), max(steps)) in " ".join(section.split())
+    over = [r["overhead_s"] for r in ev["restarts"]]
+    assert "not met (%.2f–%.2f s here)" % (min(over), max(over)) in " ".join(section.split())
