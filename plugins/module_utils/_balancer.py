@@ -218,9 +218,11 @@ class HAProxy:
     def states(self, server: str, backend: str = "") -> t.Dict[str, str]:
         return server_states(self.rows(), server, backend)
 
-    def states_and_addrs(self, server: str, backend: str = "") -> t.Tuple[t.Dict[str, str], t.Dict[str, str]]:
-        rows = self.rows()  # one show stat for both
-        return server_states(rows, server, backend), server_addrs(rows, server, backend)
+    def read(self, server: str, backend: str = "") -> t.Dict[str, t.Dict[str, str]]:
+        """{states, addrs, weights} of `server`, each by backend, from one show stat."""
+        rows = [r for r in self.rows() if r.get("svname") == server and (not backend or r.get("pxname") == backend)]
+        return {"states": server_states(rows, server), "addrs": server_addrs(rows, server),
+                "weights": {r["pxname"]: r.get("weight", "") for r in rows}}
 
     def set_state(self, backends: t.Iterable[str], server: str, state: str) -> None:
         for b in sorted(backends):
@@ -357,8 +359,8 @@ class Balancers:
     def read_one(self, b: Entry) -> t.Dict[str, t.Any]:
         """What the balancer says of the server: {found, states (HAProxy), workers (the router's URLs)}."""
         if b["type"] == "haproxy":
-            st, addrs = self.haproxy(b).states_and_addrs(self.ident(b), b.get("backend") or "")
-            return {"found": found_of(st), "states": st, "addrs": addrs}
+            hp = self.haproxy(b).read(self.ident(b), b.get("backend") or "")
+            return dict(hp, found=found_of(hp["states"]))
         if b["type"] == "sglang_router":
             ws = self.router(b).workers()
             mine = [w for w in ws if w.get("url") == self.ident(b)]
@@ -555,6 +557,9 @@ class Balancers:
                 if not now["states"]:
                     out.append("out of rotation on %s (no server %s there)%s" % (name, self.ident(b), self.who(b, records_error)))
                 for bk, s in sorted(now["states"].items()):
+                    if word(s) == "UP" and now["weights"].get(bk) == "0":
+                        # No request goes to it, as the capacity guard counts it (an operator's way to take it out).
+                        out.append("out of rotation on %s (weight 0 in backend %s)%s" % (name, bk, self.who(b, records_error)))
                     if word(s) == "UP":
                         continue
                     out.append(("out of rotation on %s (%s in backend %s)%s" % (name, s, bk, self.who(b, records_error)))

@@ -311,6 +311,11 @@ def test_audit_drift_lines(hp, smg):
     assert bal([haproxy_entry(hp, socket="/nonexistent/s")]).drift() == [
         "balancer haproxy could not be read: cannot reach the HAProxy admin socket /nonexistent/s: [Errno 2] No such "
         "file or directory"]
+    # Weight 0 is out of rotation (no request goes there), as the capacity guard counts it; the audit says so.
+    hp.servers[("web", "host1")] = {"status": "UP", "weight": "0"}
+    assert bal(entries[:1]).drift() == [
+        "in rotation on haproxy but DOWN (backend api)",
+        "out of rotation on haproxy (weight 0 in backend web), not by gpufleet (no drain record of it)"]
 
 
 def test_http_remove_add_hide_credentials(smg):
