@@ -373,7 +373,10 @@ class Balancers:
         """Read every entry before any is touched; refuse a wrong server or worker URL with nothing touched."""
         plan = []
         for b in self.entries:
-            now = self.read_one(b)
+            try:
+                now = self.read_one(b)
+            except BalancerError as e:  # which entry, and that the host was not touched (each entry is read first)
+                raise BalancerError("%s %s: %s; nothing was touched" % (b["type"], b["name"], e), **e.result) from None
             found = now["found"]
             key, rec = record_for(b, self.records, self.names, self.ident(b))
             if b["type"] == "sglang_router" and found == "absent" and rec is None:

@@ -58,8 +58,8 @@ def test_read_names_a_server_back_in_rotation(hp, run_module):
 def test_unreachable_socket_fails_with_one_line(run_module):
     r = run_module(balancer.main, {"state": "out", "server": "h", "balancers": [
         {"type": "haproxy", "name": "haproxy", "socket": "/nonexistent/haproxy.sock", "delegate_to": "lb1"}]})
-    assert r["failed"] and r["msg"] == ("cannot reach the HAProxy admin socket /nonexistent/haproxy.sock: [Errno 2] No "
-                                        "such file or directory")
+    assert r["failed"] and r["msg"] == ("haproxy haproxy: cannot reach the HAProxy admin socket /nonexistent/haproxy.sock: "
+                                        "[Errno 2] No such file or directory; nothing was touched")
     assert "Traceback" not in json.dumps(r)
 
 
