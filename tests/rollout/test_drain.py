@@ -304,6 +304,8 @@ def test_capacity_guard_refuses_a_batch_before_anything_is_touched(df):
         assert r.summary[h]["status"] == "failed", r.summary[h]
         assert ("gpufleet_rollout_min_in_service: draining host1, host2 would leave 2 of 4 server(s) in rotation, "
                 "fewer than 3; nothing was touched") in r.summary[h]["failure"], r.summary[h]["failure"]
+        # A batch of one would leave 3: the advice is smaller batches.
+        assert r.summary[h]["failure"].endswith("use smaller batches (gpufleet_rollout_serial)"), r.summary[h]["failure"]
     assert r.summary["host3"]["status"] == "not run"
     assert _pids(df) == before
     df.all_in_rotation(timeout=5)
@@ -320,6 +322,10 @@ def test_capacity_guard_refuses_a_batch_before_anything_is_touched(df):
         assert r.rc != 0
         assert ("gpufleet_rollout_min_in_service: draining host1 would leave 0 of 4 server(s) in rotation (host2, host3, "
                 "host4 already out), fewer than 2; nothing was touched") in r.summary["host1"]["failure"], r.summary["host1"]
+        # No batch size can pass with one server in rotation and 2 to keep: the advice says so (helper-35).
+        assert " ".join(r.summary["host1"]["failure"].split()).endswith(
+            "no batch can pass, as even a batch of one host would leave fewer: lower gpufleet_rollout_min_in_service or "
+            "put servers back into rotation"), r.summary["host1"]["failure"]
         assert _pids(df) == before
     finally:
         _balancer.haproxy_cmd(df.haproxy.sock, "set weight %s/host4 100%%" % _balancer.BACKEND)
