@@ -335,3 +335,21 @@ def test_http_remove_add_hide_credentials(smg):
     with pytest.raises(B.BalancerError) as ex:
         b.put_back({}, {}, 1)
     assert str(ex.value) == "lb: the add request PUT http://127.0.0.1:%d/pool/host1 answered HTTP 500" % smg.server_address[1]
+
+
+def test_an_unreachable_http_entry_fails_at_its_take_out_and_the_entries_before_it_stay_out(hp):
+    # docs/concepts.md: haproxy and sglang_router entries are read before the host leaves any; an http entry has no read
+    # API, so one that cannot be reached fails only when the host is taken out of it, after the entries before it.
+    http = {"type": "http", "name": "hook", "remove": {"url": "http://127.0.0.1:9/remove"},
+            "add": {"url": "http://127.0.0.1:9/add"}}
+    b = bal([haproxy_entry(hp), http])
+    plan = b.plan_out()  # nothing to read for the hook: the plan passes
+    assert [s["found"] for s in plan] == ["UP", "unknown"]
+    with pytest.raises(B.BalancerError) as e:
+        b.take_out(plan)
+    assert str(e.value).startswith("hook: "), str(e.value)
+    assert e.value.result["rotation"]["out_of"] == ["haproxy"] and hp.status("web", "host1") == "MAINT"
+    # The other way round, an haproxy entry that cannot be read fails the plan: the host leaves none.
+    b = bal([http, haproxy_entry(hp, socket="/nonexistent/s")])
+    with pytest.raises(B.BalancerError):
+        b.plan_out()
