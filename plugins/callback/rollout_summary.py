@@ -187,6 +187,10 @@ def failure_text(res: t.Mapping[str, t.Any], limit: int = FAILURE_CHARS) -> str:
     traceback's last line). An unreachable host's message ends with what to do (OpenSSH's "Offending ... key" and
     "ssh-keygen -R" lines): a long text keeps its head and its end, not only its head."""
     msg = str(res.get("msg") or "failed")
+    # A loop's failure ("One or more items failed": the role's balancer calls, one per delegate): each failed item's.
+    items = [str(r.get("msg") or "failed") for r in res.get("results") or [] if isinstance(r, dict) and r.get("failed")]
+    if items:
+        msg = "; ".join(items)
     printed = " ".join(str(res.get(k) or "").strip() for k in ("module_stderr", "module_stdout")).strip()
     if printed and printed not in msg:
         msg = "%s: %s" % (msg.rstrip(". "), printed)
