@@ -859,6 +859,9 @@ def test_a_host_its_balancer_will_not_take_back_is_taken_out_again_and_reported_
     assert r.rc != 0
     h = r.summary["host3"]
     assert h["status"] == "failed" and "could not be put back into rotation after its verified restart" in h["failure"], h
+    # The balancer call's own words, not the loop's "One or more items failed".
+    assert ("lb-api: the add request PUT %s answered HTTP 500" % rec.url.replace("{{ inventory_hostname }}", "host3")
+            in " ".join(h["failure"].split())), h
     assert h["restarted"] is True and h["killed"] > 0 and h["kill_s"] is not None, h
     assert h["out_of_rotation"] == ["lb-api"], h
     assert rec.calls == [("DELETE", "/members/host3"), ("PUT", "/members/host3"), ("DELETE", "/members/host3")]
