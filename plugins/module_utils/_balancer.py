@@ -472,6 +472,15 @@ class Balancers:
         An operator's MAINT stays MAINT; an operator's DRAIN goes back to DRAIN (left as found, not waited for)."""
         rot: t.Dict[str, t.Any] = {"back_in": [], "left_as_found": {}}
         changed = False
+        # A server name of another host (an entry changed since the drain) would put that host back, an operator's
+        # MAINT undone, and leave this one out: every entry this call puts back is checked first, nothing touched.
+        for b in self.entries:
+            if b["type"] == "haproxy" and left_as_found.get(b["name"]) != "MAINT":
+                try:
+                    addrs = self.haproxy(b).read(self.ident(b), b.get("backend") or "")["addrs"]
+                except BalancerError as e:
+                    raise BalancerError("%s %s: %s; nothing was touched" % (b["type"], b["name"], e), **e.result) from None
+                self.refuse_another_server(b, addrs)
         for b in self.entries:
             name = b["name"]
             back = "MAINT" if left_as_found.get(name) == "MAINT" else found.get(name, "UP")

@@ -573,6 +573,25 @@ def test_a_haproxy_server_name_of_another_host_fails_the_host_before_anything_is
     df.all_in_rotation(timeout=5)
 
 
+def test_clean_drains_the_host_stops_it_and_the_next_rollout_puts_it_back(df):
+    """The clean playbook behind balancers: out of both (its drain record kept), the server stopped, GPUs clean; the next
+    rollout relaunches it and puts it back into both. It used to fail after taking the host out of HAProxy, its server
+    still running ('gpufleet_server_rotation' is undefined: helper-36)."""
+    r = df.playbook("clean", "--limit", "host1")
+    assert r.rc == 0, r.tail()
+    h = r.summary["host1"]
+    assert h["status"] == "ok" and h["out_of_rotation"] == ["haproxy", "sglang_router"], h
+    assert df.haproxy_states()["host1"] == "MAINT" and df.worker_url("host1") not in df.smg_workers()
+    assert not _pids(df)["host1"]  # stopped
+    rec = df.drain_record("host1")
+    assert rec is not None and sorted(rec[1]) == ["haproxy", "sglang_router"], rec
+    r = df.playbook("rollout", "--limit", "host1")
+    assert r.rc == 0, r.tail()
+    assert r.summary["host1"]["restarted"], r.summary["host1"]
+    df.all_in_rotation(timeout=30)
+    assert df.drain_record("host1") is None
+
+
 def test_a_host_an_interrupted_run_left_drained_is_put_back_without_a_restart(df):
     """What a rollout SIGKILLed after its drain leaves once the restart finished on the host: the server up to date, the
     host in MAINT and out of the router, gpufleet's drain record. The next rollout (fast path included) puts it back

@@ -239,6 +239,25 @@ def test_a_server_name_of_another_host_is_refused_with_nothing_touched(hp):
     assert bal([haproxy_entry(hp, worker_url="http://10.0.0.1:30000")], worker_url="http://192.0.2.9:30000").plan_out()
 
 
+def test_the_put_back_refuses_a_server_name_of_another_host_with_nothing_touched(hp):
+    # host2 was left out by gpufleet; its entry now names host1 (changed since the drain), and an operator has host1 in
+    # MAINT: the return would undo the operator's MAINT on host1 and leave host2 out (helper-36). Refused, untouched.
+    hp.addrs = {("web", "host1"): "10.0.0.1:30000", ("api", "host1"): "10.0.0.1:30000", ("web", "host2"): "10.0.0.2:30000"}
+    hp.servers[("web", "host1")]["status"] = "MAINT"
+    hp.servers[("web", "host2")]["status"] = "MAINT"
+    b = bal([haproxy_entry(hp, server="host1")], server="host2", worker_url="http://10.0.0.2:30000")
+    with pytest.raises(B.BalancerError) as e:
+        b.put_back({"haproxy": "UP"}, {}, up_timeout=1)
+    assert "server host1 is not this host's server (http://10.0.0.2:30000)" in str(e.value), str(e.value)
+    assert str(e.value).endswith("nothing was touched")
+    assert hp.status("web", "host1") == "MAINT" and hp.status("web", "host2") == "MAINT"
+    assert not any(c.startswith("set ") for c in hp.commands), hp.commands
+    # The right name goes back.
+    assert bal([haproxy_entry(hp, server="host2")], server="host2",
+               worker_url="http://10.0.0.2:30000").put_back({"haproxy": "UP"}, {}, up_timeout=1)["changed"]
+    assert hp.status("web", "host2") == "UP"
+
+
 def test_wait_up_times_out_naming_the_state(hp):
     hp.hook = lambda line: hp.servers[("web", "host1")].update(status="DOWN") if line.startswith("show") else None
     b = bal([haproxy_entry(hp, backend="web")])
