@@ -566,6 +566,11 @@ class Balancers:
                 out.append("balancer %s could not be read: %s" % (name, str(e)[:120]))
                 continue
             if b["type"] == "haproxy":
+                try:
+                    self.refuse_another_server(b, now["addrs"])
+                except BalancerError as e:  # its state is another host's: not this host's drift
+                    out.append(str(e).replace("; nothing was touched", ""))
+                    continue
                 if not now["states"]:
                     out.append("out of rotation on %s (no server %s there)%s" % (name, self.ident(b), self.who(b, records_error)))
                 for bk, s in sorted(now["states"].items()):

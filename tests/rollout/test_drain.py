@@ -332,6 +332,21 @@ def test_capacity_guard_refuses_a_batch_before_anything_is_touched(df):
         df.put_back("host2")
         df.put_back("host3")
     df.all_in_rotation(timeout=30)
+    # A host of the batch already out (host1, MAINT by an operator) counts as out and is named; with 3 to keep of the 3
+    # in rotation, no batch can pass, and the advice says so, not "smaller batches" (helper-36).
+    _balancer.haproxy_cmd(df.haproxy.sock, "set server %s/host1 state maint" % _balancer.BACKEND)
+    try:
+        r = df.playbook("rollout", "--limit", "host1,host2", extra_vars={"gpufleet_server_force_restart": True,
+                                                                         "gpufleet_rollout_serial": ["100%"],
+                                                                         "gpufleet_rollout_min_in_service": 3})
+        assert r.rc != 0
+        said = " ".join(r.summary["host2"]["failure"].split())
+        assert ("draining host2 would leave 2 of 4 server(s) in rotation (host1 already out), fewer than 3; nothing was "
+                "touched: no batch can pass") in said, said
+        assert _pids(df) == before
+    finally:
+        df.put_back("host1")
+    df.all_in_rotation(timeout=30)
     # The clean playbook (a stop drains first) has the same guard.
     c = df.playbook("clean", extra_vars={"gpufleet_rollout_serial": ["50%"], "gpufleet_rollout_min_in_service": "75%"})
     assert c.rc != 0

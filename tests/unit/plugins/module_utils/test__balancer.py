@@ -331,6 +331,12 @@ def test_audit_drift_lines(hp, smg):
     assert bal([haproxy_entry(hp, socket="/nonexistent/s")]).drift() == [
         "balancer haproxy could not be read: cannot reach the HAProxy admin socket /nonexistent/s: [Errno 2] No such "
         "file or directory"]
+    # An entry naming another host's server reports that, not the other host's state as this host's (helper-36).
+    hp.addrs = {("web", "host1"): "10.0.0.9:30000", ("api", "host1"): "10.0.0.1:30000"}
+    lines = bal(entries[:1]).drift()
+    assert len(lines) == 1 and lines[0].startswith("haproxy haproxy (%s on lb1): server host1 is not this host's server"
+                                                     % hp.path) and "in backend web it has address 10.0.0.9" in lines[0], lines
+    hp.addrs = {}
     # Weight 0 is out of rotation (no request goes there), as the capacity guard counts it; the audit says so.
     hp.servers[("web", "host1")] = {"status": "UP", "weight": "0"}
     assert bal(entries[:1]).drift() == [
