@@ -580,7 +580,9 @@ class CallbackModule(CallbackBase):
             # a stop (the clean playbook) kills without meaning to relaunch.
             stopped = bool(h.get("stopped"))
             restarted = not stopped and (bool(h.get("restarted")) or (killed > 0 and not would))
-            cell = ("would stop" if h.get("would_stop") else "stopped" if killed > 0 else "nothing to stop") if stopped else \
+            # A stop that failed before it killed anything (its drain, its preflight) stopped nothing: not "nothing to stop".
+            cell = ("would stop" if h.get("would_stop") else "stopped" if killed > 0
+                    else "not stopped" if h.get("status") == "failed" else "nothing to stop") if stopped else \
                 restart_cell(h.get("status"), restarted, would, h.get("phase"), h.get("new_server"))
             if h.get("rolled_back"):
                 cell = rolled_back_cell(h["rolled_back"], killed)

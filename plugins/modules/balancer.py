@@ -115,7 +115,7 @@ options:
             type: str
             default: POST
           body:
-            description: The body; a dict or list is sent as JSON.
+            description: The body; a dict or list is sent as JSON. Secret (never shown), as the headers.
             type: raw
           headers:
             description: Headers; secret.
@@ -138,7 +138,7 @@ options:
             type: str
             default: POST
           body:
-            description: The body; a dict or list is sent as JSON.
+            description: The body; a dict or list is sent as JSON. Secret (never shown), as the headers.
             type: raw
           headers:
             description: Headers; secret.
@@ -290,7 +290,8 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.serving.plugins.module_utils import _balancer
 
 _REQ = dict(url=dict(type="str", required=True), method=dict(type="str", default="POST"),
-            body=dict(type="raw"), headers=dict(type="dict", no_log=True),
+            # The body may hold a token as the headers do (an API key in a JSON field): secret too.
+            body=dict(type="raw", no_log=True), headers=dict(type="dict", no_log=True),
             status_code=dict(type="list", elements="int", default=[200, 201, 202, 204]))
 
 ARGUMENT_SPEC = dict(

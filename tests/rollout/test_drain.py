@@ -278,15 +278,17 @@ def test_http_balancer_sends_remove_then_add_and_hides_its_headers(df):
         # The remove URL carries a credential of its own (a query token): never printed, never recorded.
         http = {"type": "http", "name": "lb-api", "delegate_to": "{{ inventory_hostname }}",
                 "remove": {"url": base + "?token=urls3cret", "method": "DELETE", "headers": {"Authorization": token}},
-                "add": {"url": base, "method": "PUT", "body": '{"port": 30000}', "headers": {"Authorization": token}}}
+                # The body can hold a token too (an API key in a JSON field): never printed (helper-36).
+                "add": {"url": base, "method": "PUT", "body": '{"port": 30000, "key": "b0dys3cret"}',
+                        "headers": {"Authorization": token}}}
         r = df.playbook("rollout", "-vvv", "--diff", "--limit", "host3", extra_vars={"gpufleet_server_force_restart": True},
                         vars_override=dict(df.server_vars(), gpufleet_server_balancers=[http]))
         assert r.rc == 0, r.tail()
         got = [json.loads(x) for x in calls.read_text().splitlines()]
         assert [(c["method"], c["path"].split("?")[0]) for c in got] == [("DELETE", "/pool/gpufleet/members/host3"),
                                                                          ("PUT", "/pool/gpufleet/members/host3")], got
-        assert got[1]["body"] == '{"port": 30000}' and all(c["auth"] == token for c in got)
-        assert "s3cr3t-token" not in r.out and "urls3cret" not in r.out
+        assert got[1]["body"] == '{"port": 30000, "key": "b0dys3cret"}' and all(c["auth"] == token for c in got)
+        assert "s3cr3t-token" not in r.out and "urls3cret" not in r.out and "b0dys3cret" not in r.out
         assert r.summary["host3"]["restarted"] and r.summary["host3"]["out_of_rotation"] == []
     finally:
         rec.kill()
