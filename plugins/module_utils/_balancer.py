@@ -174,6 +174,8 @@ def address_mismatch(addr: str, worker_url: str) -> t.Optional[str]:
         return "the worker URL's host %s cannot be resolved here (%s)" % (u.hostname, e)
     if have in ips or (have.version == 6 and have.ipv4_mapped in ips):
         return None
+    if {str(i) for i in ips} == {u.hostname}:  # the URL names an address
+        return "address %s, not the worker URL's %s" % (host, u.hostname)
     return "address %s, and the worker URL's host %s is %s" % (
         host, u.hostname, ", ".join(sorted(str(i) for i in ips)))
 

@@ -210,7 +210,8 @@ def test_wrong_server_or_unreachable_socket_is_one_line(hp):
     ("127.0.0.1:30000", "http://localhost:30000", None),  # resolved where HAProxy runs
     ("[::1]:30000", "http://[::1]:30000", None),
     ("10.0.0.1:30000", "http://10.0.0.1", "port 30000, not the worker URL's 80"),
-    ("10.0.0.2:30000", "http://10.0.0.1:30000", "address 10.0.0.2, and the worker URL's host 10.0.0.1 is 10.0.0.1"),
+    ("10.0.0.2:30000", "http://10.0.0.1:30000", "address 10.0.0.2, not the worker URL's 10.0.0.1"),
+    ("10.0.0.2:30000", "http://localhost:30000", "address 10.0.0.2, and the worker URL's host localhost is "),
     ("10.0.0.1:30000", "http://no-such-host.invalid:30000", "the worker URL's host no-such-host.invalid cannot be "
                                                              "resolved here"),
     ("", "http://10.0.0.1:30000", None),  # an HAProxy older than 1.7 shows no address: nothing to compare
@@ -229,10 +230,9 @@ def test_a_server_name_of_another_host_is_refused_with_nothing_touched(hp):
         b.plan_out()
     assert str(e.value) == (
         "haproxy haproxy (%s on lb1): server host1 is not this host's server (http://10.0.0.2:30000): in backend api it "
-        "has address 10.0.0.1, and the worker URL's host 10.0.0.2 is 10.0.0.2; in backend web it has address 10.0.0.1, "
-        "and the worker URL's host 10.0.0.2 is 10.0.0.2; a server name of another host, or HAProxy reaches this host's "
-        "server at another address (set the entry's worker_url to http://ADDRESS:PORT as HAProxy has it); nothing was "
-        "touched" % hp.path)
+        "has address 10.0.0.1, not the worker URL's 10.0.0.2; in backend web it has address 10.0.0.1, not the worker "
+        "URL's 10.0.0.2; a server name of another host, or HAProxy reaches this host's server at another address (set "
+        "the entry's worker_url to http://ADDRESS:PORT as HAProxy has it); nothing was touched" % hp.path)
     assert hp.commands == ["show stat"] and hp.status("web", "host1") == "UP"
     # The right name passes; so does the address HAProxy has, given as the entry's worker_url (a second network).
     assert bal([haproxy_entry(hp, server="host2")], server="host2", worker_url="http://10.0.0.2:30000").plan_out()
