@@ -212,8 +212,8 @@ def test_wrong_server_or_unreachable_socket_is_one_line(hp):
     ("10.0.0.1:30000", "http://10.0.0.1", "port 30000, not the worker URL's 80"),
     ("10.0.0.2:30000", "http://10.0.0.1:30000", "address 10.0.0.2, not the worker URL's 10.0.0.1"),
     ("10.0.0.2:30000", "http://localhost:30000", "address 10.0.0.2, and the worker URL's host localhost is "),
-    ("10.0.0.1:30000", "http://no-such-host.invalid:30000", "the worker URL's host no-such-host.invalid cannot be "
-                                                             "resolved here"),
+    ("10.0.0.1:30000", "http://no-such-host.invalid:30000",
+     "the worker URL's host no-such-host.invalid cannot be resolved here"),
     ("", "http://10.0.0.1:30000", None),  # an HAProxy older than 1.7 shows no address: nothing to compare
     ("unix", "http://10.0.0.1:30000", None),
 ])
@@ -334,8 +334,8 @@ def test_audit_drift_lines(hp, smg):
     # An entry naming another host's server reports that, not the other host's state as this host's (helper-36).
     hp.addrs = {("web", "host1"): "10.0.0.9:30000", ("api", "host1"): "10.0.0.1:30000"}
     lines = bal(entries[:1]).drift()
-    assert len(lines) == 1 and lines[0].startswith("haproxy haproxy (%s on lb1): server host1 is not this host's server"
-                                                     % hp.path) and "in backend web it has address 10.0.0.9" in lines[0], lines
+    head = "haproxy haproxy (%s on lb1): server host1 is not this host's server" % hp.path
+    assert len(lines) == 1 and lines[0].startswith(head) and "in backend web it has address 10.0.0.9" in lines[0], lines
     hp.addrs = {}
     # Weight 0 is out of rotation (no request goes there), as the capacity guard counts it; the audit says so.
     hp.servers[("web", "host1")] = {"status": "UP", "weight": "0"}
