@@ -374,11 +374,16 @@ class Balancers:
     def plan_out(self) -> t.List[t.Dict[str, t.Any]]:
         """Read every entry before any is touched; refuse a wrong server or worker URL with nothing touched."""
         plan = []
+        reads, errors = {}, []
         for b in self.entries:
             try:
-                now = self.read_one(b)
-            except BalancerError as e:  # which entry, and that the host was not touched (each entry is read first)
-                raise BalancerError("%s %s: %s; nothing was touched" % (b["type"], b["name"], e), **e.result) from None
+                reads[b["name"]] = self.read_one(b)
+            except BalancerError as e:  # each entry that cannot be read, by name: the host is not touched
+                errors.append("%s %s: %s" % (b["type"], b["name"], e))
+        if errors:
+            raise BalancerError("%s; nothing was touched" % "; ".join(errors))
+        for b in self.entries:
+            now = reads[b["name"]]
             found = now["found"]
             key, rec = record_for(b, self.records, self.names, self.ident(b))
             if b["type"] == "sglang_router" and found == "absent" and rec is None:
@@ -619,10 +624,11 @@ class Balancers:
                 if key not in seen:
                     try:
                         seen[key] = self.router(b).workers()
-                    except BalancerError as e:
+                    except BalancerError as e:  # its answer, or why none came (the connection's error)
                         seen[key] = None
-                        unread.append("the router %s from %s (HTTP %s)" % (
-                            b["url"].rstrip("/"), b.get("delegate_to") or "localhost", e.result.get("status", "-")))
+                        unread.append("the router %s from %s (%s)" % (
+                            b["url"].rstrip("/"), b.get("delegate_to") or "localhost",
+                            "HTTP %s" % e.result["status"] if "status" in e.result else str(e)[:120]))
                 ws = seen[key]
                 if ws is None:
                     continue

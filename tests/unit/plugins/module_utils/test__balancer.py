@@ -198,11 +198,19 @@ def test_wrong_server_or_unreachable_socket_is_one_line(hp):
         bal([haproxy_entry(hp, server="nosuch")]).plan_out()
     assert str(e.value) == ("haproxy haproxy (%s on lb1) has no server nosuch in any backend: a wrong server or backend "
                             "name; nothing was touched" % hp.path)
+    # The entry that cannot be read is named (a host may have several), and nothing was touched: all are read first.
     with pytest.raises(B.BalancerError) as e:
         bal([haproxy_entry(hp, socket="/nonexistent/haproxy.sock")]).plan_out()
-    # The entry that could not be read is named (a host may have several), and nothing was touched: all are read first.
     assert str(e.value) == ("haproxy haproxy: cannot reach the HAProxy admin socket /nonexistent/haproxy.sock: [Errno 2] "
                             "No such file or directory; nothing was touched")
+    # Every one of them.
+    with pytest.raises(B.BalancerError) as e:
+        bal([haproxy_entry(hp, name="a", socket="/nonexistent/a.sock"), haproxy_entry(hp, name="ok"),
+             haproxy_entry(hp, name="b", socket="/nonexistent/b.sock")]).plan_out()
+    assert str(e.value) == ("haproxy a: cannot reach the HAProxy admin socket /nonexistent/a.sock: [Errno 2] No such file "
+                            "or directory; haproxy b: cannot reach the HAProxy admin socket /nonexistent/b.sock: [Errno 2] "
+                            "No such file or directory; nothing was touched")
+    assert not any(c.startswith("set ") for c in hp.commands), hp.commands
 
 
 @pytest.mark.parametrize("addr, url, why", [
@@ -280,7 +288,8 @@ def test_capacity_counts_weight_0_maint_and_unhealthy_as_out(hp, smg):
     assert r["out_hosts"] == ["host2", "host3", "host5"], r
     assert r["unread"] == [
         "HAProxy /nonexistent/s on lb1 (cannot reach the HAProxy admin socket /nonexistent/s: [Errno 2] No such file or "
-        "directory)", "the router http://127.0.0.1:1 from r (HTTP -)"]
+        "directory)", "the router http://127.0.0.1:1 from r (GET http://127.0.0.1:1/workers: [Errno 111] Connection "
+        "refused)"]
     assert hp.commands.count("show stat") == 1  # one read per socket
 
 
