@@ -301,12 +301,16 @@ def left_as_found(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     return ("left as found, taken out by someone else, not by gpufleet: %s" % "; ".join(out)) if out else ""
 
 
+def _returned_entries(r: t.Mapping[str, t.Any]) -> str:
+    # An entry gpufleet had found in an operator's DRAIN goes back to it, not into rotation: said so (helper-35).
+    lf = r.get("left_as_found") or {}
+    return ", ".join("%s back to %s as found" % (n, lf[n]) if n in lf else n for n in r["returned_to_service"])
+
+
 def returned(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     """The line naming hosts an earlier run left drained (its drain record) that this run put back ('' when none)."""
-    done = ["%s (%s)" % (r["host"], ", ".join(r["returned_to_service"])) for r in rows
-            if _put_back(r) and not r.get("would_return")]
-    would = ["%s (%s)" % (r["host"], ", ".join(r["returned_to_service"])) for r in rows
-             if _put_back(r) and r.get("would_return")]
+    done = ["%s (%s)" % (r["host"], _returned_entries(r)) for r in rows if _put_back(r) and not r.get("would_return")]
+    would = ["%s (%s)" % (r["host"], _returned_entries(r)) for r in rows if _put_back(r) and r.get("would_return")]
     notes = []
     if done:
         notes.append("put back into rotation, left out by an earlier run (drain record): %s" % "; ".join(done))
