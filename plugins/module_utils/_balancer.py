@@ -142,12 +142,6 @@ def server_states(rows: t.Sequence[t.Mapping[str, str]], server: str, backend: s
             if r.get("svname") == server and (not backend or r.get("pxname") == backend)}
 
 
-def server_addrs(rows: t.Sequence[t.Mapping[str, str]], server: str, backend: str = "") -> t.Dict[str, str]:
-    """{backend: address} of `server` (show stat's addr, "IP:PORT"; HAProxy 1.7 and later); empty where not shown."""
-    return {r["pxname"]: r.get("addr", "") for r in rows
-            if r.get("svname") == server and (not backend or r.get("pxname") == backend)}
-
-
 def address_mismatch(addr: str, worker_url: str) -> t.Optional[str]:
     """Why HAProxy's address of a server ("IP:PORT", "[IPv6]:PORT") is not where the worker URL's server listens, or
     None when it is (or when there is nothing to compare: no address shown, a unix socket, no worker URL). The worker
@@ -221,9 +215,11 @@ class HAProxy:
         return server_states(self.rows(), server, backend)
 
     def read(self, server: str, backend: str = "") -> t.Dict[str, t.Dict[str, str]]:
-        """{states, addrs, weights} of `server`, each by backend, from one show stat."""
+        """{states, addrs, weights} of `server`, each by backend, from one show stat (addrs: show stat's addr,
+        "IP:PORT", HAProxy 1.7 and later; empty where not shown)."""
         rows = [r for r in self.rows() if r.get("svname") == server and (not backend or r.get("pxname") == backend)]
-        return {"states": server_states(rows, server), "addrs": server_addrs(rows, server),
+        return {"states": {r["pxname"]: r.get("status", "") for r in rows},
+                "addrs": {r["pxname"]: r.get("addr", "") for r in rows},
                 "weights": {r["pxname"]: r.get("weight", "") for r in rows}}
 
     def set_state(self, backends: t.Iterable[str], server: str, state: str) -> None:
@@ -374,14 +370,7 @@ class Balancers:
     def plan_out(self) -> t.List[t.Dict[str, t.Any]]:
         """Read every entry before any is touched; refuse a wrong server or worker URL with nothing touched."""
         plan = []
-        reads, errors = {}, []
-        for b in self.entries:
-            try:
-                reads[b["name"]] = self.read_one(b)
-            except BalancerError as e:  # each entry that cannot be read, by name: the host is not touched
-                errors.append("%s %s: %s" % (b["type"], b["name"], e))
-        if errors:
-            raise BalancerError("%s; nothing was touched" % "; ".join(errors))
+        reads = self.read_each(self.entries)
         for b in self.entries:
             now = reads[b["name"]]
             found = now["found"]
@@ -412,21 +401,38 @@ class Balancers:
             plan.append(step)
         return plan
 
-    def refuse_another_server(self, b: Entry, addrs: t.Mapping[str, str]) -> None:
-        """A HAProxy server whose address is not this host's server's (a server name copied from another host's
-        entry) would take that other host out of rotation and leave this one serving while it is killed: refused
-        before anything is touched. The address is compared with the entry's worker_url (default the host's
-        http://ansible_host:port), which is where to put the address HAProxy reaches this host's server at when it is
-        another one (a second network, a local HAProxy on 127.0.0.1)."""
+    def read_each(self, entries: t.Sequence[Entry]) -> t.Dict[str, t.Dict[str, t.Any]]:
+        """read_one of each entry by name, before any is touched; every entry that cannot be read is named."""
+        reads, errors = {}, []
+        for b in entries:
+            try:
+                reads[b["name"]] = self.read_one(b)
+            except BalancerError as e:
+                errors.append("%s %s: %s" % (b["type"], b["name"], e))
+        if errors:
+            raise BalancerError("%s; nothing was touched" % "; ".join(errors))
+        return reads
+
+    def another_server(self, b: Entry, addrs: t.Mapping[str, str]) -> t.Optional[str]:
+        """Why a HAProxy entry's server is not this host's server, or None. Its address is compared with the entry's
+        worker_url (default the host's http://ansible_host:port), which is where to put the address HAProxy reaches
+        this host's server at when it is another one (a second network, a local HAProxy on 127.0.0.1)."""
         url = b.get("worker_url") or self.worker_url
         bad = {k: why for k, why in ((k, address_mismatch(a, url)) for k, a in sorted(addrs.items())) if why}
-        if bad:
-            raise BalancerError(
-                "haproxy %s (%s on %s): server %s is not this host's server (%s): %s; a server name of another host, "
-                "or HAProxy reaches this host's server at another address (set the entry's worker_url to "
-                "http://ADDRESS:PORT as HAProxy has it); nothing was touched"
+        if not bad:
+            return None
+        return ("haproxy %s (%s on %s): server %s is not this host's server (%s): %s; a server name of another host, or "
+                "HAProxy reaches this host's server at another address (set the entry's worker_url to "
+                "http://ADDRESS:PORT as HAProxy has it)"
                 % (b["name"], b.get("socket") or HAPROXY_SOCKET, b.get("delegate_to") or "localhost", self.ident(b),
                    public_url(url), "; ".join("in backend %s it has %s" % (k, why) for k, why in bad.items())))
+
+    def refuse_another_server(self, b: Entry, addrs: t.Mapping[str, str]) -> None:
+        """A server name copied from another host's entry would take that other host out of rotation (or put it back)
+        and leave this one serving while it is killed: refused before anything is touched."""
+        why = self.another_server(b, addrs)
+        if why:
+            raise BalancerError(why + "; nothing was touched")
 
     def take_out(self, plan: t.Sequence[t.Mapping[str, t.Any]], timeout: float = 30) -> t.Dict[str, t.Any]:
         """Each entry out of rotation as planned; returns {changed, rotation (out_of, found, left_as_found, renamed)}."""
@@ -481,13 +487,10 @@ class Balancers:
         changed = False
         # A server name of another host (an entry changed since the drain) would put that host back, an operator's
         # MAINT undone, and leave this one out: every entry this call puts back is checked first, nothing touched.
-        for b in self.entries:
-            if b["type"] == "haproxy" and left_as_found.get(b["name"]) != "MAINT":
-                try:
-                    addrs = self.haproxy(b).read(self.ident(b), b.get("backend") or "")["addrs"]
-                except BalancerError as e:
-                    raise BalancerError("%s %s: %s; nothing was touched" % (b["type"], b["name"], e), **e.result) from None
-                self.refuse_another_server(b, addrs)
+        checked = [b for b in self.entries if b["type"] == "haproxy" and left_as_found.get(b["name"]) != "MAINT"]
+        reads = self.read_each(checked)
+        for b in checked:
+            self.refuse_another_server(b, reads[b["name"]]["addrs"])
         for b in self.entries:
             name = b["name"]
             back = "MAINT" if left_as_found.get(name) == "MAINT" else found.get(name, "UP")
@@ -573,10 +576,9 @@ class Balancers:
                 out.append("balancer %s could not be read: %s" % (name, str(e)[:120]))
                 continue
             if b["type"] == "haproxy":
-                try:
-                    self.refuse_another_server(b, now["addrs"])
-                except BalancerError as e:  # its state is another host's: not this host's drift
-                    out.append(str(e).replace("; nothing was touched", ""))
+                why = self.another_server(b, now["addrs"])
+                if why:  # its state is another host's: not this host's drift
+                    out.append(why)
                     continue
                 if not now["states"]:
                     out.append("out of rotation on %s (no server %s there)%s" % (name, self.ident(b), self.who(b, records_error)))
