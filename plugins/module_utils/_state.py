@@ -19,7 +19,7 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _gpumod, _hostlock, _lastgood, _layercheck, _layers, _layershare, _nvml, _proc, _rotation, _runid, _select, _server,
+    _gpumod, _hostaddr, _hostlock, _lastgood, _layercheck, _layers, _layershare, _nvml, _proc, _rotation, _runid, _select, _server,
     _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step
@@ -253,6 +253,12 @@ def check(p: t.Dict[str, t.Any], step: Step) -> dict:
                                 phase="preflight", launch_problems=problems)
             if p["owner"]:
                 restart_preflight(p, step)
+        if p["owner"] and p["worker_urls"] and (res["needs_restart"] or p["keep_lock"]):
+            # Before the drain: an entry copied from another host's variables would take that host out.
+            refused = _hostaddr.refusals(p["worker_urls"])
+            if refused:
+                raise StepError("a balancer entry's worker_url is not this host's, nothing was touched: %s"
+                                % "; ".join(refused), phase="preflight")
     except BaseException:
         if locking and not held_before:
             _hostlock.release_lock(p["lock_file"], p["owner"])

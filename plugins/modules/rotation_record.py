@@ -71,6 +71,14 @@ options:
     type: list
     elements: str
     default: []
+  known:
+    description:
+      - With V(read), the names of the host's balancer entries (C(gpufleet_server_balancers)). The drains the record
+        keeps of other entries (an entry removed or renamed since a run took the host out of it) are returned in
+        RV(stale), one line each, since no rollout puts the host back there.
+    type: list
+    elements: str
+    version_added: 0.3.0
 """
 
 EXAMPLES = r"""
@@ -96,6 +104,12 @@ records:
   returned: always
   type: dict
   sample: {"haproxy": {"found": "UP", "server": "host1", "run": "ctl:1234:...", "at": "2026-11-30T22:00:00+0000"}}
+stale:
+  description: With V(read) and O(known), one line for each drain of an entry the host no longer has.
+  returned: when O(action=read) and O(known) is given
+  type: list
+  elements: str
+  version_added: 0.3.0
 """
 
 import typing as t
@@ -116,6 +130,7 @@ def main() -> None:
             run=dict(type="str"),
             keep=dict(type="bool", default=True),
             balancers=dict(type="list", elements="str", default=[]),
+            known=dict(type="list", elements="str"),
             drains=dict(type="list", elements="dict"),
         ),
         required_if=[("action", "add", ("balancer", "drains"), True)],
@@ -126,7 +141,10 @@ def main() -> None:
     try:
         before = _rotation.read(p["path"])
         if p["action"] == "read":
-            module.exit_json(changed=False, records=before)
+            res: t.Dict[str, t.Any] = dict(changed=False, records=before)
+            if p["known"] is not None:
+                res["stale"] = _rotation.stale(before, p["known"])
+            module.exit_json(**res)
         if p["action"] == "add":
             drains = list(p["drains"] or []) + ([dict(balancer=p["balancer"], found=p["found"], server=p["server"],
                                                 keep=p["keep"])] if p["balancer"] else [])

@@ -204,6 +204,17 @@ options:
       - Its records are returned in RV(drain_records) (empty when there is no record); a record that cannot be read
         makes RV(up_to_date) false and is said in RV(drain_record_error). Never written.
     type: path
+  worker_urls:
+    version_added: 0.3.0
+    description:
+      - With V(check) and O(owner), when a restart is needed (or O(keep_lock)), the balancer entries whose worker URL
+        was set by hand, as entry name to URL. Each URL's host must resolve on this host to one of its own addresses
+        (a bind to it succeeds), else the check fails before the drain with nothing touched (its C(phase) is
+        V(preflight)); the message shows the URL's host, never the whole URL. An entry copied from another host's
+        variables, its C(server) and C(worker_url) both, would pass the balancer's address check and take that host
+        out of rotation while this one is killed.
+    type: dict
+    default: {}
   lock_ttl:
     description: Seconds after which a lock is stale; must be > 0.
     type: float
@@ -672,6 +683,7 @@ def main() -> None:
             lock_file=dict(type="path"),
             owner=dict(type="str"),
             rotation_file=dict(type="path"),
+            worker_urls=dict(type="dict", default={}),
             lock_ttl=dict(type="float", default=1800.0),
             lock_wait=dict(type="float", default=0.0),
             break_owner=dict(type="str"),

@@ -69,7 +69,8 @@ def test_fast_check_asks_the_server_check_what_the_roles_check_asks():
     # What only the roles' check needs: it takes the lock for the restart to come (owner, ttl, keep_lock, lock_wait),
     # and decides what the role does (decide, read by the action); the fast check only looks at the lock. The rollback
     # playbook's choice of a last known good (rollback) is the roles' check's alone: that playbook has no fast path.
-    full_only = {"owner", "lock_ttl", "keep_lock", "lock_wait", "decide", "rollback"}
+    full_only = {"owner", "lock_ttl", "keep_lock", "lock_wait", "decide", "rollback",
+                 "worker_urls"}  # checked before a drain, which only the roles' check can lead to
     assert set(full) - full_only <= set(fast), set(full) - full_only - set(fast)
     differ = {k: (full[k], fast[k]) for k in set(full) - full_only if full[k] != fast[k]}
     assert set(differ) == {"lock_file", "nccl_layers", "rotation_file"}, differ

@@ -33,6 +33,8 @@ OUTSIDE = ("tests/rollout/test_tags.py::test_a_tag_selection_on_an_up_to_date_fl
            "tests/rollout/test_drain.py::test_a_log_path_the_restart_would_refuse_fails_the_host_before_its_drain",
            "tests/rollout/test_drain.py::test_a_restart_refused_before_its_kill_puts_the_drained_host_back[new-nccl]",
            "tests/rollout/test_drain.py::test_a_haproxy_server_name_of_another_host_fails_the_host_before_anything_is_touched",
+           "tests/rollout/test_drain.py::test_an_entry_copied_from_another_host_with_its_worker_url_fails_the_host_before_"
+           "anything_is_touched",
            "tests/unit/plugins/modules/test_server_restart.py::test_the_launch_tag_selects_only_the_servers_users_processes")
 
 

@@ -548,8 +548,11 @@ def test_sglang_router_wrong_worker_url_fails_the_host_before_its_kill(df):
     before = _pids(df)
     bad = "http://10.200.0.250:30000"
     smg = {"type": "sglang_router", "url": df.smg.url, "delegate_to": "{{ inventory_hostname }}", "worker_url": bad}
+    # The host's own check of a worker_url set by hand (not one of its addresses) is off, as behind NAT: the router's
+    # own refusal is what this test is about.
     r = df.playbook("rollout", "--limit", "host2", extra_vars={"gpufleet_server_force_restart": True},
-                    vars_override=dict(df.server_vars(), gpufleet_server_balancers=[df.balancers()[0], smg]))
+                    vars_override=dict(df.server_vars(), gpufleet_server_balancers=[df.balancers()[0], smg],
+                                       gpufleet_server_worker_url_check=False))
     assert df.haproxy_states()["host2"] == "UP"
     assert r.rc != 0
     h = r.summary["host2"]
@@ -574,6 +577,11 @@ def test_a_haproxy_server_name_of_another_host_fails_the_host_before_anything_is
     touched instead, naming both addresses, and host3 stays in rotation (found by a new user, helper-35)."""
     before = _pids(df)
     wrong = dict(df.balancers()[0], server="host3")
+    # --check predicts it: the read of every balancer before the drain is read-only and runs in check mode too.
+    c = df.playbook("rollout", "--limit", "host2", check=True, extra_vars={"gpufleet_server_force_restart": True},
+                    vars_override=dict(df.server_vars(), gpufleet_server_balancers=[wrong]))
+    assert c.rc != 0 and c.summary["host2"]["status"] == "failed", c.tail()
+    assert "server host3 is not this host's server" in " ".join(c.summary["host2"]["failure"].split()), c.summary
     r = df.playbook("rollout", "--limit", "host2", extra_vars={"gpufleet_server_force_restart": True},
                     vars_override=dict(df.server_vars(), gpufleet_server_balancers=[wrong]))
     assert r.rc != 0
@@ -587,6 +595,62 @@ def test_a_haproxy_server_name_of_another_host_fails_the_host_before_anything_is
     assert _pids(df) == before
     assert df.drain_record("host2") is None
     df.all_in_rotation(timeout=5)
+
+
+@pytest.mark.reliability(
+    section="fault", case="A balancer entry copied from another host, its server and worker_url both",
+    provoked="4 sandbox hosts behind a real HAProxy; host2 forced to restart with its entry's server host3 and "
+             "worker_url host3's (HAProxy's address for host3 matches it)",
+    outcome="host2 fails before anything is touched: 'balancer entry haproxy: its worker_url's host <host3's> is no "
+            "address of this host ...'; host2 and host3 both stay UP in HAProxy, same server pids, no drain record")
+def test_an_entry_copied_from_another_host_with_its_worker_url_fails_the_host_before_anything_is_touched(df):
+    """The copy-paste slip the address check cannot see: host2's entry names host3's server and host3's worker URL, and
+    HAProxy's address for host3 is that URL's, so the balancer would drain host3 while host2 is killed under its
+    requests. Only host2 can tell that the URL is not its own: its check refuses before the drain (helper-36's B6)."""
+    before = _pids(df)
+    copied = dict(df.balancers()[0], server="host3", worker_url=df.worker_url("host3"))
+    c = df.playbook("rollout", "--limit", "host2", check=True, extra_vars={"gpufleet_server_force_restart": True},
+                    vars_override=dict(df.server_vars(), gpufleet_server_balancers=[copied]))
+    assert c.rc != 0 and "is no address of this host" in " ".join(c.out.split()), c.tail()
+    r = df.playbook("rollout", "--limit", "host2", extra_vars={"gpufleet_server_force_restart": True},
+                    vars_override=dict(df.server_vars(), gpufleet_server_balancers=[copied]))
+    assert r.rc != 0
+    assert df.haproxy_states()["host3"] == "UP" and df.haproxy_states()["host2"] == "UP"
+    h = r.summary["host2"]
+    assert h["status"] == "failed" and not h["restarted"] and h["out_of_rotation"] == [], h
+    said = " ".join(r.out.split())
+    assert ("balancer entry %s: its worker_url's host %s is no address of this host"
+            % (copied.get("name", "haproxy"), df.fleet.addr("host3"))) in said, said
+    assert _pids(df) == before
+    assert df.drain_record("host2") is None
+    # The same entry with host2's own worker URL given by hand passes the check, and the restart goes through.
+    own = dict(df.balancers()[0], worker_url=df.worker_url("host2"))
+    r = df.playbook("rollout", "--limit", "host2", extra_vars={"gpufleet_server_force_restart": True},
+                    vars_override=dict(df.server_vars(), gpufleet_server_balancers=[own]))
+    assert r.rc == 0, r.tail()
+    assert r.summary["host2"]["restarted"], r.summary["host2"]
+    df.all_in_rotation(timeout=30)
+
+
+def test_the_audit_reports_a_drain_record_of_an_entry_the_host_no_longer_has(df):
+    """An entry renamed or removed from gpufleet_server_balancers after a run took the host out of it: no rollout puts
+    the host back there, and the record outlives it. The audit says so, with balancers or none (helper-36, low)."""
+    rec = {"drains": {"old-lb": {"found": "UP", "server": "host4", "run": "ctl:9:old", "at": "2026-11-30T22:00:00+0000"}}}
+    df.fleet.ssh("host4", "umask 077 && mkdir -p %s && cat > %s" % (os.path.dirname(RECORD), RECORD),
+                 input=json.dumps(rec), check=True)
+    try:
+        line = ("drain record: gpufleet took the host out of balancer entry old-lb (run ctl:9:old at "
+                "2026-11-30T22:00:00+0000), and the host no longer has that entry in gpufleet_server_balancers")
+        for balancers in (df.balancers(), []):
+            a = df.playbook("audit", "--limit", "host4", check=True,
+                            vars_override=dict(df.server_vars(), gpufleet_server_balancers=balancers))
+            assert a.rc != 0, a.tail()
+            assert line in " ".join(a.out.split()), a.tail()
+        assert df.drain_record("host4")[1] == rec["drains"]  # read-only
+    finally:
+        df.fleet.ssh("host4", "rm -f %s" % RECORD, check=True)
+    a = df.playbook("audit", "--limit", "host4", check=True)
+    assert a.rc == 0, a.tail()
 
 
 def test_clean_drains_the_host_stops_it_and_the_next_rollout_puts_it_back(df):

@@ -90,3 +90,17 @@ def test_add_several_drains_in_one_call(tmp_path, run_module):
 def test_a_directory_is_named(tmp_path, run_module):
     r = run_module(rotation_record.main, {"path": str(tmp_path), "action": "read"})
     assert r["failed"] is True and "%s is a directory, not a gpufleet drain record" % tmp_path in r["msg"], r
+
+
+def test_read_with_known_names_the_drains_of_entries_the_host_no_longer_has(tmp_path, run_module):
+    path = str(tmp_path / "demo.rotation.json")
+    for name in ("haproxy", "old-lb"):
+        run_module(rotation_record.main, {"path": path, "action": "add", "balancer": name, "found": "UP", "run": "r-1"})
+    r = run_module(rotation_record.main, {"path": path, "known": ["haproxy", "sglang_router"]})
+    assert r["changed"] is False and sorted(r["records"]) == ["haproxy", "old-lb"]
+    assert len(r["stale"]) == 1 and r["stale"][0].startswith(
+        "drain record: gpufleet took the host out of balancer entry old-lb (run r-1 at "), r["stale"]
+    # No entry at all (every balancer removed from the inventory): every drain is stale.
+    assert len(run_module(rotation_record.main, {"path": path, "known": []})["stale"]) == 2
+    # Without known: no opinion.
+    assert "stale" not in run_module(rotation_record.main, {"path": path})
