@@ -250,6 +250,21 @@ def write_atomic(real_path: str, data: bytes, mode: int, owner: t.Optional[t.Tup
         raise
 
 
+def outdate_bytecode(real_path: str, before_mtime_ns: t.Optional[int]) -> None:
+    """Make sure no cached bytecode of the file it replaced is taken for the new .py file. Python trusts a
+    __pycache__ .pyc whose recorded source mtime (whole seconds) and size match the source: a sitecustomize.py
+    written again within the second, with a value of the same length (NCCL_NTHREADS 512 -> 128 -> 512), ran the
+    previous content, found by the role's own test of a put-back. The cache sits beside the path Python imported
+    (a symlink's directory, not the real file's), so the new file is dated at least one whole second after the one it
+    replaced instead: no .pyc of an earlier content can match it."""
+    if before_mtime_ns is None or not real_path.endswith(".py"):
+        return
+    st = os.stat(real_path)
+    old_s = before_mtime_ns // 1000000000
+    if st.st_mtime_ns // 1000000000 <= old_s:
+        os.utime(real_path, ns=(st.st_atime_ns, (old_s + 1) * 1000000000))
+
+
 def diff_entry(path: str, before: t.Optional[str], after: t.Optional[str]) -> t.Dict[str, str]:
     return {
         "before_header": path if before is not None else "%s (absent)" % path,
@@ -386,7 +401,9 @@ def _restore(path: str, entries: t.Sequence[t.Mapping[str, t.Any]], check_mode: 
         if want is None:
             os.unlink(real)
             continue
+        before = os.stat(real).st_mtime_ns if now is not None else None
         write_atomic(real, want, int(e["mode"]), (int(e["uid"]), int(e["gid"])))
+        outdate_bytecode(real, before)
     if not check_mode:
         try:
             os.unlink(path)
@@ -402,8 +419,10 @@ def install(files: t.Optional[FileOps], real_path: str, tmp: str, existed: bool,
     backup_file = None
     if existed and backup:
         backup_file = files.backup_local(real_path)
+    before = None
     if existed:
         st = os.stat(real_path)
+        before = st.st_mtime_ns
         os.chmod(tmp, stat.S_IMODE(st.st_mode))
         try:
             os.chown(tmp, st.st_uid, st.st_gid)
@@ -412,6 +431,7 @@ def install(files: t.Optional[FileOps], real_path: str, tmp: str, existed: bool,
     files.atomic_move(tmp, real_path, unsafe_writes=False)
     if not existed:
         os.chmod(real_path, 0o644)
+    outdate_bytecode(real_path, before)
     return backup_file
 
 

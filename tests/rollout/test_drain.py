@@ -493,7 +493,8 @@ def test_a_restart_refused_before_its_kill_puts_the_drained_host_back(df, new_nc
     host and halts the rollout; the traffic through HAProxy never fails. With a changed NCCL variable, the NCCL layers
     the run wrote under the lock are put back byte for byte."""
     late = "/var/log/gpufleet/late"
-    assert df.playbook("rollout", "--limit", "host2").rc == 0
+    first = df.playbook("rollout", "--limit", "host2")
+    assert first.rc == 0, first.tail()
     before = _pids(df)
     layers = _layers(df, "host2")
     load = df.load("haproxy", "haproxy-refused")
