@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from urllib.parse import urlsplit, urlunsplit
 
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _http, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _http, _ready
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 APIS = ("auto", "sglang", "openai")
@@ -121,10 +121,10 @@ def build_request(req: t.Mapping[str, t.Any]) -> Request:
         if re.search(r"[\r\n\0]", str(value)):
             raise StepError("request.headers: the value of %s contains a line break or a NUL byte" % name)
         headers[name] = str(value)
-    err = _server.body_type_error(req.get("body"))
+    err = _ready.body_type_error(req.get("body"))
     if err:
         raise StepError(err)
-    body, headers = _server.request_body(req.get("body"), headers)
+    body, headers = _ready.request_body(req.get("body"), headers)
     return Request(url, method, body, headers, bool(req.get("validate_certs", True)))
 
 

@@ -18,8 +18,9 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _runid
-from ansible_collections.gpufleet.serving.plugins.module_utils._server import (
-    ServerError, create_exclusive, ensure_dir, read_state, write_json_atomic)
+from ansible_collections.gpufleet.serving.plugins.module_utils._server import ServerError
+from ansible_collections.gpufleet.serving.plugins.module_utils._statefile import (
+    create_exclusive, ensure_dir, read_state, write_json_atomic)
 
 
 def acquire_lock(path: str, owner: str, ttl: float, wait: float, poll: float = 0.2) -> t.Dict[str, t.Any]:

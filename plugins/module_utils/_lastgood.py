@@ -19,7 +19,7 @@ import os
 import time
 import typing as t
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _statefile
 
 # The shortest fingerprint prefix that names a generation by hand (the rollout summary and the audit show 12
 # characters).
@@ -102,8 +102,8 @@ def pending_path(pidfile: str) -> str:
 def keep_pending(pidfile: str, new: t.Mapping[str, t.Any], generations: int, launcher: t.Tuple[int, int]) -> None:
     """Put a generation aside until its record can be written (0600, atomically): `launcher` is the verified
     launcher's (pid, start time), which the rerecord must find running for the generation to count."""
-    _server.write_json_atomic(pending_path(pidfile), {"generation": dict(new), "generations": generations,
-                                                      "launcher": list(launcher)}, _server.STATE_MODE)
+    _statefile.write_json_atomic(pending_path(pidfile), {"generation": dict(new), "generations": generations,
+                                                         "launcher": list(launcher)}, _statefile.STATE_MODE)
 
 
 def drop_pending(pidfile: str) -> None:
@@ -120,7 +120,7 @@ def _read_pending(pidfile: str, launcher: t.Optional[t.Tuple[int, int]]) -> t.Op
     both of its users (rerecord and the promotion before a restart)."""
     if launcher is None:
         return None
-    data = _server.read_state(pending_path(pidfile))
+    data = _statefile.read_state(pending_path(pidfile))
     g = data.get("generation") if isinstance(data, dict) else None
     if not isinstance(g, dict) or data.get("launcher") != list(launcher):
         return None
@@ -152,7 +152,7 @@ def promote_running_pending(pidfile: str, state_file: str, tag_name: str, name: 
     and start time, alive and carrying the launch tag) becomes the newest last known good, whatever definition the
     restart brings (its record failed on a full disk; the rerecord only keeps it for the same definition). Returns
     the generations, None when there was nothing to keep. Called under the host lock."""
-    ident = _server.pidfile_identity(pidfile)
+    ident = _statefile.pidfile_identity(pidfile)
     if ident is None or not _proc.is_alive(ident) or not _proc.environ_has(ident[0], tag_name, name):
         return None
     pending = _read_pending(pidfile, ident)
@@ -184,7 +184,7 @@ def rollback_target(gens: t.Sequence[t.Mapping[str, t.Any]], desired: str,
 def read_file(path: str) -> t.Dict[str, t.Any]:
     """The file's `generations` (newest first, [] when there is no file or it cannot be read as one) and
     `rolled_back`, the last rollback by hand ({from, to, at}; None when there is none)."""
-    data = _server.read_state(path)
+    data = _statefile.read_state(path)
     data = data if isinstance(data, dict) else {}
     gens = data.get("generations")
     marker = data.get("rolled_back")
@@ -212,7 +212,7 @@ def keep(path: str, new: t.Mapping[str, t.Any], generations: int) -> t.List[t.Di
     data: t.Dict[str, t.Any] = {"generations": gens}
     if cur["rolled_back"] and cur["rolled_back"].get("to") == new.get("fingerprint"):
         data["rolled_back"] = cur["rolled_back"]
-    _server.write_json_atomic(path, data, _server.STATE_MODE)
+    _statefile.write_json_atomic(path, data, _statefile.STATE_MODE)
     return gens
 
 
@@ -225,8 +225,8 @@ def restored(path: str, fingerprint: str, previous: t.Optional[str]) -> t.List[t
     gens = read(path)
     mine = [dict(g, restored_at=now) for g in gens if g.get("fingerprint") == fingerprint]
     gens = mine[:1] + [g for g in gens if g.get("fingerprint") != fingerprint]
-    _server.write_json_atomic(path, {"generations": gens, "rolled_back": {"from": previous, "to": fingerprint,
-                                                                          "at": now}}, _server.STATE_MODE)
+    _statefile.write_json_atomic(path, {"generations": gens, "rolled_back": {"from": previous, "to": fingerprint,
+                                                                             "at": now}}, _statefile.STATE_MODE)
     return gens
 
 
@@ -297,7 +297,7 @@ def find_exact(gens: t.Sequence[t.Mapping[str, t.Any]], fingerprint: str) -> t.O
 
 def running_from_pidfile(state: t.Mapping[str, t.Any], pidfile: str, tag_name: str, name: str) -> t.Optional[str]:
     """running_fingerprint() of the launcher the pidfile names (confirmed by the launch tag, as the kill confirms it)."""
-    ident = _server.pidfile_identity(pidfile)
+    ident = _statefile.pidfile_identity(pidfile)
     confirmed = ident is not None and _proc.is_alive(ident) and _proc.environ_has(ident[0], tag_name, name)
     return running_fingerprint(state, ident or (None, None), tag_name, confirmed)
 
@@ -305,11 +305,11 @@ def running_from_pidfile(state: t.Mapping[str, t.Any], pidfile: str, tag_name: s
 def running_fingerprint(state: t.Mapping[str, t.Any], launcher: t.Tuple[t.Any, t.Any], tag_name: str,
                         confirmed: bool) -> t.Optional[str]:
     """The fingerprint of the definition the host runs now: the one its launcher carries (a process launch carries
-    its fingerprint, _server.FINGERPRINT_SUFFIX), else the record's when the launcher (`confirmed`: it carries the
+    its fingerprint, _statefile.FINGERPRINT_SUFFIX), else the record's when the launcher (`confirmed`: it carries the
     launch tag) is the verified launch on record; None when no verified server of a known definition runs."""
     if not confirmed or launcher[0] is None:
         return None
-    key = tag_name + _server.FINGERPRINT_SUFFIX
+    key = tag_name + _statefile.FINGERPRINT_SUFFIX
     try:
         carried = _proc.read_environ(int(launcher[0]), [key]).get(key)
     except _proc.ProcError:

@@ -21,7 +21,7 @@ import os
 import time
 import typing as t
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _hostlock, _proc, _select, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _hostlock, _proc, _select, _statefile
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 
@@ -76,7 +76,7 @@ def service_uids(service: str, run_dir: str, procs: t.Mapping[int, _proc.Proc]) 
     the live process its pidfile in the run dir (<run_dir>/<service>.pid, written by gpufleet as root) names."""
     if "/" in service or service.startswith("."):  # a name is no path to walk
         return {0}
-    uid = _server.pidfile_uid(os.path.join(run_dir, service + ".pid"), procs)
+    uid = _statefile.pidfile_uid(os.path.join(run_dir, service + ".pid"), procs)
     return {0} if uid is None else {0, uid}
 
 
@@ -125,7 +125,7 @@ def refuse_launch_onto_changing(own: t.Tuple[str, str], lock_dir: t.Optional[str
 def _lock_text(lock_dir: t.Optional[str], name: str, holder: str) -> str:
     """The other service's run as its lock shows it: who, since and until when, and whether a process of that run works
     on this host now (a run whose controller was killed leaves its lock until it expires)."""
-    cur = _server.read_state(os.path.join(str(lock_dir), name + ".lock"))
+    cur = _statefile.read_state(os.path.join(str(lock_dir), name + ".lock"))
     out = "its host lock held by run %s" % holder
     try:
         since, until = (time.strftime("%H:%M:%S", time.localtime(float(cur[k]))) for k in ("acquired", "expires"))

@@ -30,8 +30,8 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _bench, _envblock, _envcheck, _gpumod, _hostlock, _lastgood, _layers, _layershare, _gpuwait, _killmod, _listener, _nvml,
-    _proc, _select, _server, _systemd)
+    _bench, _envblock, _envcheck, _gpumod, _gpuwait, _hostlock, _killmod, _lastgood, _layers, _layershare, _listener,
+    _nvml, _proc, _ready, _select, _server, _statefile, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step
 
@@ -51,7 +51,7 @@ def argument_spec() -> t.Dict[str, t.Any]:
             **_killmod.signal_argspec()
         )),
         wait_clean=dict(type="dict", default={}, options=gate),
-        wait_ready=dict(type="dict", options=_server.ready_argspec()),
+        wait_ready=dict(type="dict", options=_ready.ready_argspec()),
         keep_failed=dict(type="bool", default=False),
     )
     # With the systemd launcher the unit defines the command and its environment.
@@ -136,7 +136,7 @@ def input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     if err:
         return err
     r = p["wait_ready"]
-    err = _server.ready_input_error(r["health_url"], r["request"], r["timeout"], r["interval"]) if r else None
+    err = _ready.ready_input_error(r["health_url"], r["request"], r["timeout"], r["interval"]) if r else None
     if r and not err and r["log_tail_lines"] < 0:
         err = "log_tail_lines must be >= 0, got %s" % r["log_tail_lines"]
     if err:
@@ -207,7 +207,7 @@ def restore_params(module: t.Any) -> t.Dict[str, t.Any]:
     if (g.get("tag_name") or p["tag_name"]) != p["tag_name"]:
         raise StepError("restore: generation %s was launched with the launch tag %s, not %s; nothing was stopped"
                         % (str(g["fingerprint"])[:12], g["tag_name"], p["tag_name"]), phase="preflight")
-    previous = _lastgood.running_from_pidfile(_server.read_state(p["record"]["state_file"]), p["pidfile"],
+    previous = _lastgood.running_from_pidfile(_statefile.read_state(p["record"]["state_file"]), p["pidfile"],
                                               p["tag_name"], p["name"])
     if p["launcher"] == "process":
         p.update(command=list(g["command"]), env=dict(g.get("env") or {}),
@@ -376,7 +376,7 @@ def server_uids(p: t.Mapping[str, t.Any]) -> t.Set[int]:
         uids.add(_select.uid_of(p["user"]))
     except _select.SelectError:  # the launch check names a missing user
         pass
-    pid_uid = _server.pidfile_uid(p["pidfile"]) if p.get("pidfile") else None
+    pid_uid = _statefile.pidfile_uid(p["pidfile"]) if p.get("pidfile") else None
     return uids if pid_uid is None else uids | {pid_uid}
 
 
@@ -420,7 +420,7 @@ def launch_env(p: t.Mapping[str, t.Any], marked: bool) -> t.Dict[str, str]:
     a good one whose record failed."""
     env = _server.validate_env(p["env"])
     if p["record"] and marked:
-        env[p["tag_name"] + _server.FINGERPRINT_SUFFIX] = p["record"]["fingerprint"]
+        env[p["tag_name"] + _statefile.FINGERPRINT_SUFFIX] = p["record"]["fingerprint"]
     return env
 
 
@@ -525,7 +525,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
     result["phase"] = "preflight"
     preflight(p)
     # The host's last known good measurement, read before this launch marks the record unverified.
-    baseline = (_bench.gate_baseline(_server.read_state(p["record"]["state_file"]).get("gate"), p["gate"])
+    baseline = (_bench.gate_baseline(_statefile.read_state(p["record"]["state_file"]).get("gate"), p["gate"])
                 if p["gate"] and p["record"] else None)
     if p["release_lock"] and not module.check_mode:
         # If the controller dies now, this cycle still runs to its end here; a takeover waits for this process.
@@ -605,7 +605,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
     marked = False
     if p["record"]:
         try:
-            _server.mark_unverified(p["record"]["state_file"])
+            _statefile.mark_unverified(p["record"]["state_file"])
             marked = True
         except OSError:
             pass  # the record step, which must write the same file, reports it
@@ -632,10 +632,10 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
     result["phase"] = "ready"
     launched = (proc.pid, proc.start_time)
     try:
-        result["ready"] = _server.wait_ready(launched, r["health_url"], r["request"], r["timeout"],
-                                             r["interval"], p["log_path"], r["log_tail_lines"], r["log_tail_path"],
-                                             tail_since, tag=(p["tag_name"], p["name"]),
-                                             check_listener=r["check_listener"])
+        result["ready"] = _ready.wait_ready(launched, r["health_url"], r["request"], r["timeout"],
+                                            r["interval"], p["log_path"], r["log_tail_lines"], r["log_tail_path"],
+                                            tail_since, tag=(p["tag_name"], p["name"]),
+                                            check_listener=r["check_listener"])
     except _server.ServerError as e:
         msg = str(e)
         if p["launcher"] == "systemd" and e.details.get("phase") == "startup":
@@ -684,9 +684,9 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
             # The generation's own measurement is the baseline again (the newer one's was of what it rolled back from).
             measured = {k: v for k, v in restore["generation"]["gate"].items() if k != "fingerprint"}
         try:
-            _changed, result["state"] = _server.record_state(p["record"]["state_file"], p["name"],
-                                                             p["record"]["fingerprint"], p["pidfile"], timings,
-                                                             gate=measured)
+            _changed, result["state"] = _statefile.record_state(p["record"]["state_file"], p["name"],
+                                                                p["record"]["fingerprint"], p["pidfile"], timings,
+                                                                gate=measured)
         except OSError as e:
             # The server is up and verified; only the record is missing. The launch carries the fingerprint
             # (launch_env), so the next check sees this server as up to date and rewrites the record instead of
@@ -694,7 +694,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
             keeps = marked and p["launcher"] == "process"  # the launch carries the fingerprint (launch_env)
             if keeps:
                 try:
-                    _server.drop_record(p["record"]["state_file"])
+                    _statefile.drop_record(p["record"]["state_file"])
                 except OSError:
                     keeps = False  # the mark stays: the next run restarts the server, as before
             if keeps and p["record"]["generations"] > 0 and not restore:
@@ -885,13 +885,13 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
             proc = _systemd_start(module, p, r, tail_since)
         else:
             env = _server.validate_env(g.get("env") or {})
-            env[p["tag_name"] + _server.FINGERPRINT_SUFFIX] = fp  # the record below could fail: the launch says what it is
+            env[p["tag_name"] + _statefile.FINGERPRINT_SUFFIX] = fp  # the record below could fail: the launch says what it is
             proc = _server.start(p["name"], g["command"], env, g.get("env_passthrough") or [], g.get("user") or "root",
                                  g.get("workdir") or "/", p["log_path"], p["pidfile"], p["tag_name"],
                                  g.get("umask") or "0022")
-        _server.wait_ready((proc.pid, proc.start_time), r["health_url"], r["request"], r["timeout"], r["interval"],
-                           p["log_path"], r["log_tail_lines"], r["log_tail_path"], tail_since,
-                           tag=(p["tag_name"], p["name"]), check_listener=r["check_listener"])
+        _ready.wait_ready((proc.pid, proc.start_time), r["health_url"], r["request"], r["timeout"], r["interval"],
+                          p["log_path"], r["log_tail_lines"], r["log_tail_path"], tail_since,
+                          tag=(p["tag_name"], p["name"]), check_listener=r["check_listener"])
         if p["wait_busy"]:
             # As after the new server's launch: its workers may answer before they hold the GPUs, and the check below
             # looks at the GPU holders (without the wait, a loaded host failed the rollback at "none holds a GPU").
@@ -902,7 +902,7 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
             params.update(expected=dict(g["expected_env"]), target=p["verify_env"]["target"], nccl_log=[],
                           allow_empty=False, require_confirmed=False)
             verified = len(_envcheck.run(params).get("processes") or [])
-        _server.record_state(p["record"]["state_file"], p["name"], fp, p["pidfile"], {})
+        _statefile.record_state(p["record"]["state_file"], p["name"], fp, p["pidfile"], {})
     except (StepError, _server.ServerError, OSError) as e:
         if proc is not None:
             stop_failed(module, p, result, gate)  # the rollback's server serves nobody either
@@ -990,7 +990,7 @@ def wait_busy(p: t.Mapping[str, t.Any], launched: t.Tuple[int, int]) -> t.Dict[s
                 reading["holders"] = _gpuwait.enrich_holders(gpus)
                 return reading
             if not _proc.is_alive(launched):
-                status = _server.exit_status(launched[0])
+                status = _ready.exit_status(launched[0])
                 raise StepError("server process %d exited%s after it was ready, while waiting for its GPUs to be busy; "
                                 "log: %s" % (launched[0], " (%s)" % status if status else "", p["log_path"]),
                                 **dict(reading, holders=_gpuwait.enrich_holders(gpus)))
@@ -1121,7 +1121,7 @@ def _systemd_start(module: t.Any, p: t.Mapping[str, t.Any], r: t.Mapping[str, t.
         raise StepError("%s exited during start-up after %.1f s%s; log tail (%s): %s"
                         % (unit, time.monotonic() - t0, _systemd_end(module, unit, since), where, last or "(empty)"),
                         phase="startup", log_tail=tail)
-    _server.write_pidfile(p["pidfile"], proc)
+    _statefile.write_pidfile(p["pidfile"], proc)
     return proc
 
 
@@ -1130,7 +1130,7 @@ def remove_stale_pidfile(path: str) -> bool:
     it would name whatever process reuses the pid. Removed then (True). A pidfile naming a live process (one the kill
     did not take for the server: no launch tag), or not in the 'PID START_TIME' form a launch writes, is left to the
     next run's checks."""
-    ident = _server.pidfile_identity(path)
+    ident = _statefile.pidfile_identity(path)
     if ident is None or _proc.is_alive(ident):  # no 'PID START_TIME' of gpufleet's (or none at all), or alive
         return False
     try:

@@ -17,10 +17,10 @@ import os
 import time
 import typing as t
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _statefile
 
 # As the server's state file: root only (the record names the balancers and the run).
-RECORD_MODE = _server.STATE_MODE
+RECORD_MODE = _statefile.STATE_MODE
 
 
 class RecordError(Exception):
@@ -33,7 +33,7 @@ def read(path: str) -> t.Dict[str, t.Dict[str, t.Any]]:
     if os.path.isdir(path):
         raise RecordError("%s is a directory, not a gpufleet drain record" % path)
     try:
-        data = _server.read_state(path)
+        data = _statefile.read_state(path)
     except OSError as e:
         raise RecordError("cannot read %s: %s" % (path, e))
     # Valid JSON that is not what gpufleet writes ([], a number, other keys, an entry that is not an object) is not a
@@ -65,11 +65,11 @@ def add(path: str, balancer: str, entry: t.Mapping[str, t.Any], keep: bool = Tru
     records = dict(read(path) if records is None else records)
     if balancer in records and keep:
         if not check_mode:
-            _server.restrict_mode(path, RECORD_MODE)
+            _statefile.restrict_mode(path, RECORD_MODE)
         return False, records
     records[balancer] = dict(entry, at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     if not check_mode:
-        _server.write_json_atomic(path, {"drains": records}, RECORD_MODE)
+        _statefile.write_json_atomic(path, {"drains": records}, RECORD_MODE)
     return True, records
 
 
@@ -82,7 +82,7 @@ def clear(path: str, balancers: t.Sequence[str],
         return False, records
     if not check_mode:
         if left:
-            _server.write_json_atomic(path, {"drains": left}, RECORD_MODE)
+            _statefile.write_json_atomic(path, {"drains": left}, RECORD_MODE)
         else:
             os.unlink(path)
     return True, left

@@ -19,8 +19,8 @@ import time
 import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import (
-    _gpumod, _hostaddr, _hostlock, _lastgood, _layercheck, _layers, _layershare, _nvml, _proc, _rotation, _runid, _select, _server,
-    _systemd)
+    _gpumod, _hostaddr, _hostlock, _lastgood, _layercheck, _layers, _layershare, _nvml, _proc, _rotation, _runid,
+    _select, _server, _statefile, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step
 
@@ -28,7 +28,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step
 def record_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     """A pidfile whose live process is not the server (no launch tag, or the pid reused since) is not recorded: the
     record is what later checks and kills trust."""
-    ident = _server.pidfile_identity(p["pidfile"])
+    ident = _statefile.pidfile_identity(p["pidfile"])
     if ident is None:
         return None  # recorded without a pid (main warns): the next check finds nothing running and restarts
     proc = _proc.read_proc(ident[0])
@@ -68,7 +68,7 @@ def take_lock(p: t.Dict[str, t.Any], step: Step) -> dict:
         if waited:
             step.warn("waited %.1f s for the restart of dead run %s, still running on this host as pid %d, to finish"
                       % (waited["waited_s"], p["break_owner"], waited["pid"]))
-        cur = _server.read_state(p["lock_file"])
+        cur = _statefile.read_state(p["lock_file"])
         if cur.get("owner") == p["break_owner"]:
             try:
                 os.unlink(p["lock_file"])
@@ -159,7 +159,7 @@ def rollback_choice(p: t.Dict[str, t.Any], step: Step) -> t.Dict[str, t.Any]:
     """O(rollback): the last known good generation this host goes back to (_lastgood.choose), chosen before anything
     is locked; the check then compares the host with it instead of O(fingerprint) and O(expected_env), and the launch
     check looks at its command. Fails, nothing changed, when the host has no such generation."""
-    state = _server.read_state(p["state_file"])
+    state = _statefile.read_state(p["state_file"])
     running = _lastgood.running_from_pidfile(state, p["pidfile"], p["tag_name"], p["name"]) if p["pidfile"] else None
     lkg = _lastgood.path_for(p["state_file"])
     f = _lastgood.read_file(lkg)
@@ -222,7 +222,7 @@ def check(p: t.Dict[str, t.Any], step: Step) -> dict:
         _gpumod.gpus_preflight(p)
     locking = bool(p["lock_file"] and p["owner"]) and not step.check_mode
     # This run's lock from an earlier call (action=lock, or a check that kept it) is neither taken nor dropped here.
-    held = _server.read_state(p["lock_file"]) if p["lock_file"] and p["owner"] else {}
+    held = _statefile.read_state(p["lock_file"]) if p["lock_file"] and p["owner"] else {}
     held_before = held.get("owner") == p["owner"] and float(held.get("expires", 0)) >= time.time()
     lock_res = {}
     if locking:
@@ -345,7 +345,7 @@ def check_unit(p: t.Mapping[str, t.Any], step: Step, procs: t.Mapping[int, _proc
 
 
 def check_state(p: t.Dict[str, t.Any], step: Step) -> dict:
-    state = _server.read_state(p["state_file"])
+    state = _statefile.read_state(p["state_file"])
     reasons = []
     procs = _proc.snapshot()
     pidfile = pidfile_state(p["pidfile"], procs, (p["tag_name"], p["name"])) if p["pidfile"] else None
@@ -486,7 +486,7 @@ def unrecorded_launch(p: t.Mapping[str, t.Any], state: t.Mapping[str, t.Any], la
         return False
     if state.get("fingerprint") == p["fingerprint"] and launcher == on_record:
         return False  # the record names it: nothing to recover
-    key = p["tag_name"] + _server.FINGERPRINT_SUFFIX
+    key = p["tag_name"] + _statefile.FINGERPRINT_SUFFIX
     try:
         return _proc.read_environ(launcher[0], [key]).get(key) == p["fingerprint"]
     except _proc.ProcError:
@@ -503,19 +503,19 @@ def rerecord(p: t.Mapping[str, t.Any], step: Step, res: t.Dict[str, t.Any]) -> N
         return
     if not res.get("unrecorded"):
         return
-    old = _server.read_state(p["state_file"])
+    old = _statefile.read_state(p["state_file"])
     timings = old.get("timings") if isinstance(old.get("timings"), dict) else {}
     # A verified restart whose record failed put its last known good generation (and gate measurement) aside.
     try:
-        pending = _lastgood.pending_for(p["pidfile"], p["fingerprint"], _server.pidfile_identity(p["pidfile"]))
+        pending = _lastgood.pending_for(p["pidfile"], p["fingerprint"], _statefile.pidfile_identity(p["pidfile"]))
     except OSError as e:  # unreadable: the record is still written, without it
         step.warn("the last known good generation put aside in %s cannot be read: %s"
                   % (_lastgood.pending_path(p["pidfile"]), e.strerror or e))
         pending = None
     gate = (pending or {}).get("generation", {}).get("gate")
     try:
-        _server.record_state(p["state_file"], p["name"], p["fingerprint"], p["pidfile"], timings or {},
-                             gate=gate if isinstance(gate, dict) else None)
+        _statefile.record_state(p["state_file"], p["name"], p["fingerprint"], p["pidfile"], timings or {},
+                                gate=gate if isinstance(gate, dict) else None)
     except OSError as e:
         # Said in the result too (the role passes it to the rollout summary): a warning alone scrolls by.
         why = str(e.strerror or e)
@@ -537,7 +537,7 @@ def keep_pending(p: t.Mapping[str, t.Any], step: Step, res: t.Dict[str, t.Any], 
     file still too full is a warning, and the generation stays aside for the next check."""
     if pending is None:
         try:
-            pending = _lastgood.pending_for(p["pidfile"], p["fingerprint"], _server.pidfile_identity(p["pidfile"]))
+            pending = _lastgood.pending_for(p["pidfile"], p["fingerprint"], _statefile.pidfile_identity(p["pidfile"]))
         except OSError:
             pending = None
         if pending is None:
@@ -550,7 +550,7 @@ def keep_pending(p: t.Mapping[str, t.Any], step: Step, res: t.Dict[str, t.Any], 
         return
     res["last_good_kept"] = True
     try:
-        res["last_good"] = last_good_report(p["state_file"], _server.read_state(p["state_file"]))
+        res["last_good"] = last_good_report(p["state_file"], _statefile.read_state(p["state_file"]))
     except OSError:
         pass  # what the check reported before stays
 
@@ -569,17 +569,17 @@ def record(p: t.Dict[str, t.Any], step: Step) -> t.Dict[str, t.Any]:
     err = record_input_error(p)
     if err:
         raise StepError(err)
-    if _server.pidfile_identity(p["pidfile"]) is None:
+    if _statefile.pidfile_identity(p["pidfile"]) is None:
         step.warn("pidfile %s is missing or does not hold the 'PID START_TIME' a launch writes: recorded without a "
                   "pid, so the next check finds no server running" % p["pidfile"])
-    changed, new = _server.record_state(p["state_file"], p["name"], p["fingerprint"], p["pidfile"], p["timings"],
-                                        step.check_mode)
+    changed, new = _statefile.record_state(p["state_file"], p["name"], p["fingerprint"], p["pidfile"], p["timings"],
+                                           step.check_mode)
     return dict(changed=changed, state=new)
 
 
 def lock(p: t.Dict[str, t.Any], step: Step) -> t.Dict[str, t.Any]:
     """O(action=lock): take this run's host lock (wait-die on the runs' start)."""
-    cur = _server.read_state(p["lock_file"])
+    cur = _statefile.read_state(p["lock_file"])
     if step.check_mode:
         return dict(changed=cur.get("owner") != p["owner"], lock=cur)
     res = take_lock(p, step)
@@ -589,7 +589,7 @@ def lock(p: t.Dict[str, t.Any], step: Step) -> t.Dict[str, t.Any]:
 
 def unlock(p: t.Dict[str, t.Any], step: Step) -> t.Dict[str, t.Any]:
     """O(action=unlock): release this run's host lock (another run's is left alone)."""
-    cur = _server.read_state(p["lock_file"])
+    cur = _statefile.read_state(p["lock_file"])
     released = False
     if not step.check_mode:
         released = _hostlock.release_lock(p["lock_file"], p["owner"])

@@ -96,7 +96,7 @@ phase:
 import time
 import typing as t
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _nolog, _proc, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _nolog, _proc, _server, _statefile
 
 
 def main() -> None:
@@ -114,7 +114,7 @@ def main() -> None:
     env = _server.validate_env(p["env"])
 
     result: t.Dict[str, t.Any] = dict(changed=False, already_running=False, launch_s=0.0)
-    ident = _server.pidfile_identity(p["pidfile"])
+    ident = _statefile.pidfile_identity(p["pidfile"])
     # The pidfile's process is the server only if it carries the launch tag (a pidfile never selects alone).
     if ident and _proc.is_alive(ident) and _proc.environ_has(ident[0], p["tag_name"], p["name"]):
         result.update(pid=ident[0], start_time=ident[1], already_running=True)

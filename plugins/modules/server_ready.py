@@ -164,14 +164,14 @@ listener:
       type: str
 """
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _nolog, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _nolog, _ready, _server, _statefile
 
 
 def main() -> None:
     module = _nolog.NoLogModule(
         argument_spec=dict(
             health_url=dict(type="str", default=""),
-            request=dict(type="dict", default={}, options=_server.request_argspec()),
+            request=dict(type="dict", default={}, options=_ready.request_argspec()),
             pidfile=dict(type="path"),
             timeout=dict(type="float", default=600.0),
             interval=dict(type="float", default=0.25),
@@ -183,18 +183,18 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    err = _server.ready_input_error(p["health_url"], p["request"], p["timeout"], p["interval"]) or (
+    err = _ready.ready_input_error(p["health_url"], p["request"], p["timeout"], p["interval"]) or (
         "log_tail_lines must be >= 0, got %s" % p["log_tail_lines"] if p["log_tail_lines"] < 0 else None)
     if err:
         module.fail_json(msg=err)
     # No check-mode branch: polling is a read (GET health_url and the user's request), so check mode polls too.
-    ident = _server.pidfile_identity(p["pidfile"]) if p["pidfile"] else None
+    ident = _statefile.pidfile_identity(p["pidfile"]) if p["pidfile"] else None
     if p["pidfile"] and ident is None:
         module.fail_json(msg="pidfile %s is missing or unreadable; was the server launched?" % p["pidfile"])
     try:
-        res = _server.wait_ready(ident, p["health_url"], p["request"], p["timeout"], p["interval"],
-                                 p["log_path"], p["log_tail_lines"], p["log_tail_path"],
-                                 check_listener=p["check_listener"])
+        res = _ready.wait_ready(ident, p["health_url"], p["request"], p["timeout"], p["interval"],
+                                p["log_path"], p["log_tail_lines"], p["log_tail_path"],
+                                check_listener=p["check_listener"])
     except _server.ServerError as e:
         module.fail_json(msg=str(e), **e.details)
     if (res.get("listener") or {}).get("assumed"):

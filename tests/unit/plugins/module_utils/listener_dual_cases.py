@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _listener, _proc, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _listener, _proc, _ready, _server
 
 HOST = "gpufleet-dual"
 # 200 to everything, on the address and port given.
@@ -69,7 +69,7 @@ def test_an_answer_from_the_address_the_url_reaches_first_is_not_the_servers_and
     assert res["ours"] == [ours.pid] and [f["pid"] for f in res["foreign"]] == [foreign.pid], res
     t0 = time.monotonic()
     with pytest.raises(_server.ServerError) as e:
-        _server.wait_ready(_proc.read_proc(ours.pid).identity, url, {}, 20, 0.05, str(tmp_path / "log"))
+        _ready.wait_ready(_proc.read_proc(ours.pid).identity, url, {}, 20, 0.05, str(tmp_path / "log"))
     assert time.monotonic() - t0 < 10  # at once, not after the start timeout
     msg = str(e.value)
     assert msg.startswith("health answered from pid %d (" % foreign.pid) and "on port %d, not from the server gpufleet " \
@@ -82,8 +82,8 @@ def test_the_server_on_the_address_reached_first_is_ready_whatever_listens_on_th
     port = _free_port()
     ours = serve("::1", port)
     serve("127.0.0.1", port)
-    r = _server.wait_ready(_proc.read_proc(ours.pid).identity, "http://%s:%d/health" % (HOST, port), {}, 20, 0.05,
-                           str(tmp_path / "log"))
+    r = _ready.wait_ready(_proc.read_proc(ours.pid).identity, "http://%s:%d/health" % (HOST, port), {}, 20, 0.05,
+                          str(tmp_path / "log"))
     assert r["listener"]["ours"] == [ours.pid] and r["listener"]["checked"] is True, r
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _bench, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _bench, _statefile
 
 
 def gate(**kw):
@@ -35,13 +35,13 @@ def test_the_record_keeps_the_last_known_good_until_a_new_gate_passes(tmp_path):
     state, pidfile = tmp_path / "demo.json", tmp_path / "demo.pid"
     pidfile.write_text("1 1\n")
     measured = {"key": "k1", "metric": "output_tokens_per_s", "median": 90.0}
-    _server.record_state(str(state), "demo", "f1", str(pidfile), {}, gate=measured)
+    _statefile.record_state(str(state), "demo", "f1", str(pidfile), {}, gate=measured)
     assert json.loads(state.read_text())["gate"] == dict(measured, fingerprint="f1")
-    _server.mark_unverified(str(state))  # a launch that then fails its gate leaves this mark and the measurement
+    _statefile.mark_unverified(str(state))  # a launch that then fails its gate leaves this mark and the measurement
     assert json.loads(state.read_text())["gate"]["median"] == 90.0
-    _server.record_state(str(state), "demo", "f2", str(pidfile), {})  # a restart without the gate
+    _statefile.record_state(str(state), "demo", "f2", str(pidfile), {})  # a restart without the gate
     assert json.loads(state.read_text())["gate"] == dict(measured, fingerprint="f1")
-    _server.record_state(str(state), "demo", "f3", str(pidfile), {}, gate=dict(measured, median=95.0))
+    _statefile.record_state(str(state), "demo", "f3", str(pidfile), {}, gate=dict(measured, median=95.0))
     assert json.loads(state.read_text())["gate"]["median"] == 95.0
 
 

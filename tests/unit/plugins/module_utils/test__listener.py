@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _listener, _proc
+from ansible_collections.gpufleet.serving.plugins.module_utils import _listener, _proc, _ready
 
 LISTEN = r"""
 import socket, sys, time
@@ -121,10 +121,9 @@ def test_addresses_of_proc_net_tcp_read_in_host_order():
 
 
 def test_exit_status_of_an_unreaped_child_and_none_for_another_process():
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _server
     p = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
     while _proc.read_proc(p.pid) is not None and _proc.read_proc(p.pid).state != "Z":
         time.sleep(0.01)
-    assert _server.exit_status(p.pid) == "exit status 3"
+    assert _ready.exit_status(p.pid) == "exit status 3"
     p.returncode = 3  # reaped above
-    assert _server.exit_status(1) is None
+    assert _ready.exit_status(1) is None

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _hostlock, _http, _proc, _runid, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _hostlock, _http, _proc, _ready, _runid, _server, _statefile
 
 
 # ---------------------------------------------------------------- validate_env
@@ -71,24 +71,24 @@ def test_log_tail_of_a_missing_log_is_empty(tmp_path):
 def test_pidfile_round_trip_and_garbage(tmp_path):
     me = _proc.read_proc(os.getpid())
     pf = tmp_path / "run" / "x.pid"
-    _server.write_pidfile(str(pf), me)
-    assert _server.pidfile_identity(str(pf)) == (me.pid, me.start_time)
+    _statefile.write_pidfile(str(pf), me)
+    assert _statefile.pidfile_identity(str(pf)) == (me.pid, me.start_time)
     assert oct(pf.stat().st_mode & 0o777) == "0o644"
     pf.write_text("garbage\n")
-    assert _server.pidfile_identity(str(pf)) is None
+    assert _statefile.pidfile_identity(str(pf)) is None
     pf.write_text("123\n")
-    assert _server.pidfile_identity(str(pf)) is None
-    assert _server.pidfile_identity(str(tmp_path / "missing.pid")) is None
+    assert _statefile.pidfile_identity(str(pf)) is None
+    assert _statefile.pidfile_identity(str(tmp_path / "missing.pid")) is None
 
 
 def test_state_file_round_trip_missing_and_corrupt(tmp_path):
     sf = tmp_path / "lib" / "demo.json"
-    assert _server.read_state(str(sf)) == {}
-    _server.write_json_atomic(str(sf), {"fingerprint": "abc", "pid": 1})
-    assert _server.read_state(str(sf)) == {"fingerprint": "abc", "pid": 1}
+    assert _statefile.read_state(str(sf)) == {}
+    _statefile.write_json_atomic(str(sf), {"fingerprint": "abc", "pid": 1})
+    assert _statefile.read_state(str(sf)) == {"fingerprint": "abc", "pid": 1}
     assert [p.name for p in sf.parent.iterdir()] == ["demo.json"]  # no temp file left
     sf.write_text("{not json")
-    assert _server.read_state(str(sf)) == {"corrupt": True}
+    assert _statefile.read_state(str(sf)) == {"corrupt": True}
 
 
 # ---------------------------------------------------------------- host lock
@@ -248,15 +248,15 @@ def test_http_answers_every_status_and_ignores_proxies(http_server, monkeypatch)
 
 def test_ready_after_health_turns_200_and_the_real_request_succeeds(http_server):
     http_server.health = [503, 503, 200]
-    r = _server.wait_ready(None, http_server.url + "/health", gen_request(http_server, expect_regex="pong"),
-                           timeout=10, interval=0.05, log_path="")
+    r = _ready.wait_ready(None, http_server.url + "/health", gen_request(http_server, expect_regex="pong"),
+                          timeout=10, interval=0.05, log_path="")
     assert r["request_status"] == 200 and "pong" in r["response"]
     assert r["attempts"] == 3 and r["health_s"] is not None and r["ready_s"] >= r["health_s"]
     assert http_server.bodies == ['{"text": "ping"}']
 
 
 def test_ready_with_health_only(http_server):
-    r = _server.wait_ready(None, http_server.url + "/health", {}, timeout=5, interval=0.05, log_path="")
+    r = _ready.wait_ready(None, http_server.url + "/health", {}, timeout=5, interval=0.05, log_path="")
     assert r["attempts"] == 1 and "request_status" not in r
 
 
@@ -266,8 +266,8 @@ def test_health_200_but_real_request_failing_times_out_with_the_hang_hint(http_s
     http_server.gen_code, http_server.gen_body = 503, "scheduler stuck"
     t0 = time.monotonic()
     with pytest.raises(_server.ServerError) as e:
-        _server.wait_ready(None, http_server.url + "/health", gen_request(http_server), timeout=0.6, interval=0.05,
-                           log_path=str(log))
+        _ready.wait_ready(None, http_server.url + "/health", gen_request(http_server), timeout=0.6, interval=0.05,
+                          log_path=str(log))
     assert 0.6 <= time.monotonic() - t0 < 3
     msg = str(e.value)
     assert msg.startswith("server not ready after 0.6 s: real request returned HTTP 503: scheduler stuck")
@@ -279,23 +279,23 @@ def test_health_200_but_real_request_failing_times_out_with_the_hang_hint(http_s
 def test_a_real_request_that_hangs_is_reported_as_such(http_server):
     http_server.hang = 1.0
     with pytest.raises(_server.ServerError) as e:
-        _server.wait_ready(None, http_server.url + "/health", gen_request(http_server, timeout=0.2), timeout=0.5,
-                           interval=0.05, log_path="")
+        _ready.wait_ready(None, http_server.url + "/health", gen_request(http_server, timeout=0.2), timeout=0.5,
+                          interval=0.05, log_path="")
     assert "real request failed" in str(e.value) and "may be hung" in str(e.value)
 
 
 def test_response_not_matching_expect_regex_is_not_ready(http_server):
     http_server.gen_body = '{"error": "model not loaded"}'
     with pytest.raises(_server.ServerError) as e:
-        _server.wait_ready(None, http_server.url + "/health", gen_request(http_server, expect_regex='"text"'),
-                           timeout=0.3, interval=0.05, log_path="")
+        _ready.wait_ready(None, http_server.url + "/health", gen_request(http_server, expect_regex='"text"'),
+                          timeout=0.3, interval=0.05, log_path="")
     assert "real request returned HTTP 200: {\"error\": \"model not loaded\"}" in str(e.value)
 
 
 def test_health_never_answering_times_out_without_the_hang_hint():
     with pytest.raises(_server.ServerError) as e:
-        _server.wait_ready(None, closed_port_url(), {"url": "http://127.0.0.1:1/x"}, timeout=0.3, interval=0.05,
-                           log_path="")
+        _ready.wait_ready(None, closed_port_url(), {"url": "http://127.0.0.1:1/x"}, timeout=0.3, interval=0.05,
+                          log_path="")
     msg = str(e.value)
     assert msg.startswith("server not ready after 0.3 s: health failed: ") and "may be hung" not in msg
     assert e.value.details["health_ok"] is False
@@ -311,7 +311,7 @@ def test_a_server_that_dies_fails_at_once_with_its_log_tail(tmp_path):
     reaper.start()
     t0 = time.monotonic()
     with pytest.raises(_server.ServerError) as e:
-        _server.wait_ready(ident, closed_port_url(), {}, timeout=60, interval=0.05, log_path=str(log))
+        _ready.wait_ready(ident, closed_port_url(), {}, timeout=60, interval=0.05, log_path=str(log))
     took = time.monotonic() - t0
     reaper.join()
     assert took < 5, "waited %.1f s for a dead server" % took
@@ -328,7 +328,7 @@ def test_a_zombie_server_counts_as_dead(tmp_path):
         time.sleep(0.02)
     try:
         with pytest.raises(_server.ServerError) as e:
-            _server.wait_ready(ident, closed_port_url(), {}, timeout=30, interval=0.05, log_path="")
+            _ready.wait_ready(ident, closed_port_url(), {}, timeout=30, interval=0.05, log_path="")
         assert e.value.details["phase"] == "startup"
     finally:
         p.wait()
@@ -347,7 +347,7 @@ def test_a_foreign_listener_answering_200_is_not_counted_and_is_named(http_serve
     p = _launch(["sleep", "60"], tmp_path)  # the launched server: alive, listening nowhere
     try:
         with pytest.raises(_server.ServerError) as e:
-            _server.wait_ready(p.identity, http_server.url + "/health", {}, timeout=0.6, interval=0.05, log_path="")
+            _ready.wait_ready(p.identity, http_server.url + "/health", {}, timeout=0.6, interval=0.05, log_path="")
     finally:
         os.kill(p.pid, 9)
         os.waitpid(p.pid, 0)
@@ -365,8 +365,8 @@ def test_a_launcher_dying_on_eaddrinuse_fails_at_once_with_its_exit_status_and_t
                 tmp_path)
     t0 = time.monotonic()
     with pytest.raises(_server.ServerError) as e:
-        _server.wait_ready(p.identity, http_server.url + "/health", {}, timeout=120, interval=0.05,
-                           log_path=str(tmp_path / "launch.log"))
+        _ready.wait_ready(p.identity, http_server.url + "/health", {}, timeout=120, interval=0.05,
+                          log_path=str(tmp_path / "launch.log"))
     assert time.monotonic() - t0 < 30
     msg = str(e.value)
     assert msg.startswith("server process %d exited during start-up after " % p.pid), msg
@@ -484,7 +484,7 @@ def test_an_existing_log_and_directory_keep_their_modes(tmp_path, operator_umask
 
 def test_state_file_and_lock_under_umask_077(tmp_path, operator_umask_077):
     state = tmp_path / "var" / "lib" / "gpufleet" / "demo.json"
-    _server.record_state(str(state), "demo", "f" * 64, str(tmp_path / "none.pid"), {})
+    _statefile.record_state(str(state), "demo", "f" * 64, str(tmp_path / "none.pid"), {})
     lock = tmp_path / "run" / "gpufleet" / "demo.lock"
     assert _hostlock.acquire_lock(str(lock), "me", 60, 0)["acquired"]
     assert _hostlock.mark_lock(str(lock), "me", (os.getpid(), 1))
@@ -498,23 +498,23 @@ def test_the_state_file_is_root_only_under_umask_000_and_an_old_0644_one_is_tigh
     state = tmp_path / "lib" / "demo.json"
     old = os.umask(0)
     try:
-        changed, _new = _server.record_state(str(state), "demo", "f" * 64, str(tmp_path / "none.pid"), {"kill_s": 1})
+        changed, _new = _statefile.record_state(str(state), "demo", "f" * 64, str(tmp_path / "none.pid"), {"kill_s": 1})
         assert changed and _mode(state) == "0600" and _mode(state.parent) == "0755"
-        assert _server.read_state(str(state))["fingerprint"] == "f" * 64
+        assert _statefile.read_state(str(state))["fingerprint"] == "f" * 64
         # One an older gpufleet wrote 0644: the next record, even an unchanged one, makes it 0600.
         os.chmod(state, 0o644)
-        assert _server.record_state(str(state), "demo", "f" * 64, str(tmp_path / "none.pid"), {})[0] is False
+        assert _statefile.record_state(str(state), "demo", "f" * 64, str(tmp_path / "none.pid"), {})[0] is False
         assert _mode(state) == "0600"
         # Check mode changes no mode; a leftover temp file of the same name does not lend its mode.
         os.chmod(state, 0o644)
-        _server.record_state(str(state), "demo", "e" * 64, str(tmp_path / "none.pid"), {}, check_mode=True)
+        _statefile.record_state(str(state), "demo", "e" * 64, str(tmp_path / "none.pid"), {}, check_mode=True)
         assert _mode(state) == "0644"
         tmp = tmp_path / "lib" / ("demo.json.%d.tmp" % os.getpid())
         tmp.write_text("x")
         os.chmod(tmp, 0o666)
-        _server.record_state(str(state), "demo", "e" * 64, str(tmp_path / "none.pid"), {})
+        _statefile.record_state(str(state), "demo", "e" * 64, str(tmp_path / "none.pid"), {})
         assert _mode(state) == "0600" and not tmp.exists()
-        assert _server.read_state(str(state))["fingerprint"] == "e" * 64
+        assert _statefile.read_state(str(state))["fingerprint"] == "e" * 64
     finally:
         os.umask(old)
 

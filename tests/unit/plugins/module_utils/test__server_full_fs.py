@@ -17,16 +17,16 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
 
 CHILD = r'''
 import json, os, sys, time
-from ansible_collections.gpufleet.serving.plugins.module_utils import _hostlock, _proc, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _hostlock, _proc, _server, _statefile
 d, what = sys.argv[1], sys.argv[2]
 out = {}
 try:
     if what == "state":
-        _server.write_json_atomic(os.path.join(d, "sglang.json"), {"fingerprint": "x" * 100000}, 0o600)
+        _statefile.write_json_atomic(os.path.join(d, "sglang.json"), {"fingerprint": "x" * 100000}, 0o600)
     elif what == "lock":
         out["lock"] = _hostlock.acquire_lock(os.path.join(d, "sglang.lock"), "run-1", 60, 0)
     elif what == "pidfile":
-        _server.write_pidfile(os.path.join(d, "sglang.pid"), _proc.read_proc(os.getpid()))
+        _statefile.write_pidfile(os.path.join(d, "sglang.pid"), _proc.read_proc(os.getpid()))
     elif what == "launch":
         # The pidfile is the one file of the launch on the full filesystem (the log is not): the server starts, then
         # cannot be tracked. Its marker finds it in /proc if it survived.

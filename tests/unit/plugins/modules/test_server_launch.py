@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _proc, _server, _statefile
 from ansible_collections.gpufleet.serving.plugins.modules import server_launch
 
 SLEEPER = [sys.executable, "-c", "import sys, time; print('server up', flush=True); time.sleep(60)"]
@@ -48,7 +48,7 @@ def test_launch_in_a_new_session_tagged_with_a_clean_env_pidfile_and_log(tmp_pat
     assert (p.pid, p.start_time) == (r["pid"], r["start_time"])
     assert p.sid == p.pid and p.pgid == p.pid, "not in its own session"
     assert p.ppid == os.getpid()
-    assert _server.pidfile_identity(args(tmp_path)["pidfile"]) == (r["pid"], r["start_time"])
+    assert _statefile.pidfile_identity(args(tmp_path)["pidfile"]) == (r["pid"], r["start_time"])
     with open("/proc/%d/environ" % r["pid"], "rb") as f:
         env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if kv)
     env = {k.decode(): v.decode() for k, v in env.items()}

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _hostlock, _proc, _restart, _server
+from ansible_collections.gpufleet.serving.plugins.module_utils import _hostlock, _proc, _restart, _statefile
 from ansible_collections.gpufleet.serving.plugins.modules import server_restart
 
 from helpers import FAKE_NVML_DIR, pid_alive, wait_for
@@ -109,7 +109,7 @@ def test_full_cycle_kills_the_old_server_relaunches_verifies_records_and_unlocks
     assert not any(pid_alive(pid) for pid in old)
     new = _tagged(a)
     assert r["pid"] in new and not set(new) & set(old)
-    assert _server.pidfile_identity(a["pidfile"]) == (r["pid"], r["start_time"])
+    assert _statefile.pidfile_identity(a["pidfile"]) == (r["pid"], r["start_time"])
     # The gate saw the old worker's memory released; the busy wait saw the new worker holding GPU 0.
     worker = [pid for pid in new if pid != r["pid"]]
     assert r["clean"]["holders"] == [] and [p["pid"] for p in r["busy"]["gpus"][0]["processes"]] == worker
@@ -145,7 +145,7 @@ def test_pid_only_pidfile_of_an_unrelated_process_is_left_alone(server, run_modu
         pf = r["kill"]["pidfile"]
         assert pf["pid"] == unrelated.pid and pf["status"] == "unconfirmed" and pf["confirmed_by"] is None, pf
         assert any("unconfirmed" in n for n in r["kill"]["notes"]), r["kill"]["notes"]
-        assert _server.pidfile_identity(a["pidfile"]) == (r["pid"], r["start_time"])
+        assert _statefile.pidfile_identity(a["pidfile"]) == (r["pid"], r["start_time"])
     finally:
         unrelated.kill()
         unrelated.wait()
@@ -484,7 +484,7 @@ def test_check_mode_lists_what_it_would_kill_and_changes_nothing(server, run_mod
     # Nothing was signalled: no kill to count or time (a 0.00 in the summary would read as a kill).
     assert r["killed"] == 0 and "kill_s" not in r["timings"]
     assert _tagged(a) == old and all(pid_alive(p) for p in old)
-    assert _server.pidfile_identity(a["pidfile"])[0] == first["pid"]
+    assert _statefile.pidfile_identity(a["pidfile"])[0] == first["pid"]
     assert open(a["record"]["state_file"]).read() == state_before
 
 
@@ -568,7 +568,7 @@ def test_a_holder_no_kill_would_end_refuses_before_the_kill_and_the_healthy_serv
     # The healthy server runs on, untouched: the same processes, pidfile and record.
     assert sorted(_proc.read_proc(pid).identity for pid in old if pid_alive(pid)) == identities
     assert _tagged(a) == old and stray.poll() is None
-    assert _server.pidfile_identity(a["pidfile"])[0] == first["pid"]
+    assert _statefile.pidfile_identity(a["pidfile"])[0] == first["pid"]
     assert open(server["record"]["state_file"]).read() == state_before
     assert r["lock_released"] is True and not os.path.exists(a["release_lock"]["lock_file"])
     # Check mode gave the same verdict, in the same words but the verb.
@@ -935,7 +935,7 @@ def test_a_stop_removes_the_pidfile_of_the_server_it_stopped(server, run_module)
                 release_lock=None)
     checked = run_module(server_restart.main, stop, check_mode=True)
     assert "failed" not in checked and checked["would_stop"] is True and "pidfile_removed" not in checked, checked
-    assert _server.pidfile_identity(a["pidfile"])[0] == first["pid"]
+    assert _statefile.pidfile_identity(a["pidfile"])[0] == first["pid"]
     r = run_module(server_restart.main, stop)
     assert "failed" not in r and r["killed"] >= 1 and r["pidfile_removed"] is True, r
     assert not os.path.exists(a["pidfile"]) and _tagged(a) == []

@@ -20,7 +20,7 @@ import pytest
 
 from helpers import FAKE_NVML_DIR, wait_for
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _hostlock, _proc, _server, _state
+from ansible_collections.gpufleet.serving.plugins.module_utils import _hostlock, _proc, _state, _statefile
 from ansible_collections.gpufleet.serving.plugins.modules import server_state
 
 
@@ -404,8 +404,6 @@ def test_an_nccl_layer_other_users_cannot_read_is_not_up_to_date(servers, paths,
 def test_check_without_an_owner_only_looks_at_the_lock(servers, paths, run_module):
     """The rollout's up-to-date check: an up-to-date host that another run holds is not "already right", and the
     check neither takes, changes nor breaks the lock; a free or expired lock does not count."""
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _server
-
     running(servers, paths, run_module)
     free = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"]))
     assert free["up_to_date"] is True and "lock_holder" not in free and "locked" not in free
@@ -487,10 +485,9 @@ def test_the_state_file_is_root_only_under_umask_000_and_the_check_reads_it(serv
 def test_a_launch_marked_unverified_needs_a_restart_until_recorded(servers, paths, run_module):
     """server_restart marks the record before each launch; a launch that failed its checks (or a run cut short) leaves
     the mark, and the same server then needs a restart although its pid and fingerprint are the record's."""
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _server
     running(servers, paths, run_module)
     assert run_module(server_state.main, check_args(paths))["needs_restart"] is False
-    _server.mark_unverified(paths["state_file"])
+    _statefile.mark_unverified(paths["state_file"])
     assert os.stat(paths["state_file"]).st_mode & 0o777 == 0o600
     r = run_module(server_state.main, check_args(paths))
     assert r["needs_restart"] is True
@@ -624,7 +621,7 @@ def test_a_record_that_still_cannot_be_written_is_said_in_the_result_and_a_warni
     def full(*_a, **_k):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(_server, "record_state", full)
+    monkeypatch.setattr(_statefile, "record_state", full)
     r = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"], owner="ctl:1:run"))
     assert r["needs_restart"] is False and r["unrecorded"] is True and "recorded" not in r, r
     assert r["record_missing"] == (
