@@ -194,8 +194,12 @@ class ActionModule(ActionBase):
         except AnsibleError as e:  # a templating error in the host's variables: the roles report it
             result["check_error"] = _message(e)
             return result
-        verdict = _check.fast_verdict(check, check.pop("_balancer_names"), str(server.get("gpufleet_server_name")))
+        names = check.pop("_balancer_names")
+        verdict = _check.fast_verdict(check, names, str(server.get("gpufleet_server_name")))
         if verdict.get("failed"):
             return dict(result, **verdict)
         result.update(verdict)
+        stale = _check.stale_records(check, names)
+        if stale and verdict.get("up_to_date"):  # otherwise the roles' check says it
+            result["warnings"] = list(result.get("warnings") or []) + stale
         return result

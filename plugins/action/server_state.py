@@ -109,6 +109,9 @@ class ActionModule(ActionBase):
                                         bool(self._task.check_mode))
         if res["decision"].get("error"):
             return dict(res, failed=True, msg=res["decision"]["error"])
+        stale = _check.stale_records(res, [str(n) for n in decide.get("balancers") or []])
+        if stale:
+            res["warnings"] = list(res.get("warnings") or []) + stale
         return res
 
     def run(self, tmp=None, task_vars=None):

@@ -12,21 +12,22 @@ The balancer module checks that HAProxy's address for the server is the entry's 
 host is refused. An entry copied from another host's vars with both its server and its worker_url passes that check and
 would take the other host out while this one is killed under its requests. Only this host can tell: the URL's host must
 resolve (here) to an address of one of its interfaces. Binding a socket to an address succeeds only for a local one
-(EADDRNOTAVAIL otherwise), which needs no interface listing (no netifaces, no `ip addr` to parse) and answers for
-IPv4 and IPv6 alike. Behind NAT or a proxy the URL is rightly no address of the host: the role's
+(EADDRNOTAVAIL otherwise), for IPv4 and IPv6 alike, with no interface listing to parse; where ip_nonlocal_bind lets any
+bind succeed (keepalived and HAProxy hosts), the kernel's own tables of local addresses decide (found by a new user,
+helper-37). Behind NAT or a proxy the URL is rightly no address of the host: the role's
 gpufleet_server_worker_url_check turns the check off.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
 import typing as t
 from urllib.parse import urlsplit
 
 
-def is_local(ip: str, family: int) -> bool:
-    """Whether `ip` is an address of this host (a bind to it succeeds)."""
+def _bind_ok(ip: str, family: int) -> bool:
     s = socket.socket(family, socket.SOCK_DGRAM)
     try:
         s.bind((ip, 0))
@@ -37,6 +38,52 @@ def is_local(ip: str, family: int) -> bool:
         raise
     finally:
         s.close()
+
+
+def _nonlocal_bind(family: int) -> bool:
+    """Whether the kernel lets a socket bind any address (net.ipv4/ipv6.ip_nonlocal_bind, common on keepalived and
+    HAProxy hosts): then a bind proves nothing."""
+    path = "/proc/sys/net/%s/ip_nonlocal_bind" % ("ipv6" if family == socket.AF_INET6 else "ipv4")
+    try:
+        with open(path) as f:
+            return f.read().strip() != "0"
+    except OSError:
+        return False
+
+
+def _local_table(family: int) -> t.List[t.Any]:
+    """The host's own addresses as the kernel lists them: IPv4's LOCAL routes of /proc/net/fib_trie (an address, or
+    a range routed to the host such as 127.0.0.0/8), IPv6's /proc/net/if_inet6."""
+    nets: t.List[t.Any] = []
+    if family == socket.AF_INET6:
+        with open("/proc/net/if_inet6") as f:
+            for line in f:
+                if line.split():
+                    nets.append(ipaddress.IPv6Network((int(line.split()[0], 16), 128)))
+        return nets
+    last = None
+    with open("/proc/net/fib_trie") as f:
+        for line in f:
+            s = line.strip()
+            if s.startswith("|-- "):
+                last = s[4:]
+            elif s.startswith("/") and s.endswith(" LOCAL") and last:
+                nets.append(ipaddress.ip_network("%s/%s" % (last, s.split()[0][1:]), strict=False))
+    return nets
+
+
+def is_local(ip: str, family: int) -> bool:
+    """Whether `ip` is an address of this host: a bind to it succeeds, and, where ip_nonlocal_bind lets any bind
+    succeed, the kernel's own table of local addresses lists it."""
+    if not _bind_ok(ip, family):
+        return False
+    if not _nonlocal_bind(family):
+        return True
+    try:
+        addr = ipaddress.ip_address(ip.split("%", 1)[0])
+        return any(addr in n for n in _local_table(family))
+    except (OSError, ValueError):
+        return False  # no table to read: the address is not known to be this host's
 
 
 def foreign(name: str, url: str) -> t.Optional[str]:

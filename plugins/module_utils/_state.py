@@ -253,12 +253,6 @@ def check(p: t.Dict[str, t.Any], step: Step) -> dict:
                                 phase="preflight", launch_problems=problems)
             if p["owner"]:
                 restart_preflight(p, step)
-        if p["owner"] and p["worker_urls"] and (res["needs_restart"] or p["keep_lock"]):
-            # Before the drain: an entry copied from another host's variables would take that host out.
-            refused = _hostaddr.refusals(p["worker_urls"])
-            if refused:
-                raise StepError("a balancer entry's worker_url is not this host's, nothing was touched: %s"
-                                % "; ".join(refused), phase="preflight")
     except BaseException:
         if locking and not held_before:
             _hostlock.release_lock(p["lock_file"], p["owner"])
@@ -280,6 +274,15 @@ def check(p: t.Dict[str, t.Any], step: Step) -> dict:
         except (_rotation.RecordError, OSError) as e:
             res["drain_record_error"] = "drain record %s: %s" % (p["rotation_file"], e)
             res["up_to_date"] = False
+    # Before any balancer call of a run: a drain (a restart) or a put-back (an earlier run's drain record). An entry
+    # copied from another host's variables would take that host out, or put it back over an operator's MAINT.
+    if p["owner"] and p["worker_urls"] and (res["needs_restart"] or p["keep_lock"] or res.get("drain_records")):
+        refused = _hostaddr.refusals(p["worker_urls"])
+        if refused:
+            if locking and not held_before:
+                _hostlock.release_lock(p["lock_file"], p["owner"])
+            raise StepError("a balancer entry's worker_url is not this host's, nothing was touched: %s"
+                            % "; ".join(refused), phase="preflight")
     if p["lock_file"] and not p["owner"]:
         holder = _hostlock.lock_holder(p["lock_file"])
         if holder is not None:

@@ -207,9 +207,11 @@ options:
   worker_urls:
     version_added: 0.3.0
     description:
-      - With V(check) and O(owner), when a restart is needed (or O(keep_lock)), the balancer entries whose worker URL
+      - With V(check) and O(owner), when a restart is needed (or O(keep_lock)) or the drain record names entries to
+        put back, the balancer entries whose worker URL
         was set by hand, as entry name to URL. Each URL's host must resolve on this host to one of its own addresses
-        (a bind to it succeeds), else the check fails before the drain with nothing touched (its C(phase) is
+        (a bind to it succeeds and, where C(ip_nonlocal_bind) lets any bind succeed, the kernel's table of local
+        addresses lists it), else the check fails before the drain with nothing touched (its C(phase) is
         V(preflight)); the message shows the URL's host, never the whole URL. An entry copied from another host's
         variables, its C(server) and C(worker_url) both, would pass the balancer's address check and take that host
         out of rotation while this one is killed.

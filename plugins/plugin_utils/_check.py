@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import typing as t
 
+from ansible_collections.gpufleet.serving.plugins.module_utils._rotation import stale
+
 Result = t.Dict[str, t.Any]
 
 
@@ -121,6 +123,15 @@ def decide(check: t.Mapping[str, t.Any], force: bool, balancers: t.Sequence[str]
         would_return=check_mode,
         found={n: (records[n].get("found", "UP") if isinstance(records[n], t.Mapping) else "UP") for n in names})
     return out
+
+
+def stale_records(check: t.Mapping[str, t.Any], balancers: t.Sequence[t.Any]) -> t.List[str]:
+    """Warnings for the drains the host's record keeps of entries it no longer has (removed or renamed): no run puts
+    it back there, and the rollout would otherwise pass it in silence (helper-37; the audit reports them as drift)."""
+    records = check.get("drain_records")
+    if not balancers or not isinstance(records, t.Mapping):
+        return []
+    return stale(records, [str(b) for b in balancers])
 
 
 def fast_verdict(check: t.Mapping[str, t.Any], balancers: t.Sequence[t.Any], name: str) -> Result:

@@ -17,17 +17,25 @@ from helpers import PY, run_playbook
 @pytest.mark.reliability(
     section="input", case="A batch setting that is not a number (or not a boolean)",
     provoked="gpufleet.serving.rollout with -e gpufleet_rollout_max_fail_percentage=abc on two hosts (gpu1, gpu2); "
-             "then with -e gpufleet_rollout_fast_check=maybe (read as false by the bool filter, silently, before)",
+             "then with -e gpufleet_rollout_fast_check=maybe (read as false by the bool filter, silently, before); "
+             "then gpufleet_rollout_serial [] (one batch of every host, no canary, before) and null (ansible-core "
+             "crashed, rc 250, before)",
     outcome="the run fails before any host is touched; the summary says 'rollout refused before any host was "
             "touched: gpufleet_rollout_max_fail_percentage must be a number from 0 to 100 (got str abc)' and lists "
             "gpu1 and gpu2 as not run, neither as failed (before: gpu1 was reported failing and the rollout 'halted: "
             "1 of 1 host(s) of the batch failed (gpu1)'); the same for 'gpufleet_rollout_fast_check must be true or false "
-            "(got maybe)'")
+            "(got maybe)'; the same for 'gpufleet_rollout_serial must be a batch size ... (got [] (an empty list))' and '(got "
+            "None)'")
 @pytest.mark.parametrize("setting, value, want", [
     ("gpufleet_rollout_max_fail_percentage", "abc",
      "gpufleet_rollout_max_fail_percentage must be a number from 0 to 100 (got str abc)"),
     ("gpufleet_rollout_fast_check", "maybe", "gpufleet_rollout_fast_check must be true or false (got maybe)"),
-])
+    # An empty list made one batch of every host, no canary; null crashed ansible-core (rc 250): helper-37.
+    ("gpufleet_rollout_serial", [], 'gpufleet_rollout_serial must be a batch size (a number of hosts >= 1 or a '
+     'percentage such as "50%"), or a list of them (got [] (an empty list))'),
+    ("gpufleet_rollout_serial", None, 'gpufleet_rollout_serial must be a batch size (a number of hosts >= 1 or a '
+     'percentage such as "50%"), or a list of them (got None)'),
+], ids=["max_fail-abc", "fast_check-maybe", "serial-empty", "serial-null"])
 def test_a_bad_max_fail_percentage_is_refused_by_name_not_as_a_host_failure(tmp_path, setting, value, want):
     inv = tmp_path / "inv.ini"
     inv.write_text("[gpufleet_servers]\n" + "".join(

@@ -310,6 +310,11 @@ def test_capacity_guard_refuses_a_batch_before_anything_is_touched(df):
         assert r.summary[h]["failure"].endswith("use smaller batches (gpufleet_rollout_serial)"), r.summary[h]["failure"]
     assert r.summary["host3"]["status"] == "not run"
     assert _pids(df) == before
+    # A percentage is rounded up (docs/playbooks.md): 70% of 4 is 3 servers, as 75% is.
+    r = df.playbook("rollout", extra_vars={"gpufleet_rollout_serial": ["50%"], "gpufleet_server_force_restart": True,
+                                           "gpufleet_rollout_min_in_service": "70%"})
+    assert r.rc != 0 and "in rotation, fewer than 3; nothing was touched" in r.summary["host1"]["failure"], r.summary
+    assert _pids(df) == before
     df.all_in_rotation(timeout=5)
     # Counted from the balancers' own state: host2 in MAINT in HAProxy, host4 at weight 0 there (a soft drain) and
     # host3's worker removed from the router, by hand, are out although the play knows nothing of it.
@@ -624,13 +629,29 @@ def test_an_entry_copied_from_another_host_with_its_worker_url_fails_the_host_be
             % (copied.get("name", "haproxy"), df.fleet.addr("host3"))) in said, said
     assert _pids(df) == before
     assert df.drain_record("host2") is None
-    # The same entry with host2's own worker URL given by hand passes the check, and the restart goes through.
+    # An earlier run left host2 drained (MAINT, its record); host3 is in MAINT by an operator. The put-back without a
+    # restart is refused the same way: host3 is not put back over the operator's MAINT (helper-37, H2).
+    for h in ("host2", "host3"):
+        _balancer.haproxy_cmd(df.haproxy.sock, "set server %s/%s state maint" % (_balancer.BACKEND, h))
+    rec = {"drains": {"haproxy": {"found": "UP", "server": "host2", "run": "ctl:1:killed", "at": "2026-12-05T18:00:00+0000"}}}
+    df.fleet.ssh("host2", "umask 077 && mkdir -p %s && cat > %s" % (os.path.dirname(RECORD), RECORD),
+                 input=json.dumps(rec), check=True)
+    r = df.playbook("rollout", "--limit", "host2", vars_override=dict(df.server_vars(), gpufleet_server_balancers=[copied]))
+    assert r.rc != 0, r.tail()
+    assert "is no address of this host" in " ".join(r.out.split()), r.tail()
+    assert df.haproxy_states()["host3"] == "MAINT" and df.haproxy_states()["host2"] == "MAINT"
+    assert df.drain_record("host2")[1] == rec["drains"]
+    assert _pids(df) == before
+    _balancer.haproxy_cmd(df.haproxy.sock, "set server %s/host3 state ready" % _balancer.BACKEND)
+    # The same entry with host2's own worker URL given by hand passes the check, and the restart goes through (host2
+    # back in rotation, its record cleared).
     own = dict(df.balancers()[0], worker_url=df.worker_url("host2"))
     r = df.playbook("rollout", "--limit", "host2", extra_vars={"gpufleet_server_force_restart": True},
                     vars_override=dict(df.server_vars(), gpufleet_server_balancers=[own]))
     assert r.rc == 0, r.tail()
     assert r.summary["host2"]["restarted"], r.summary["host2"]
     df.all_in_rotation(timeout=30)
+    assert df.drain_record("host2") is None
 
 
 def test_the_audit_reports_a_drain_record_of_an_entry_the_host_no_longer_has(df):
@@ -648,6 +669,20 @@ def test_the_audit_reports_a_drain_record_of_an_entry_the_host_no_longer_has(df)
             assert a.rc != 0, a.tail()
             assert line in " ".join(a.out.split()), a.tail()
         assert df.drain_record("host4")[1] == rec["drains"]  # read-only
+        # The rollout says it too (a warning), on its fast path and on a forced restart, and leaves the record.
+        for extra in ({}, {"gpufleet_server_force_restart": True}):
+            r = df.playbook("rollout", "--limit", "host4", extra_vars=extra)
+            assert r.rc == 0, r.tail()
+            assert line in " ".join(r.out.split()), r.tail()
+        assert df.drain_record("host4")[1] == rec["drains"]
+        # A record the rollout would refuse to read (it halts on it) is drift too (helper-37, M2).
+        for bad in ("{not json", json.dumps({"drains": {"gone": "junk"}})):
+            df.fleet.ssh("host4", "cat > %s" % RECORD, input=bad, check=True)
+            for balancers in (df.balancers(), []):
+                a = df.playbook("audit", "--limit", "host4", check=True,
+                                vars_override=dict(df.server_vars(), gpufleet_server_balancers=balancers))
+                assert a.rc != 0, a.tail()
+                assert "drain record unreadable, the next rollout halts on it" in " ".join(a.out.split()), a.tail()
     finally:
         df.fleet.ssh("host4", "rm -f %s" % RECORD, check=True)
     a = df.playbook("audit", "--limit", "host4", check=True)

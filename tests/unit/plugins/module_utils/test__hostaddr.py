@@ -2,7 +2,13 @@
 """_hostaddr: whether a balancer entry's worker URL names this host (real sockets, real name resolution)."""
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +55,31 @@ def test_ipv6_loopback_is_local_and_a_documentation_address_is_not():
         pytest.skip("IPv6 disabled in this kernel")
     assert local
     assert not _hostaddr.is_local("2001:db8::1", socket.AF_INET6)
+
+
+def _in_netns(code: str, nonlocal_bind: str) -> subprocess.CompletedProcess:
+    """Run `code` in a new network namespace holding 10.250.0.1/24 on a veth (on lo the whole /24 would be local), with ip_nonlocal_bind as given."""
+    ns = "gf-hostaddr-%d" % os.getpid()
+    root = str(Path(_hostaddr.__file__).resolve().parents[5])  # the directory that holds ansible_collections
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        for cmd in (["ip", "link", "set", "lo", "up"], ["ip", "link", "add", "gf0", "type", "veth", "peer", "name", "gf1"],
+                    ["ip", "link", "set", "gf0", "up"], ["ip", "link", "set", "gf1", "up"], ["ip", "addr", "add", "10.250.0.1/24", "dev", "gf0"],
+                    ["sysctl", "-qw", "net.ipv4.ip_nonlocal_bind=%s" % nonlocal_bind]):
+            subprocess.run(["ip", "netns", "exec", ns] + cmd, check=True)
+        return subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code], capture_output=True, text=True,
+                              env={"PYTHONPATH": root, "PATH": os.environ.get("PATH", "")}, check=True)
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and iproute2 for a network namespace")
+@pytest.mark.parametrize("nonlocal_bind", ["0", "1"])
+def test_ip_nonlocal_bind_does_not_make_another_hosts_address_local(nonlocal_bind):
+    """With ip_nonlocal_bind on (keepalived, HAProxy hosts) any bind succeeds: the kernel's table decides instead
+    (helper-37, H1: a copied entry passed the check and another host was taken out)."""
+    code = ("import json; from ansible_collections.gpufleet.serving.plugins.module_utils import _hostaddr; "
+            "print(json.dumps(_hostaddr.refusals({'own': 'http://10.250.0.1:30000', 'loop': 'http://127.0.0.1:1', "
+            "'other': 'http://10.250.0.9:30000'})))")
+    out = json.loads(_in_netns(code, nonlocal_bind).stdout)
+    assert len(out) == 1 and out[0].startswith("balancer entry other: its worker_url's host 10.250.0.9 is no address"), out
