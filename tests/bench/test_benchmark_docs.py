@@ -24,6 +24,8 @@ RUNS = [
     ("fleet-rollout-bench-2-32-79bc33d.json",),
     ("fleet-rollout-bench-8-rollout-check.json",),
     ("fleet-rollout-bench-2-32-e6cf68f.json",),
+    ("fleet-rollout-bench-8-74729d9-run1.json",),
+    ("fleet-rollout-bench-8-74729d9-run2.json",),
 ]
 
 
