@@ -179,22 +179,33 @@ _BANNER = re.compile(r"@{3,}|^@\s+|\s+@$")
 FAILURE_CHARS = 600
 
 
-def failure_text(res: t.Mapping[str, t.Any], limit: int = FAILURE_CHARS) -> str:
-    """One line saying why a task failed or a host was unreachable, with the cause kept.
+def failure_cause(res: t.Mapping[str, t.Any]) -> str:
+    """Why a task failed, whole: the one composition of a failure's text, for this summary (failure_text, cut to its
+    column) and for the gpu_server role's rescues (the gpufleet.serving.failure_text filter, which imports it from here:
+    this file stays loadable on its own, by tools/gpufleet_ci).
 
-    A module that printed no JSON fails with "Module result deserialization failed" or "MODULE FAILURE": the cause
-    is in what it printed (module_stderr / module_stdout: "sudo: sorry, you must have a tty to run sudo", a
-    traceback's last line). An unreachable host's message ends with what to do (OpenSSH's "Offending ... key" and
-    "ssh-keygen -R" lines): a long text keeps its head and its end, not only its head."""
+    A loop's failure ("One or more items failed": the role's balancer calls, one per delegate) is each failed item's
+    message. A command's ("non-zero return code") keeps what it printed on stderr. A module that printed no JSON fails
+    with "Module result deserialization failed" or "MODULE FAILURE": the cause is in what it printed (module_stderr /
+    module_stdout: "sudo: sorry, you must have a tty to run sudo", a traceback's last line)."""
     msg = str(res.get("msg") or "failed")
-    # A loop's failure ("One or more items failed": the role's balancer calls, one per delegate): each failed item's.
     items = [str(r.get("msg") or "failed") for r in res.get("results") or [] if isinstance(r, dict) and r.get("failed")]
     if items:
         msg = "; ".join(items)
+    stderr = str(res.get("stderr") or "").strip()
+    if res.get("msg") == "non-zero return code" and stderr:
+        msg = "%s: %s" % (msg, stderr)
     printed = " ".join(str(res.get(k) or "").strip() for k in ("module_stderr", "module_stdout")).strip()
     if printed and printed not in msg:
         msg = "%s: %s" % (msg.rstrip(". "), printed)
-    text = " ".join(_BANNER.sub(" ", ln.strip()) for ln in msg.splitlines())
+    return msg
+
+
+def failure_text(res: t.Mapping[str, t.Any], limit: int = FAILURE_CHARS) -> str:
+    """One line saying why a task failed or a host was unreachable, with the cause kept (failure_cause). An unreachable
+    host's message ends with what to do (OpenSSH's "Offending ... key" and "ssh-keygen -R" lines): a long text keeps
+    its head and its end, not only its head."""
+    text = " ".join(_BANNER.sub(" ", ln.strip()) for ln in failure_cause(res).splitlines())
     return fit(" ".join(text.split()), limit)
 
 

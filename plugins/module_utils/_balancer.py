@@ -93,10 +93,21 @@ def identity(b: Entry, server: str, worker_url: str) -> str:
     return public_url(b["remove"]["url"])
 
 
+def other_server(rec: t.Any, ident: str) -> t.Optional[str]:
+    """The server a drain record names when it is not `ident` (the entry's server as this host has it), else None."""
+    server = rec.get("server") if isinstance(rec, t.Mapping) else None
+    return str(server) if server not in (None, "") and str(server) != ident else None
+
+
 def record_for(b: Entry, records: Records, names: t.Collection[str], ident: str) -> t.Tuple[t.Optional[str], t.Any]:
     """(key, record) of gpufleet's own drain of this entry: by its name or, for an entry renamed since the drain, the
     record of another name no entry has any more that names the same server. (None, None) when there is none."""
     if b["name"] in records:
+        # A record under this name of another server (an entry copied from another host's variables when the drain
+        # was made) is not this host's drain: trusted, it would undo an operator's MAINT (helper-38). other_server()
+        # says so.
+        if other_server(records[b["name"]], ident):
+            return None, None
         return b["name"], records[b["name"]]
     for key in sorted(records):
         if key not in names and records[key].get("server") == ident:
@@ -488,6 +499,11 @@ class Balancers:
         # A server name of another host (an entry changed since the drain) would put that host back, an operator's
         # MAINT undone, and leave this one out: every entry this call puts back is checked first, nothing touched.
         checked = [b for b in self.entries if b["type"] == "haproxy" and left_as_found.get(b["name"]) != "MAINT"]
+        # A drain record of another server under an entry's name: this host was not drained there by gpufleet, and the
+        # server put back would be this one over whatever state it is in (an operator's MAINT). Refused, nothing touched.
+        foreign = [self.foreign_record(b) for b in self.entries if left_as_found.get(b["name"]) != "MAINT"]
+        if any(foreign):
+            raise BalancerError("; ".join(f for f in foreign if f) + "; nothing was touched")
         reads = self.read_each(checked)
         for b in checked:
             self.refuse_another_server(b, reads[b["name"]]["addrs"])
@@ -563,9 +579,18 @@ class Balancers:
             return " (drain record unreadable: %s)" % records_error[:120]
         return ", not by gpufleet (no drain record of it)"
 
+    def foreign_record(self, b: Entry) -> t.Optional[str]:
+        """Why the host's drain record under this entry's name is not this host's drain, or None."""
+        other = other_server(self.records.get(b["name"]), self.ident(b))
+        if other is None:
+            return None
+        return ("the drain record of entry %s names server %s, not this host's %s: not a drain of this host (an entry "
+                "copied from another host's variables when it was made?); if gpufleet took %s out, put it back by hand, "
+                "then remove %s from the record" % (b["name"], other, self.ident(b), other, b["name"]))
+
     def drift(self, records_error: str = "") -> t.List[str]:
         """The audit's lines: a host out of rotation (by whom) or in rotation but not UP; http is not audited."""
-        out = []
+        out = [f for f in (self.foreign_record(b) for b in self.entries) if f]
         for b in self.entries:
             if b["type"] == "http":
                 continue

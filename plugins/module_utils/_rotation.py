@@ -42,6 +42,13 @@ def read(path: str) -> t.Dict[str, t.Dict[str, t.Any]]:
     if not isinstance(data, dict) or data.get("corrupt") or set(data) - {"drains"} or not isinstance(drains, dict) \
             or not all(isinstance(v, dict) for v in drains.values()):
         raise RecordError("%s is not a gpufleet drain record (move it away once the host's balancers are checked)" % path)
+    # Its fields as gpufleet writes them: a state found (text) and, where there, text for the rest. A number where the
+    # state should be made the put-back fail after it took the host out again (helper-38).
+    for k, v in drains.items():
+        if not isinstance(v.get("found"), str) or not v["found"] or not all(
+                isinstance(v.get(f), str) for f in ("server", "run", "at") if v.get(f) is not None):
+            raise RecordError("%s is not a gpufleet drain record (its entry %s has no state found, or fields that are not "
+                              "text; move it away once the host's balancers are checked)" % (path, str(k)[:40]))
     return {str(k): dict(v) for k, v in drains.items()}
 
 

@@ -276,13 +276,13 @@ def check(p: t.Dict[str, t.Any], step: Step) -> dict:
             res["up_to_date"] = False
     # Before any balancer call of a run: a drain (a restart) or a put-back (an earlier run's drain record). An entry
     # copied from another host's variables would take that host out, or put it back over an operator's MAINT.
-    if p["owner"] and p["worker_urls"] and (res["needs_restart"] or p["keep_lock"] or res.get("drain_records")):
-        refused = _hostaddr.refusals(p["worker_urls"])
-        if refused:
+    if p["owner"] and (res["needs_restart"] or p["keep_lock"] or res.get("drain_records")):
+        try:
+            refuse_foreign_worker_urls(p)
+        except StepError:
             if locking and not held_before:
                 _hostlock.release_lock(p["lock_file"], p["owner"])
-            raise StepError("a balancer entry's worker_url is not this host's, nothing was touched: %s"
-                            % "; ".join(refused), phase="preflight")
+            raise
     if p["lock_file"] and not p["owner"]:
         holder = _hostlock.lock_holder(p["lock_file"])
         if holder is not None:
@@ -580,8 +580,19 @@ def record(p: t.Dict[str, t.Any], step: Step) -> t.Dict[str, t.Any]:
     return dict(changed=changed, state=new)
 
 
+def refuse_foreign_worker_urls(p: t.Mapping[str, t.Any]) -> None:
+    """Before any balancer call (a restart's drain, a put-back, the clean playbook's drain): the entries whose worker URL
+    was set by hand must name this host; an entry copied from another host's variables would take that host out."""
+    refused = _hostaddr.refusals(p["worker_urls"]) if p["worker_urls"] else []
+    if refused:
+        raise StepError("a balancer entry's worker_url is not this host's, nothing was touched: %s" % "; ".join(refused),
+                        phase="preflight")
+
+
 def lock(p: t.Dict[str, t.Any], step: Step) -> t.Dict[str, t.Any]:
-    """O(action=lock): take this run's host lock (wait-die on the runs' start)."""
+    """O(action=lock): take this run's host lock (wait-die on the runs' start). With O(worker_urls) (the clean
+    playbook's lock, before its drain), a worker URL that is not this host's is refused first, nothing taken."""
+    refuse_foreign_worker_urls(p)
     cur = _statefile.read_state(p["lock_file"])
     if step.check_mode:
         return dict(changed=cur.get("owner") != p["owner"], lock=cur)

@@ -175,7 +175,11 @@ options:
     elements: str
     default: []
   records:
-    description: The host's drain record (gpufleet.serving.rotation_record's RV(gpufleet.serving.rotation_record#module:records)).
+    description:
+      - The host's drain record (gpufleet.serving.rotation_record's RV(gpufleet.serving.rotation_record#module:records)).
+      - A record under an entry's name that names another server than the entry's is not a drain of this host (an
+        entry copied from another host's variables when it was made). It does not count as gpufleet's drain, the audit
+        (O(report=drift)) names it, and with O(state=in) the call fails with nothing touched.
     type: dict
     default: {}
   records_error:

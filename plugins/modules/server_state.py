@@ -208,7 +208,7 @@ options:
     version_added: 0.3.0
     description:
       - With V(check) and O(owner), when a restart is needed (or O(keep_lock)) or the drain record names entries to
-        put back, the balancer entries whose worker URL
+        put back, and with V(lock) (the clean playbook's, before its drain), the balancer entries whose worker URL
         was set by hand, as entry name to URL. Each URL's host must resolve on this host to one of its own addresses
         (a bind to it succeeds and, where C(ip_nonlocal_bind) lets any bind succeed, the kernel's table of local
         addresses lists it), else the check fails before the drain with nothing touched (its C(phase) is

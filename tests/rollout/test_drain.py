@@ -652,6 +652,14 @@ def test_an_entry_copied_from_another_host_with_its_worker_url_fails_the_host_be
     assert r.summary["host2"]["restarted"], r.summary["host2"]
     df.all_in_rotation(timeout=30)
     assert df.drain_record("host2") is None
+    # The clean playbook's drain is refused the same way, before its lock: host2 keeps serving, host3 stays in
+    # rotation (helper-38, H1: host3 was taken out and host2 stopped in rotation, rc 0).
+    now = _pids(df)
+    c = df.playbook("clean", "--limit", "host2", vars_override=dict(df.server_vars(), gpufleet_server_balancers=[copied]))
+    assert c.rc != 0, c.tail()
+    assert "is no address of this host" in " ".join(c.out.split()), c.tail()
+    assert df.haproxy_states()["host3"] == "UP" and df.haproxy_states()["host2"] == "UP"
+    assert _pids(df) == now and df.drain_record("host2") is None
 
 
 def test_the_audit_reports_a_drain_record_of_an_entry_the_host_no_longer_has(df):
@@ -687,6 +695,30 @@ def test_the_audit_reports_a_drain_record_of_an_entry_the_host_no_longer_has(df)
         df.fleet.ssh("host4", "rm -f %s" % RECORD, check=True)
     a = df.playbook("audit", "--limit", "host4", check=True)
     assert a.rc == 0, a.tail()
+
+
+def test_a_drain_record_of_another_server_is_not_this_hosts_drain(df):
+    """helper-38: host4's record names host3 under host4's entry (made from an entry copied from host3's variables), and
+    host4 is in an operator's MAINT. It was taken for host4's drain: the rollout put host4 back, undoing the MAINT, and
+    the audit said 'by gpufleet'. Now the audit names the record, and the rollout refuses with nothing touched."""
+    rec = {"drains": {"haproxy": {"found": "UP", "server": "host3", "run": "ctl:9:copied", "at": "2026-12-05T19:00:00+0000"}}}
+    _balancer.haproxy_cmd(df.haproxy.sock, "set server %s/host4 state maint" % _balancer.BACKEND)
+    df.fleet.ssh("host4", "umask 077 && mkdir -p %s && cat > %s" % (os.path.dirname(RECORD), RECORD),
+                 input=json.dumps(rec), check=True)
+    try:
+        a = df.playbook("audit", "--limit", "host4", check=True)
+        out = " ".join(a.out.split())
+        assert a.rc != 0 and "the drain record of entry haproxy names server host3, not this host's host4" in out, a.tail()
+        assert "not by gpufleet (no drain record of it)" in out, a.tail()
+        r = df.playbook("rollout", "--limit", "host4")
+        assert r.rc != 0, r.tail()
+        assert "names server host3, not this host's host4" in " ".join(r.out.split()), r.tail()
+        assert df.haproxy_states()["host4"] == "MAINT" and df.haproxy_states()["host3"] == "UP"
+        assert df.drain_record("host4")[1] == rec["drains"]
+    finally:
+        df.fleet.ssh("host4", "rm -f %s" % RECORD, check=True)
+        _balancer.haproxy_cmd(df.haproxy.sock, "set server %s/host4 state ready" % _balancer.BACKEND)
+    df.all_in_rotation(timeout=30)
 
 
 def test_clean_drains_the_host_stops_it_and_the_next_rollout_puts_it_back(df):

@@ -387,3 +387,22 @@ def test_an_unreachable_http_entry_fails_at_its_take_out_and_the_entries_before_
     b = bal([http, haproxy_entry(hp, socket="/nonexistent/s")])
     with pytest.raises(B.BalancerError):
         b.plan_out()
+
+
+def test_a_record_of_another_server_under_the_entrys_name_is_not_this_hosts_drain(hp):
+    """helper-38: a record made from an entry copied from another host (server host2 under host1's entry name) was
+    taken for host1's drain: the put-back undid an operator's MAINT on host1. It is not gpufleet's drain now: the
+    plan leaves the MAINT as found, the audit names the record, the put-back refuses with nothing touched."""
+    hp.servers[("web", "host1")]["status"] = "MAINT"
+    rec = {"haproxy": {"found": "UP", "server": "host2", "run": "r-1", "at": "t"}}
+    plan = {s["name"]: s for s in bal([haproxy_entry(hp, backend="web")], records=rec).plan_out()}
+    assert plan["haproxy"]["left_as_found"] == "MAINT" and plan["haproxy"]["record"] is None, plan
+    lines = bal([haproxy_entry(hp, backend="web")], records=rec).drift()
+    assert lines[0].startswith("the drain record of entry haproxy names server host2, not this host's host1"), lines
+    assert "not by gpufleet (no drain record of it)" in lines[1], lines
+    with pytest.raises(B.BalancerError, match="names server host2, not this host's host1.*nothing was touched"):
+        bal([haproxy_entry(hp, backend="web")], records=rec).put_back({"haproxy": "UP"}, {}, 1)
+    assert hp.servers[("web", "host1")]["status"] == "MAINT"  # untouched
+    # Its own record (server host1) is gpufleet's drain, as before.
+    own = {"haproxy": {"found": "UP", "server": "host1", "run": "r-1", "at": "t"}}
+    assert bal([haproxy_entry(hp, backend="web")], records=own).put_back({"haproxy": "UP"}, {}, 1)["changed"]

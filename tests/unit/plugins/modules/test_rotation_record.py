@@ -104,3 +104,14 @@ def test_read_with_known_names_the_drains_of_entries_the_host_no_longer_has(tmp_
     assert len(run_module(rotation_record.main, {"path": path, "known": []})["stale"]) == 2
     # Without known: no opinion.
     assert "stale" not in run_module(rotation_record.main, {"path": path})
+
+
+@pytest.mark.parametrize("drains", [{"haproxy": {"server": "host2", "found": 7}}, {"haproxy": {}},
+                                    {"haproxy": {"server": 5, "found": "UP"}}])
+def test_a_record_whose_fields_are_not_what_gpufleet_writes_is_refused(tmp_path, run_module, drains):
+    """helper-38: such a record passed the audit, and the rollout's put-back failed on it after taking the host out."""
+    path = tmp_path / "demo.rotation.json"
+    path.write_text(json.dumps({"drains": drains}))
+    r = run_module(rotation_record.main, {"path": str(path), "known": ["haproxy"]})
+    assert r.get("failed"), r
+    assert "is not a gpufleet drain record (its entry haproxy has no state found, or fields that are not text" in r["msg"]
