@@ -702,6 +702,8 @@ def test_a_drain_record_of_another_server_is_not_this_hosts_drain(df):
     host4 is in an operator's MAINT. It was taken for host4's drain: the rollout put host4 back, undoing the MAINT, and
     the audit said 'by gpufleet'. Now the audit names the record, and the rollout refuses with nothing touched."""
     rec = {"drains": {"haproxy": {"found": "UP", "server": "host3", "run": "ctl:9:copied", "at": "2026-12-05T19:00:00+0000"}}}
+    first = df.playbook("rollout", "--limit", "host4")  # up to date: the next rollout's only work is the put-back
+    assert first.rc == 0, first.tail()
     _balancer.haproxy_cmd(df.haproxy.sock, "set server %s/host4 state maint" % _balancer.BACKEND)
     df.fleet.ssh("host4", "umask 077 && mkdir -p %s && cat > %s" % (os.path.dirname(RECORD), RECORD),
                  input=json.dumps(rec), check=True)
