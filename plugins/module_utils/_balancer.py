@@ -494,7 +494,7 @@ class Balancers:
                  check_mode: bool = False) -> t.Dict[str, t.Any]:
         """Each entry back to the state it was found in, waited for until UP (HAProxy) or listed healthy (router).
         An operator's MAINT stays MAINT; an operator's DRAIN goes back to DRAIN (left as found, not waited for)."""
-        rot: t.Dict[str, t.Any] = {"back_in": [], "left_as_found": {}}
+        rot: t.Dict[str, t.Any] = {"back_in": [], "left_as_found": {}, "records_kept": []}
         changed = False
         # A server name of another host (an entry changed since the drain) would put that host back, an operator's
         # MAINT undone, and leave this one out: every entry this call puts back is checked first, nothing touched.
@@ -504,6 +504,9 @@ class Balancers:
         foreign = [self.foreign_record(b) for b in self.entries if left_as_found.get(b["name"]) != "MAINT"]
         if any(foreign):
             raise BalancerError("; ".join(f for f in foreign if f) + "; nothing was touched")
+        # The same record under an entry left in an operator's MAINT is not refused (nothing of it is put back), and it
+        # is kept: it may be the only trace that gpufleet took that other server out. The role's clear leaves it.
+        rot["records_kept"] = [b["name"] for b in self.entries if self.foreign_record(b)]
         reads = self.read_each(checked)
         for b in checked:
             self.refuse_another_server(b, reads[b["name"]]["addrs"])

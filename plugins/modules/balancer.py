@@ -259,8 +259,9 @@ drains:
 rotation:
   description:
     - O(state=out) - C(out_of) (names), C(found) (name to the state to go back to), C(left_as_found) (an operator's
-      MAINT), C(renamed) (a record's old name to the entry's). O(state=in) - C(back_in) (names) and C(left_as_found)
-      (an operator's DRAIN, or MAINT in some backends, restored). Empty with O(state=read).
+      MAINT), C(renamed) (a record's old name to the entry's). O(state=in) - C(back_in) (names), C(left_as_found)
+      (an operator's DRAIN, or MAINT in some backends, restored) and C(records_kept) (entries left in an operator's
+      MAINT whose drain record names another server, which the role's clear keeps). Empty with O(state=read).
   returned: always
   type: dict
   sample: {"out_of": ["haproxy"], "found": {"haproxy": "UP"}, "left_as_found": {}, "renamed": {}}

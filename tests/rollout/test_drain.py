@@ -717,6 +717,12 @@ def test_a_drain_record_of_another_server_is_not_this_hosts_drain(df):
         assert "names server host3, not this host's host4" in " ".join(r.out.split()), r.tail()
         assert df.haproxy_states()["host4"] == "MAINT" and df.haproxy_states()["host3"] == "UP"
         assert df.drain_record("host4")[1] == rec["drains"]
+        # A forced restart leaves the operator's MAINT as found, and keeps the record (the review of 8cb3ef1: its clear
+        # removed it, the only trace that gpufleet took host3 out).
+        r = df.playbook("rollout", "--limit", "host4", extra_vars={"gpufleet_server_force_restart": True})
+        assert r.rc == 0, r.tail()
+        assert r.summary["host4"]["restarted"], r.summary["host4"]
+        assert df.haproxy_states()["host4"] == "MAINT" and df.drain_record("host4")[1] == rec["drains"]
     finally:
         df.fleet.ssh("host4", "rm -f %s" % RECORD, check=True)
         _balancer.haproxy_cmd(df.haproxy.sock, "set server %s/host4 state ready" % _balancer.BACKEND)

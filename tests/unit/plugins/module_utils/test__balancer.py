@@ -103,7 +103,7 @@ def test_out_then_in_round_trip(hp):
     assert hp.status("web", "host1") == hp.status("api", "host1") == "MAINT" and hp.status("web", "host2") == "UP"
     assert b.back_in_rotation() == []
     r = b.put_back(r["rotation"]["found"], {}, up_timeout=1)
-    assert r["changed"] and r["rotation"] == {"back_in": ["haproxy"], "left_as_found": {}}
+    assert r["changed"] and r["rotation"] == {"back_in": ["haproxy"], "left_as_found": {}, "records_kept": []}
     assert hp.status("web", "host1") == hp.status("api", "host1") == "UP"
     # Idempotent: out twice changes once.
     b.take_out(b.plan_out())
@@ -403,6 +403,11 @@ def test_a_record_of_another_server_under_the_entrys_name_is_not_this_hosts_drai
     with pytest.raises(B.BalancerError, match="names server host2, not this host's host1.*nothing was touched"):
         bal([haproxy_entry(hp, backend="web")], records=rec).put_back({"haproxy": "UP"}, {}, 1)
     assert hp.servers[("web", "host1")]["status"] == "MAINT"  # untouched
+    # The MAINT left as found (a forced restart's put-back): nothing refused or touched, and the record is one to keep
+    # (the role's clear leaves it: it may be the only trace that gpufleet took host2 out).
+    r = bal([haproxy_entry(hp, backend="web")], records=rec).put_back({}, {"haproxy": "MAINT"}, 1)
+    assert r["changed"] is False and r["rotation"]["records_kept"] == ["haproxy"], r
+    assert hp.servers[("web", "host1")]["status"] == "MAINT"
     # Its own record (server host1) is gpufleet's drain, as before.
     own = {"haproxy": {"found": "UP", "server": "host1", "run": "r-1", "at": "t"}}
     assert bal([haproxy_entry(hp, backend="web")], records=own).put_back({"haproxy": "UP"}, {}, 1)["changed"]
