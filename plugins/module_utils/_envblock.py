@@ -23,9 +23,9 @@ import math
 import os
 import re
 import stat
-import tempfile
 import typing as t
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _statefile
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
@@ -210,44 +210,15 @@ def encode(text: str) -> bytes:
 
 
 def write_temp(real_path: str, text: t.Union[str, bytes], mode: int = 0o644) -> str:
-    """Write text (or bytes, as they are) to a new temp file beside real_path (same filesystem, so the move is
-    atomic); nothing is left behind when the write fails."""
-    d = os.path.dirname(real_path)
-    fd, tmp = tempfile.mkstemp(prefix=".%s.gpufleet-" % os.path.basename(real_path), suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(text if isinstance(text, bytes) else encode(text))
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-    except BaseException:
-        _discard(tmp)
-        raise
-    return tmp
-
-
-def _discard(path: str) -> None:
-    """Remove a temp file of ours after a failed write (gone already is fine)."""
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+    """Write text (or bytes, as they are) to a new temp file beside real_path (_statefile's writer: the same
+    filesystem, so the move is atomic); nothing is left behind when the write fails."""
+    return _statefile.write_temp(real_path, text if isinstance(text, bytes) else encode(text), mode)
 
 
 def write_atomic(real_path: str, data: bytes, mode: int, owner: t.Optional[t.Tuple[int, int]] = None) -> None:
     """Replace real_path with `data` (mode, and owner uid/gid where the caller may set it) in one rename; nothing is
     left behind when it fails."""
-    tmp = write_temp(real_path, data, mode)
-    try:
-        if owner is not None:
-            try:
-                os.chown(tmp, owner[0], owner[1])
-            except PermissionError:
-                pass
-        os.replace(tmp, real_path)
-    except BaseException:
-        _discard(tmp)
-        raise
+    _statefile.replace_with(write_temp(real_path, data, mode), real_path, owner)
 
 
 def outdate_bytecode(real_path: str, before_mtime_ns: t.Optional[int]) -> None:
@@ -339,20 +310,10 @@ class Previous:
             entry = {"path": real_path, "content": None}
         self.kept[real_path] = entry
         try:
-            d = os.path.dirname(os.path.abspath(self.path))
-            os.makedirs(d, mode=0o755, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(self.path), dir=d)
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), mode=0o755, exist_ok=True)
+            _statefile.replace_with(write_temp(self.path, json.dumps({"files": list(self.kept.values())}), 0o600),
+                                    self.path)
         except OSError as e:
-            raise StepError("cannot keep %s as it was in %s: %s; it was not changed" % (real_path, self.path, e.strerror or e),
-                            path=self.path) from None
-        try:
-            with os.fdopen(fd, "w") as f:  # mkstemp: 0600
-                json.dump({"files": list(self.kept.values())}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except OSError as e:
-            os.unlink(tmp)
             raise StepError("cannot keep %s as it was in %s: %s; it was not changed" % (real_path, self.path, e.strerror or e),
                             path=self.path) from None
 

@@ -253,36 +253,32 @@ def check(p: t.Dict[str, t.Any], step: Step) -> dict:
                                 phase="preflight", launch_problems=problems)
             if p["owner"]:
                 restart_preflight(p, step)
+        if choice is not None:
+            res["reasons"] = rollback_reasons(res, choice)
+            res["rollback"] = choice
+            inv = choice["inventory_fingerprint"]
+            if res["needs_restart"] and inv and inv != choice["fingerprint"]:
+                # The rollback changes the host, not the inventory: the next rollout restarts it to the inventory's again.
+                step.warn("rollback: %s goes back to %s, but the inventory still describes %s: the next rollout restarts "
+                          "it to that definition again; change the inventory before the next rollout"
+                          % (p["name"], str(choice["fingerprint"])[:12], inv[:12]))
+        if lock_res.get("waited"):
+            res["lock_waited"] = lock_res["waited"]
+        if p["rotation_file"]:
+            try:
+                res["drain_records"] = _rotation.read(p["rotation_file"])
+            except (_rotation.RecordError, OSError) as e:
+                res["drain_record_error"] = "drain record %s: %s" % (p["rotation_file"], e)
+                res["up_to_date"] = False
+        # Before any balancer call of a run: a drain (a restart) or a put-back (an earlier run's drain record). An entry
+        # copied from another host's variables would take that host out, or put it back over an operator's MAINT.
+        if p["owner"] and (res["needs_restart"] or p["keep_lock"] or res.get("drain_records")):
+            refuse_foreign_worker_urls(p)
     except BaseException:
+        # Whatever refuses after the lock was taken here releases it (one taken by an earlier call stays).
         if locking and not held_before:
             _hostlock.release_lock(p["lock_file"], p["owner"])
         raise
-    if choice is not None:
-        res["reasons"] = rollback_reasons(res, choice)
-        res["rollback"] = choice
-        inv = choice["inventory_fingerprint"]
-        if res["needs_restart"] and inv and inv != choice["fingerprint"]:
-            # The rollback changes the host, not the inventory: the next rollout restarts it to the inventory's again.
-            step.warn("rollback: %s goes back to %s, but the inventory still describes %s: the next rollout restarts "
-                      "it to that definition again; change the inventory before the next rollout"
-                      % (p["name"], str(choice["fingerprint"])[:12], inv[:12]))
-    if lock_res.get("waited"):
-        res["lock_waited"] = lock_res["waited"]
-    if p["rotation_file"]:
-        try:
-            res["drain_records"] = _rotation.read(p["rotation_file"])
-        except (_rotation.RecordError, OSError) as e:
-            res["drain_record_error"] = "drain record %s: %s" % (p["rotation_file"], e)
-            res["up_to_date"] = False
-    # Before any balancer call of a run: a drain (a restart) or a put-back (an earlier run's drain record). An entry
-    # copied from another host's variables would take that host out, or put it back over an operator's MAINT.
-    if p["owner"] and (res["needs_restart"] or p["keep_lock"] or res.get("drain_records")):
-        try:
-            refuse_foreign_worker_urls(p)
-        except StepError:
-            if locking and not held_before:
-                _hostlock.release_lock(p["lock_file"], p["owner"])
-            raise
     if p["lock_file"] and not p["owner"]:
         holder = _hostlock.lock_holder(p["lock_file"])
         if holder is not None:

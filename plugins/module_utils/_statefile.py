@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import tempfile
 import time
 import typing as t
 
@@ -40,59 +41,82 @@ def write_pidfile(path: str, p: _proc.Proc) -> None:
     write_file_atomic(path, "%d %d\n" % (p.pid, p.start_time), 0o644)
 
 
-def _write_temp(path: str, text: str, mode: int) -> str:
-    """A fully written temp file beside `path` with `mode` from its creation on, whatever the umask; removed again on
-    any error (a full filesystem fails the write or the close, and must not leave a partial `<path>.<pid>.tmp`).
-    The error names `path`, the file gpufleet was writing (ENOSPC alone says nothing of which of its files)."""
-    ensure_dir(os.path.dirname(path))
-    tmp = "%s.%d.tmp" % (path, os.getpid())
+def write_temp(path: str, data: bytes, mode: int = 0o644) -> str:
+    """A fully written temp file beside `path` (the same filesystem, so a rename onto `path` is atomic), `mode` once
+    written: created 0600 (mkstemp: a unique name, no symlink followed, a secret never readable wider on the way),
+    then fchmod. Removed again on any error: a full filesystem fails the write, the fsync or the close, and must not
+    leave a partial temp file. The one temp-file writer of the collection (state files, locks, pidfiles, the NCCL
+    layers, systemd units); the OSError is the system's, callers name the file."""
+    fd, tmp = tempfile.mkstemp(prefix=".%s.gpufleet-" % os.path.basename(path), suffix=".tmp",
+                               dir=os.path.dirname(path) or ".")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
         try:
-            os.fchmod(fd, mode)  # a leftover temp file of the same name keeps its mode through O_CREAT
-            data = text.encode()
             while data:
                 data = data[os.write(fd, data):]
             os.fsync(fd)  # tmpfs and most filesystems report ENOSPC at write; others only here
+            os.fchmod(fd, mode)
         finally:
             os.close(fd)
-    except OSError as e:
-        _remove_quietly(tmp)
-        raise OSError(e.errno, "cannot write %s: %s" % (path, e.strerror or e)) from e
+    except BaseException:
+        remove_quietly(tmp)
+        raise
     return tmp
 
 
-def _remove_quietly(path: str) -> None:
+def replace_with(tmp: str, path: str, owner: t.Optional[t.Tuple[int, int]] = None) -> None:
+    """Move a temp file of write_temp onto `path` in one rename (owner uid/gid first, where the caller may set it);
+    the temp file is removed when it fails."""
+    try:
+        if owner is not None:
+            try:
+                os.chown(tmp, owner[0], owner[1])
+            except PermissionError:
+                pass
+        os.replace(tmp, path)
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+
+
+def remove_quietly(path: str) -> None:
     try:
         os.unlink(path)
     except OSError:
         pass
 
 
+def _named(path: str, e: OSError) -> OSError:
+    # ENOSPC alone says nothing of which of gpufleet's files could not be written.
+    return OSError(e.errno, "cannot write %s: %s" % (path, e.strerror or e))
+
+
 def write_file_atomic(path: str, text: str, mode: int = 0o644) -> None:
     """Replace `path` with `text` through a temp file and rename: readers see the old file or the whole new one, and
-    no temp file outlives a failure."""
-    tmp = _write_temp(path, text, mode)
+    no temp file outlives a failure. The state directory is made first."""
+    ensure_dir(os.path.dirname(path))
     try:
-        os.rename(tmp, path)
+        replace_with(write_temp(path, text.encode(), mode), path)
     except OSError as e:
-        _remove_quietly(tmp)
-        raise OSError(e.errno, "cannot write %s: %s" % (path, e.strerror or e)) from e
+        raise _named(path, e) from e
 
 
 def create_exclusive(path: str, text: str, mode: int = 0o644) -> bool:
     """Create `path` holding `text` only if it does not exist (False when it does), never as an empty or partial file:
     the temp file is written in full, then hard-linked to `path` (link() fails with EEXIST like O_EXCL does). An
     O_EXCL create written afterwards left a 0-byte lock on a full filesystem, which the next run read as corrupt."""
-    tmp = _write_temp(path, text, mode)
+    ensure_dir(os.path.dirname(path))
+    try:
+        tmp = write_temp(path, text.encode(), mode)
+    except OSError as e:
+        raise _named(path, e) from e
     try:
         os.link(tmp, path)
     except FileExistsError:
         return False
     except OSError as e:
-        raise OSError(e.errno, "cannot write %s: %s" % (path, e.strerror or e)) from e
+        raise _named(path, e) from e
     finally:
-        _remove_quietly(tmp)
+        remove_quietly(tmp)
     return True
 
 

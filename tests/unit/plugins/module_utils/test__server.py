@@ -505,7 +505,8 @@ def test_the_state_file_is_root_only_under_umask_000_and_an_old_0644_one_is_tigh
         os.chmod(state, 0o644)
         assert _statefile.record_state(str(state), "demo", "f" * 64, str(tmp_path / "none.pid"), {})[0] is False
         assert _mode(state) == "0600"
-        # Check mode changes no mode; a leftover temp file of the same name does not lend its mode.
+        # Check mode changes no mode; a world-writable leftover of an older gpufleet's temp name (PATH.PID.tmp) lends
+        # neither its mode nor its content (the temp file is a new, unique one) and is not touched.
         os.chmod(state, 0o644)
         _statefile.record_state(str(state), "demo", "e" * 64, str(tmp_path / "none.pid"), {}, check_mode=True)
         assert _mode(state) == "0644"
@@ -513,7 +514,7 @@ def test_the_state_file_is_root_only_under_umask_000_and_an_old_0644_one_is_tigh
         tmp.write_text("x")
         os.chmod(tmp, 0o666)
         _statefile.record_state(str(state), "demo", "e" * 64, str(tmp_path / "none.pid"), {})
-        assert _mode(state) == "0600" and not tmp.exists()
+        assert _mode(state) == "0600" and sorted(os.listdir(tmp_path / "lib")) == ["demo.json", tmp.name]
         assert _statefile.read_state(str(state))["fingerprint"] == "e" * 64
     finally:
         os.umask(old)
