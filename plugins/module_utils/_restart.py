@@ -185,12 +185,11 @@ def restore_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
     return None
 
 
-def restore_params(module: t.Any) -> t.Dict[str, t.Any]:
+def restore_params(p: t.Dict[str, t.Any], step: Step) -> t.Dict[str, t.Any]:
     """With restore: the generation it names, before anything is stopped (StepError in phase preflight when this host
     has none such), and what the host runs now (the rollback's `from`). The module's parameters then launch, verify and
     record that generation: its command, environment, user, working directory, umask, fingerprint, NCCL layers and the
-    environment its workers were verified against."""
-    p = module.params
+    environment its workers were verified against. `p` is updated in place."""
     lkg = _lastgood.path_for(p["record"]["state_file"])
     gens = _lastgood.read(lkg)
     try:
@@ -215,7 +214,7 @@ def restore_params(module: t.Any) -> t.Dict[str, t.Any]:
                  workdir=g.get("workdir") or "/", umask=g.get("umask") or "0022")
     else:  # the unit's files: put back before the stop (run()), the unit then started as it was
         p["systemd"] = dict(p["systemd"], remove_dropins=[])
-    refused = _layers.put_back_refusal(g.get("layers"), warn=module.warn, files=module)
+    refused = _layers.put_back_refusal(g.get("layers"), warn=step.warn, files=step.files)
     if refused:  # learnt after the kill, it would leave the host without a server (issue 24, two services on a host)
         raise StepError("restore: the NCCL layers of %s cannot be put back: %s" % (str(g["fingerprint"])[:12], refused),
                         phase="preflight")
@@ -231,14 +230,14 @@ def _all_gpus(p: t.Mapping[str, t.Any]) -> t.List[int]:
         return _nvml.resolve_indices(backend, p["gpus"])
 
 
-def _kill_step(module: t.Any, p: t.Mapping[str, t.Any], select_only: bool = False,
+def _kill_step(step: Step, p: t.Mapping[str, t.Any], select_only: bool = False,
                **selector: t.Any) -> t.Dict[str, t.Any]:
     """A kill step of this cycle; with `select_only` (and in check mode) it only selects: nothing is signalled."""
     k = p["kill"]
     params = _selector(p, **selector)
     params.update(signals=k["signals"], grace=k["grace"], final_wait=k["final_wait"],
                   poll_interval=k["poll_interval"], order=k["order"], fail_on_survivor=True)
-    return _killmod.run(params, Step(check_mode=module.check_mode or select_only))
+    return _killmod.run(params, Step(check_mode=step.check_mode or select_only))
 
 
 def _old_server(p: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
@@ -248,13 +247,13 @@ def _old_server(p: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
                 adopt_gpus=list(p["gpus"] or []))
 
 
-def _ending(module: t.Any, p: t.Mapping[str, t.Any]) -> t.Set[int]:
+def _ending(step: Step, p: t.Mapping[str, t.Any]) -> t.Set[int]:
     """The pids the kill and the stray kill would end, selected now as check mode selects them (nothing signalled)."""
     steps = [_old_server(p)] + ([dict(gpu_holders=_all_gpus(p))] if p["kill"]["gpu_strays"] else [])
-    return {x["pid"] for sel in steps for x in _kill_step(module, p, select_only=True, **sel)["processes"]}
+    return {x["pid"] for sel in steps for x in _kill_step(step, p, select_only=True, **sel)["processes"]}
 
 
-def refuse_unended(module: t.Any, p: t.Mapping[str, t.Any]) -> None:
+def refuse_unended(step: Step, p: t.Mapping[str, t.Any]) -> None:
     """Before anything is stopped (and in check mode alike): a process holding the GPUs that neither the kill nor the
     stray kill would end fails the clean gate after the kill (it passes only when no process is listed), which would
     leave the host without its server. Such holders get the clean gate's timeout to go away by themselves (a process
@@ -282,7 +281,7 @@ def refuse_unended(module: t.Any, p: t.Mapping[str, t.Any]) -> None:
                 time.sleep(min(gate["poll_interval"], max(0.0, deadline - now)))
         if fresh and now < deadline + gate["timeout"]:  # (bounded: a host spawning GPU holders without end)
             judged |= held
-            ending = _ending(module, p)
+            ending = _ending(step, p)
             continue
         break
     waited = round(time.monotonic() - t0, 4)
@@ -294,7 +293,7 @@ def refuse_unended(module: t.Any, p: t.Mapping[str, t.Any]) -> None:
     # The same words in check mode but the verb: check mode predicts the real run, which stops nothing either.
     raise StepError("%s at the clean gate, before the kill: GPUs not clean after %.1f s, held by processes the kill "
                     "would not end: %s; nothing was stopped%s" % (
-                        "would fail" if module.check_mode else "fails", waited, _gpumod.holders_text(stay),
+                        "would fail" if step.check_mode else "fails", waited, _gpumod.holders_text(stay),
                         ". %s" % hint if hint else ""), phase="clean", before_kill=True, waited_s=waited, holders=stay)
 
 
@@ -514,11 +513,11 @@ def shielded(active: bool) -> t.Iterator[t.List[str]]:
             signal.signal(s, h)
 
 
-def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping[str, t.Any]] = None) -> None:
+def run(p: t.Dict[str, t.Any], step: Step, result: t.Dict[str, t.Any],
+        restore: t.Optional[t.Mapping[str, t.Any]] = None) -> None:
     """Run the cycle, filling `result` as it goes; raises StepError (with `phase`) at the first failing step. With
     `restore` (restore_params()), the parameters are a last known good generation's: its NCCL layers are put back after
     the clean gate, and its record keeps its measurement and makes it the newest generation again."""
-    p = module.params
     gate = dict(p["wait_clean"], gpus=p["gpus"], backend=p["backend"])
     timings = result["timings"]
     t0 = time.monotonic()
@@ -527,7 +526,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
     # The host's last known good measurement, read before this launch marks the record unverified.
     baseline = (_bench.gate_baseline(_statefile.read_state(p["record"]["state_file"]).get("gate"), p["gate"])
                 if p["gate"] and p["record"] else None)
-    if p["release_lock"] and not module.check_mode:
+    if p["release_lock"] and not step.check_mode:
         # If the controller dies now, this cycle still runs to its end here; a takeover waits for this process.
         me = _proc.read_proc(os.getpid())
         if me is not None:
@@ -537,7 +536,7 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
     result["killed"] = 0
     # A server is never stopped onto GPUs the gate after the kill is sure to refuse (check mode the same).
     result["phase"] = "clean"
-    refuse_unended(module, p)
+    refuse_unended(step, p)
     # Before the first signal: the preflight, the clean gate's look at the GPUs and the lock mark (the restart's own
     # overhead before the server stops; docs/gpu-run.md breaks the restart task down by these timings).
     timings["preflight_s"] = round(time.monotonic() - t0, 4)
@@ -549,34 +548,34 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
         if restore:
             # The generation's unit files, before the stop's daemon-reload: the start below runs them.
             result["unit_restored"] = [f["path"] for f in restore["generation"]["systemd_files"]]
-            if not module.check_mode:
+            if not step.check_mode:
                 try:
                     _systemd.put_back(restore["generation"]["systemd_files"])
                 except OSError as e:
                     raise StepError("cannot put back the unit's files of %s: %s; nothing was stopped"
                                     % (str(restore["generation"]["fingerprint"])[:12], e), phase="preflight") from None
-        _systemd_stop(module, p, result)
+        _systemd_stop(step, p, result)
     elif p["retire_unit"]:
-        _retire_unit(module, p, result)
+        _retire_unit(step, p, result)
     # With systemd, what its stop left: processes outside the unit's cgroup (none, normally).
-    res = _kill_step(module, p, **_old_server(p))
+    res = _kill_step(step, p, **_old_server(p))
     result["kill"] = res
     result["changed"] = result["changed"] or res["changed"]
-    if not module.check_mode:  # nothing was signalled: no time to report (a 0.00 would read as a kill)
+    if not step.check_mode:  # nothing was signalled: no time to report (a 0.00 would read as a kill)
         result["killed"] += ended(res)
         timings["kill_s"] = round(timings.get("kill_s", 0.0) + res["elapsed_s"], 4)
 
     if p["kill"]["gpu_strays"]:
         result["phase"] = "strays"
-        res = _kill_step(module, p, gpu_holders=_all_gpus(p))
+        res = _kill_step(step, p, gpu_holders=_all_gpus(p))
         result["strays"] = res
         result["changed"] = result["changed"] or res["changed"]
-        if not module.check_mode:
+        if not step.check_mode:
             result["killed"] += ended(res)
 
-    if module.check_mode:  # the GPUs were judged before the kill (refuse_unended)
+    if step.check_mode:  # the GPUs were judged before the kill (refuse_unended)
         if restore and restore["generation"].get("layers"):
-            result["layers_restored"] = _restore_layers(module, restore["generation"])  # what would change
+            result["layers_restored"] = _restore_layers(step, restore["generation"])  # what would change
         if p["stop_only"]:
             would = result["changed"] or (result.get("unit") or {}).get("ActiveState") in ("active", "activating")
             result.update(changed=would, would_stop=would)
@@ -613,13 +612,13 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
     result["phase"] = "launch"
     if restore and restore["generation"].get("layers"):
         # The generation's NCCL layers, once its predecessor is gone and before its launch reads them.
-        result["layers_restored"] = _restore_layers(module, restore["generation"])
+        result["layers_restored"] = _restore_layers(step, restore["generation"])
     r = p["wait_ready"]
     tail_since = _server.log_stamp(r["log_tail_path"]) if r["log_tail_path"] else None
     t_launch = time.monotonic()
     t_launch_epoch = time.time()
     if p["launcher"] == "systemd":
-        proc = _systemd_start(module, p, r, tail_since)
+        proc = _systemd_start(step, p, r, tail_since)
     else:
         try:
             proc = _server.start(p["name"], p["command"], launch_env(p, marked), p["env_passthrough"],
@@ -641,16 +640,16 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
         if p["launcher"] == "systemd" and e.details.get("phase") == "startup":
             # systemd's word first: the summary keeps a message's first 400 characters.
             head, sep, tail = msg.partition("; log tail")
-            msg = head + _systemd_end(module, p["systemd"]["unit"], t_launch_epoch) + sep + tail
+            msg = head + _systemd_end(step, p["systemd"]["unit"], t_launch_epoch) + sep + tail
         # The new server serves nobody: stopped (unless kept for debugging) before the failure is reported.
-        left = stop_failed(module, p, result, gate)
+        left = stop_failed(step, p, result, gate)
         raise StepError("%s. %s" % (msg, left["text"]), **dict(e.details, new_server=left))
     timings["ready_s"] = result["ready"]["ready_s"]
     # From the first signal to the server answering its real request.
     timings["cycle_s"] = round(time.monotonic() - t0, 3)
     assumed = (result["ready"].get("listener") or {}).get("assumed")
     if assumed:
-        module.warn("readiness: %s" % assumed)
+        step.warn("readiness: %s" % assumed)
 
     if p["wait_busy"]:
         result["phase"] = "busy"
@@ -705,8 +704,8 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
                         p, p["record"]["fingerprint"], measured, p["record"]["layers"]),
                         p["record"]["generations"], (proc.pid, proc.start_time))
                 except OSError as e2:
-                    module.warn("the last known good definition could not be put aside in %s either: %s"
-                                % (_lastgood.pending_path(p["pidfile"]), e2.strerror or e2))
+                    step.warn("the last known good definition could not be put aside in %s either: %s"
+                              % (_lastgood.pending_path(p["pidfile"]), e2.strerror or e2))
             raise StepError("the server was restarted and verified (pid %d), but its record could not be written: %s; %s"
                             % (proc.pid, e.strerror or e,
                                "the next run keeps this server and writes the record once there is room" if keeps
@@ -724,62 +723,66 @@ def run(module: t.Any, result: t.Dict[str, t.Any], restore: t.Optional[t.Mapping
                 result["last_good"] = _lastgood.summary(
                     _lastgood.restored(lkg, p["record"]["fingerprint"], restore["previous"]) if restore else
                     _lastgood.keep(lkg, _lastgood.generation(p, p["record"]["fingerprint"], measured,
-                                                             p["record"]["layers"], unit_files(module, p)),
+                                                             p["record"]["layers"], unit_files(step, p)),
                                    p["record"]["generations"]))
             except OSError as e:  # the server is up, verified and recorded: a warning, not a failed host
-                module.warn("the last known good definitions could not be written to %s: %s" % (lkg, e.strerror or e))
+                step.warn("the last known good definitions could not be written to %s: %s" % (lkg, e.strerror or e))
     result.pop("phase")
 
 
-def unit_files(module: t.Any, p: t.Mapping[str, t.Any]) -> t.Optional[t.List[t.Dict[str, str]]]:
+def unit_files(step: Step, p: t.Mapping[str, t.Any]) -> t.Optional[t.List[t.Dict[str, str]]]:
     """With the systemd launcher, the files of the unit systemd runs now (_systemd.definition_files), for the last
     known good generation of a verified server; None for the process launcher, or (said in a warning) when they
     cannot be read: that generation is then kept without them, and no rollback goes back to it."""
     if p["launcher"] != "systemd":
         return None
     try:
-        return _systemd.definition_files(_runner(module), p["systemd"]["unit"])
+        return _systemd.definition_files(_runner(step), p["systemd"]["unit"])
     except (_systemd.SystemdError, OSError, UnicodeDecodeError) as e:
-        module.warn("the files of %s could not be read for its last known good generation (a rollback cannot go back "
-                    "to it): %s" % (p["systemd"]["unit"], e))
+        step.warn("the files of %s could not be read for its last known good generation (a rollback cannot go back "
+                  "to it): %s" % (p["systemd"]["unit"], e))
         return None
 
+
+# Not a parameter: the drop-ins the systemd stop removed, as they were (the stop puts them here, a rollback puts them
+# back). Kept in the parameters' dict, the one mutable thing the cycle's steps share (restore_params updates it too).
+REMOVED_DROPINS = "_removed_dropins"
 
 # Failures after the kill that a rollback answers: the new server never served, or was slower than the last known good.
 ROLLBACK_PHASES = ("launch", "ready", "busy", "verify_env", "gate")
 
 
-def _restore_layers(module: t.Any, g: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
+def _restore_layers(step: Step, g: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
     """Put back the NCCL layers a generation was launched with (what would change, in check mode)."""
-    res = _layers.apply(dict(g["layers"], backup=False), Step(check_mode=module.check_mode, warn=module.warn, files=module))
+    res = _layers.apply(dict(g["layers"], backup=False), Step(check_mode=step.check_mode, warn=step.warn, files=step.files))
     return {"changed": bool(res.get("changed")), "layers": sorted(k for k in ("sitecustomize", "nccl_conf") if k in res)}
 
 
-def run_or_roll_back(module: t.Any, result: t.Dict[str, t.Any]) -> None:
+def run_or_roll_back(p: t.Dict[str, t.Any], step: Step, result: t.Dict[str, t.Any]) -> None:
     """run(); with O(rollback), a failure after the kill goes back to this host's last known good generation (read
     before the kill) and still fails, saying so (StepError with `rolled_back`). With O(restore), the cycle launches the
-    generation it names instead of the caller's definition (a rollback by hand)."""
-    p = module.params
+    generation it names instead of the caller's definition (a rollback by hand). The module's one entry point:
+    `p` its parameters, `step` the rest (Step.of(module): check mode, warnings, file operations, commands)."""
     if p["restore"]:
         result["phase"] = "preflight"
-        restore = restore_params(module)
+        restore = restore_params(p, step)
         g = restore["generation"]
         result["restore"] = {"fingerprint": g["fingerprint"], "recorded_at": g.get("recorded_at"),
                              "previous": restore["previous"]}
-        run(module, result, restore)
+        run(p, step, result, restore)
         return
     target, gens = None, []
-    if p["rollback"] and p["record"] and not module.check_mode and not p["stop_only"] \
+    if p["rollback"] and p["record"] and not step.check_mode and not p["stop_only"] \
             and p["record"]["generations"] > 0:
         try:
             _lastgood.promote_running_pending(p["pidfile"], p["record"]["state_file"], p["tag_name"], p["name"])
         except OSError as e:  # the rollback goes back to what the file holds
-            module.warn("the last known good generation put aside in %s could not be kept: %s"
-                        % (_lastgood.pending_path(p["pidfile"]), e.strerror or e))
+            step.warn("the last known good generation put aside in %s could not be kept: %s"
+                      % (_lastgood.pending_path(p["pidfile"]), e.strerror or e))
         gens = _lastgood.read(_lastgood.path_for(p["record"]["state_file"]))
         target = _lastgood.rollback_target(gens, p["record"]["fingerprint"], p["launcher"])
     try:
-        run(module, result)
+        run(p, step, result)
     except StepError as e:
         if result.get("phase") not in ROLLBACK_PHASES:
             raise
@@ -791,8 +794,8 @@ def run_or_roll_back(module: t.Any, result: t.Dict[str, t.Any]) -> None:
             if why:  # asked for and not done: said, not silent (the host is left as the failure says)
                 raise StepError("%s (no rollback: %s)" % (e, why), **e.details) from None
             raise
-        roll_back(module, result, target, e)
-    drop_layers_snapshot(module)
+        roll_back(p, step, result, target, e)
+    drop_layers_snapshot(p, step)
 
 
 def no_rollback_reason(p: t.Mapping[str, t.Any], gens: t.Sequence[t.Mapping[str, t.Any]]) -> str:
@@ -822,39 +825,39 @@ def no_rollback_reason(p: t.Mapping[str, t.Any], gens: t.Sequence[t.Mapping[str,
     return "its newest last known good generation holds no command to launch again"
 
 
-def drop_layers_snapshot(module: t.Any) -> None:
+def drop_layers_snapshot(p: t.Mapping[str, t.Any], step: Step) -> None:
     """The restart passed: this run's snapshot of the NCCL layers (O(layers_previous)) is of no more use; only a restart
     refused before its kill puts the layers back from it (the role's rescue)."""
-    path = module.params.get("layers_previous")
-    if not path or module.check_mode:
+    path = p.get("layers_previous")
+    if not path or step.check_mode:
         return
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
     except OSError as e:  # left for the next run's nccl_layers call, which drops it before it keeps its own
-        module.warn("cannot remove the NCCL layers' snapshot %s: %s" % (path, e.strerror or e))
+        step.warn("cannot remove the NCCL layers' snapshot %s: %s" % (path, e.strerror or e))
 
 
-def restore_layers_for_rollback(module: t.Any, g: t.Mapping[str, t.Any]) -> bool:
+def restore_layers_for_rollback(p: t.Mapping[str, t.Any], step: Step, g: t.Mapping[str, t.Any]) -> bool:
     """Undo this run's writes to the NCCL layers (O(layers_previous): each file as it was before the run, a file the
     run created removed), then apply the generation's layers. Returns whether the layers now differ from what they
     were before the run (the summary's nccl_changed): after the undo they are as they were, so only the generation's
     apply can have changed them."""
-    snapshot = module.params.get("layers_previous")
+    snapshot = p.get("layers_previous")
     if snapshot:
         _envblock.restore_previous(snapshot)  # drops the snapshot too
     if not g.get("layers"):
         return False
     # The module is the file operations (atomic moves); without them a layer that differs cannot be written.
-    return bool(_layers.apply(dict(g["layers"], backup=False), Step(warn=module.warn, files=module)).get("changed"))
+    return bool(_layers.apply(dict(g["layers"], backup=False), Step(warn=step.warn, files=step.files)).get("changed"))
 
 
-def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any], cause: StepError) -> None:
+def roll_back(p: t.Dict[str, t.Any], step: Step, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any],
+              cause: StepError) -> None:
     """Stop what is left of the failed new server, put back the generation's NCCL layers, launch its definition, wait
     until it is ready, verify its workers against what they were verified against then, and record it. Always raises:
     the host failed its restart either way (the rollout halts), and the message says which way."""
-    p = module.params
     fp = str(g["fingerprint"])
     why = str(cause)
     gate = dict(p["wait_clean"], gpus=p["gpus"], backend=p["backend"])
@@ -863,10 +866,10 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
     try:
         left = (cause.details.get("new_server") or {}) if result["phase"] == "ready" else {}
         if not left.get("stopped") or left.get("error"):
-            left = stop_failed(module, p, result, gate)
+            left = stop_failed(step, p, result, gate)
             if left.get("error"):
                 raise StepError(left["text"])
-        layers_changed = restore_layers_for_rollback(module, g)
+        layers_changed = restore_layers_for_rollback(p, step, g)
         tail_since = _server.log_stamp(r["log_tail_path"]) if r["log_tail_path"] else None
         if p["launcher"] == "systemd":
             # The unit's files as they were when the generation passed (the failed restart rewrote them), then the
@@ -874,15 +877,15 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
             try:
                 # The generation's unit file and environment file; of the drop-ins, those this run removed, as they
                 # were when it removed them (the operator's, edited since the generation or made after it).
-                removed = [x for x in getattr(module, "gpufleet_removed_dropins", None) or []
+                removed = [x for x in p.get(REMOVED_DROPINS) or []
                            if x["path"] in (result.get("dropins_removed") or [])]
                 restored = _systemd.put_back([x for x in g["systemd_files"] if not _systemd.is_dropin(str(x["path"]))]
                                              + removed, dropins=[x["path"] for x in removed])
                 result["unit_restored"] = restored
-                _systemd.daemon_reload(_runner(module))
+                _systemd.daemon_reload(_runner(step))
             except _systemd.SystemdError as e:
                 raise StepError("cannot put back the unit's files: %s" % e) from None
-            proc = _systemd_start(module, p, r, tail_since)
+            proc = _systemd_start(step, p, r, tail_since)
         else:
             env = _server.validate_env(g.get("env") or {})
             env[p["tag_name"] + _statefile.FINGERPRINT_SUFFIX] = fp  # the record below could fail: the launch says what it is
@@ -905,7 +908,7 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
         _statefile.record_state(p["record"]["state_file"], p["name"], fp, p["pidfile"], {})
     except (StepError, _server.ServerError, OSError) as e:
         if proc is not None:
-            stop_failed(module, p, result, gate)  # the rollback's server serves nobody either
+            stop_failed(step, p, result, gate)  # the rollback's server serves nobody either
         result["rollback_failed"] = {"fingerprint": fp, "error": str(e)}
         # Both reasons, the rollback's (short) first: the summary keeps a long failure's head and end, and the new
         # server's own cause is at the end of its message (its log tail).
@@ -928,7 +931,7 @@ def roll_back(module: t.Any, result: t.Dict[str, t.Any], g: t.Mapping[str, t.Any
                     **cause.details)
 
 
-def stop_failed(module: t.Any, p: t.Mapping[str, t.Any], result: t.Mapping[str, t.Any],
+def stop_failed(step: Step, p: t.Mapping[str, t.Any], result: t.Mapping[str, t.Any],
                 gate: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
     """After a start-up or readiness failure: stop what is left of the new server (it serves nobody and holds the
     GPUs), then verify the GPUs clean, unless keep_failed asks to keep it for debugging. Returns what was left, with a
@@ -944,8 +947,8 @@ def stop_failed(module: t.Any, p: t.Mapping[str, t.Any], result: t.Mapping[str, 
     out: t.Dict[str, t.Any] = {"kept": False, "stopped": False, "processes": len(alive)}
     try:
         if p["launcher"] == "systemd":
-            _systemd_bounded_stop(module, p)
-        kill = _kill_step(module, p, tag="%s=%s" % (p["tag_name"], p["name"]), pidfile=p["pidfile"])
+            _systemd_bounded_stop(step, p)
+        kill = _kill_step(step, p, tag="%s=%s" % (p["tag_name"], p["name"]), pidfile=p["pidfile"])
         out.update(stopped=True, killed=ended(kill))
         out["clean"] = _gpumod.wait_or_fail(gate)
     except (StepError, _systemd.SystemdError) as e:
@@ -1017,23 +1020,23 @@ def wait_busy(p: t.Mapping[str, t.Any], launched: t.Tuple[int, int]) -> t.Dict[s
             time.sleep(min(b["poll_interval"], max(0.0, deadline - now)))
 
 
-def _runner(module: t.Any) -> _systemd.Runner:
+def _runner(step: Step) -> _systemd.Runner:
     def run(argv: t.List[str]) -> t.Tuple[int, str, str]:
-        return module.run_command(argv)
+        return step.run_command(argv)
     return run
 
 
-def _systemd_stop(module: t.Any, p: t.Mapping[str, t.Any], result: t.Dict[str, t.Any]) -> None:
+def _systemd_stop(step: Step, p: t.Mapping[str, t.Any], result: t.Dict[str, t.Any]) -> None:
     """Stop the unit through systemd (TERM to its main process, TimeoutStopSec, KILL of its cgroup)."""
     unit = p["systemd"]["unit"]
-    run = _runner(module)
+    run = _runner(step)
     try:
         props = _systemd.show(run, unit)
         result["unit"] = {k: props[k] for k in ("LoadState", "ActiveState", "MainPID")}
-        if module.check_mode:
+        if step.check_mode:
             return
         # As the operator had them: a rollback puts back these, not an older generation's copies.
-        module.gpufleet_removed_dropins = _systemd.snapshot(p["systemd"]["remove_dropins"])
+        p[REMOVED_DROPINS] = _systemd.snapshot(p["systemd"]["remove_dropins"])
         removed = _systemd.remove_dropins(p["systemd"]["remove_dropins"], unit)
         if removed:
             result.update(dropins_removed=removed, changed=True)
@@ -1043,7 +1046,7 @@ def _systemd_stop(module: t.Any, p: t.Mapping[str, t.Any], result: t.Dict[str, t
         procs = _proc.snapshot()
         tagged = own_tagged(p, procs)
         t0 = time.monotonic()
-        if _systemd_bounded_stop(module, p):
+        if _systemd_bounded_stop(step, p):
             result["stop_escalated"] = True
         stop_s = time.monotonic() - t0
     except _systemd.SystemdError as e:
@@ -1059,18 +1062,18 @@ def _systemd_stop(module: t.Any, p: t.Mapping[str, t.Any], result: t.Dict[str, t
 STOP_MARGIN_S = 5.0
 
 
-def _systemd_bounded_stop(module: t.Any, p: t.Mapping[str, t.Any]) -> bool:
+def _systemd_bounded_stop(step: Step, p: t.Mapping[str, t.Any]) -> bool:
     """Stop the unit within the kill grace and a margin (then SIGKILL of its cgroup): True when it came to that."""
     unit = p["systemd"]["unit"]
-    escalated = _systemd.stop(_runner(module), unit, bound=p["kill"]["grace"] + STOP_MARGIN_S,
+    escalated = _systemd.stop(_runner(step), unit, bound=p["kill"]["grace"] + STOP_MARGIN_S,
                               final_wait=max(p["kill"]["final_wait"], 1.0))
     if escalated:
-        module.warn("%s did not stop within gpufleet_server_kill_grace (%.0f s) and %.0f s more (a drop-in setting "
-                    "TimeoutStopSec?): its whole cgroup was sent SIGKILL" % (unit, p["kill"]["grace"], STOP_MARGIN_S))
+        step.warn("%s did not stop within gpufleet_server_kill_grace (%.0f s) and %.0f s more (a drop-in setting "
+                  "TimeoutStopSec?): its whole cgroup was sent SIGKILL" % (unit, p["kill"]["grace"], STOP_MARGIN_S))
     return escalated
 
 
-def _retire_unit(module: t.Any, p: t.Mapping[str, t.Any], result: t.Dict[str, t.Any]) -> None:
+def _retire_unit(step: Step, p: t.Mapping[str, t.Any], result: t.Dict[str, t.Any]) -> None:
     """The process launcher runs the server now: a unit the systemd launcher left must not start it at boot."""
     ru = p["retire_unit"]
     present = [f for f in ru["files"] if os.path.lexists(f)]
@@ -1078,17 +1081,17 @@ def _retire_unit(module: t.Any, p: t.Mapping[str, t.Any], result: t.Dict[str, t.
         return
     result["unit_retired"] = present
     result["changed"] = True
-    if module.check_mode:
+    if step.check_mode:
         return
     try:
-        _systemd.retire(_runner(module), ru["unit"], present)
+        _systemd.retire(_runner(step), ru["unit"], present)
     except (_systemd.SystemdError, OSError) as e:
         raise StepError("cannot retire %s: %s" % (ru["unit"], e))
 
 
-def _systemd_end(module: t.Any, unit: str, since: float) -> str:
+def _systemd_end(step: Step, unit: str, since: float) -> str:
     """How systemd saw the unit's main process end, and its journal lines since the start, for a failure message."""
-    run = _runner(module)
+    run = _runner(step)
     try:
         status = _systemd.exit_status(_systemd.show(run, unit))
     except _systemd.SystemdError:
@@ -1097,12 +1100,12 @@ def _systemd_end(module: t.Any, unit: str, since: float) -> str:
     return "; systemd: %s; journal (journalctl -u %s): %s" % (status or "no exit status", unit, journal or "(empty)")
 
 
-def _systemd_start(module: t.Any, p: t.Mapping[str, t.Any], r: t.Mapping[str, t.Any],
+def _systemd_start(step: Step, p: t.Mapping[str, t.Any], r: t.Mapping[str, t.Any],
                    tail_since: t.Optional[_server.LogStamp]) -> _proc.Proc:
     """`systemctl start`, then the unit's main pid as the launcher (written to the pidfile, as the process launcher
     does)."""
     unit = p["systemd"]["unit"]
-    run = _runner(module)
+    run = _runner(step)
     since = time.time()
     t0 = time.monotonic()
     try:
@@ -1111,7 +1114,7 @@ def _systemd_start(module: t.Any, p: t.Mapping[str, t.Any], r: t.Mapping[str, t.
         _systemd.start(run, unit)
         pid = _systemd.main_pid(_systemd.show(run, unit))
     except (_systemd.SystemdError, OSError) as e:
-        raise StepError("launch of %s failed: %s%s" % (unit, e, _systemd_end(module, unit, since)),
+        raise StepError("launch of %s failed: %s%s" % (unit, e, _systemd_end(step, unit, since)),
                         **getattr(e, "details", {}))
     proc = _proc.read_proc(pid) if pid else None
     if proc is None:
@@ -1119,7 +1122,7 @@ def _systemd_start(module: t.Any, p: t.Mapping[str, t.Any], r: t.Mapping[str, t.
         last = " | ".join(ln.strip() for ln in tail.splitlines()[-3:]
                           if ln.strip() and not ln.startswith(_server.LAUNCH_LINE))[-300:]
         raise StepError("%s exited during start-up after %.1f s%s; log tail (%s): %s"
-                        % (unit, time.monotonic() - t0, _systemd_end(module, unit, since), where, last or "(empty)"),
+                        % (unit, time.monotonic() - t0, _systemd_end(step, unit, since), where, last or "(empty)"),
                         phase="startup", log_tail=tail)
     _statefile.write_pidfile(p["pidfile"], proc)
     return proc

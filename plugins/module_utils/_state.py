@@ -101,8 +101,8 @@ def restart_problems(p: t.Mapping[str, t.Any]) -> t.List[str]:
     la = p["launchable"]
     # server_restart's own list, of the paths this check knows by its own options (the same role variables).
     files = _server.restart_files(p["state_file"], p["pidfile"], p["lock_file"], la["log_path"])
-    if p["rotation_file"]:
-        files.setdefault("rotation_file", p["rotation_file"])
+    if la.get("drain_record"):
+        files.setdefault("drain_record", la["drain_record"])
     return _server.restart_problems(files, command=None if p["systemd"] else la["command"], user=la["user"],
                                     workdir=la["workdir"], path=la["path"])
 

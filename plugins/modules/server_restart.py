@@ -876,6 +876,7 @@ import typing as t
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _nolog, _restart
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
+from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step
 
 
 def main() -> None:
@@ -889,7 +890,7 @@ def main() -> None:
     failure: t.Optional[StepError] = None
     with _restart.shielded(not module.check_mode) as signals:
         try:
-            _restart.run_or_roll_back(module, result)
+            _restart.run_or_roll_back(p, Step.of(module), result)
         except StepError as e:
             failure = e
         except Exception as e:  # pylint: disable=broad-except

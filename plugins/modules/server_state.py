@@ -116,9 +116,16 @@ options:
         description:
           - The server's log (M(gpufleet.serving.server_restart)'s O(gpufleet.serving.server_restart#module:log_path)).
           - When a restart is wanted it is checked with the other files the restart writes after its kill (O(state_file),
-            O(pidfile), O(lock_file)) and O(rotation_file), as M(gpufleet.serving.server_restart)'s preflight checks
-            them, by the same code and words; none may be a directory or lie under a regular file or a directory this
-            module may not write in, and their directories need room.
+            O(pidfile), O(lock_file)) and O(launchable.drain_record), as M(gpufleet.serving.server_restart)'s preflight
+            checks them, by the same code and words; none may be a directory or lie under a regular file or a directory
+            this module may not write in, and their directories need room.
+        type: path
+      drain_record:
+        version_added: 0.3.0
+        description:
+          - The drain record the restart's drain and return to service write (the gpu_server role sets it for a host
+            with balancers only), checked with O(launchable.log_path). Unset, it is not checked, since O(rotation_file)
+            is only read (a host with no balancer left has its record read for the warnings, never written).
         type: path
       urls:
         version_added: 0.2.0
@@ -671,6 +678,7 @@ def main() -> None:
                 # From the server's env, whose values are secret (server_restart's env is no_log, and so its PATH).
                 path=dict(type="str", no_log=True),
                 log_path=dict(type="path"),
+                drain_record=dict(type="path"),
                 urls=dict(type="list", elements="str", default=[]),
                 clean_timeout=dict(type="float", default=30.0),
                 kill=dict(type="dict", default={}, options=dict(

@@ -129,8 +129,13 @@ def stale_records(check: t.Mapping[str, t.Any], balancers: t.Sequence[t.Any]) ->
     """Warnings for the drains the host's record keeps of entries it no longer has (removed or renamed): no run puts
     it back there, and the rollout would otherwise pass it in silence (helper-37; the audit reports them as drift)."""
     records = check.get("drain_records")
-    if not balancers or not isinstance(records, t.Mapping):
+    if check.get("drain_record_error") and not balancers:
+        # With balancers the host fails on it (decide); without, no run reads it again: said, not silent.
+        return ["%s; the host has no balancer in gpufleet_server_balancers, so no rollout reads it: if gpufleet took the "
+                "host out of a balancer, put it back by hand, then remove the file" % check["drain_record_error"]]
+    if not isinstance(records, t.Mapping):
         return []
+    # Every drain of a host with no balancer left is one no run puts back.
     return stale(records, [str(b) for b in balancers])
 
 

@@ -98,7 +98,7 @@ def test_a_full_state_or_run_filesystem_fails_before_the_kill_and_leaves_nothing
     provoked="a 64 KiB tmpfs over /var/lib/gpufleet, filled with dd, under a running verified server in rotation in an "
              "`http` balancer (a recording HTTP API on the controller); gpufleet.serving.restart (forced)",
     outcome="the check refuses before the drain: 'cannot run this server, nothing was stopped: directory "
-            "/var/lib/gpufleet (record.state_file, rotation_file) has 0 bytes free', phase preflight, the balancer "
+            "/var/lib/gpufleet (record.state_file, drain_record) has 0 bytes free', phase preflight, the balancer "
             "got no call (the host never left rotation), out of rotation: none, the server untouched (same processes), "
             "no drain record and no temp file left")
 def test_a_full_disk_refuses_a_restart_behind_a_balancer_before_its_drain(rf):
@@ -113,7 +113,7 @@ def test_a_full_disk_refuses_a_restart_behind_a_balancer_before_its_drain(rf):
         row = run.summary[H]
         assert row["phase"] == "preflight" and row["restart"] == "no", row
         assert ("cannot run this server, nothing was stopped: directory /var/lib/gpufleet (record.state_file, "
-                "rotation_file) has 0 bytes free") in row["failure"], row
+                "drain_record) has 0 bytes free") in row["failure"], row
         assert not row["out_of_rotation"], row
         assert rec.calls == [], rec.calls
         assert _server(rf.snapshot()) == before

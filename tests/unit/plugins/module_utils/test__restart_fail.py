@@ -10,6 +10,7 @@ import pytest
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _envblock
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
+from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step
 from ansible_collections.gpufleet.serving.plugins.module_utils._restart import (
     drop_layers_snapshot, fail_result, restore_layers_for_rollback)
 
@@ -63,14 +64,9 @@ def _write_through_snapshot(tmp_path, writes):
     return snap
 
 
-class _Module:
-    def __init__(self, path, check_mode=False):
-        self.params = {"layers_previous": path}
-        self.check_mode = check_mode
-        self.warnings = []
-
-    def warn(self, msg):
-        self.warnings.append(msg)
+def _call(path, check_mode=False):
+    """The (params, step) a restart's steps take (Step.of(module) in the module)."""
+    return {"layers_previous": path}, Step(check_mode=check_mode, warn=lambda msg: None)
 
 
 def test_a_rollback_first_undoes_what_the_run_wrote_to_the_layers_a_created_file_included(tmp_path):
@@ -80,14 +76,14 @@ def test_a_rollback_first_undoes_what_the_run_wrote_to_the_layers_a_created_file
     snap = _write_through_snapshot(tmp_path, [(layer, b"B\n"), (created, b"NCCL_ALGO=Tree\n")])
     assert layer.read_bytes() == b"B\n" and created.exists()
     # A generation without layers of its own: the undo alone, so the layers are as before the run.
-    assert restore_layers_for_rollback(_Module(snap), {"layers": None}) is False
+    assert restore_layers_for_rollback(*_call(snap), {"layers": None}) is False
     assert layer.read_bytes() == b"A\n" and not created.exists() and not os.path.exists(snap)
 
 
 def test_without_a_snapshot_a_generation_without_layers_changes_nothing(tmp_path):
     layer = tmp_path / "sitecustomize.py"
     layer.write_bytes(b"B\n")
-    assert restore_layers_for_rollback(_Module(None), {"layers": None}) is False
+    assert restore_layers_for_rollback(*_call(None), {"layers": None}) is False
     assert layer.read_bytes() == b"B\n"
 
 
@@ -95,15 +91,15 @@ def test_an_unreadable_snapshot_fails_the_rollback_rather_than_guess(tmp_path):
     snap = tmp_path / "layers-previous.json"
     snap.write_text("not json")
     with pytest.raises(StepError, match="is not a snapshot of the NCCL layers"):
-        restore_layers_for_rollback(_Module(str(snap)), {"layers": None})
+        restore_layers_for_rollback(*_call(str(snap)), {"layers": None})
 
 
 def test_a_restart_that_passed_removes_the_snapshot_but_not_in_check_mode(tmp_path):
     snap = tmp_path / "layers-previous.json"
     snap.write_text("{}")
-    drop_layers_snapshot(_Module(str(snap), check_mode=True))
+    drop_layers_snapshot(*_call(str(snap), check_mode=True))
     assert snap.exists()
-    drop_layers_snapshot(_Module(str(snap)))
+    drop_layers_snapshot(*_call(str(snap)))
     assert not snap.exists()
-    drop_layers_snapshot(_Module(str(snap)))  # already gone: nothing to say
-    drop_layers_snapshot(_Module(None))
+    drop_layers_snapshot(*_call(str(snap)))  # already gone: nothing to say
+    drop_layers_snapshot(*_call(None))

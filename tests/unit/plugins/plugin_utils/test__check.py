@@ -167,3 +167,16 @@ def test_the_fast_path_fails_a_host_whose_server_cannot_be_launched():
     v = _check.fast_verdict(check(launch_problems=["no such user"], msg="cannot launch: no such user", failed=True),
                             [], "demo")
     assert v == {"failed": True, "msg": "demo: cannot launch: no such user", "launch_problems": ["no such user"]}
+
+
+def test_a_host_with_no_balancer_left_is_warned_of_every_drain_its_record_keeps_and_of_an_unreadable_record():
+    """Found in session 24's review: with every balancer entry removed from the inventory, the rollout read no record
+    and said nothing of the drains it keeps (the audit did). Each is now a warning, as for one renamed entry."""
+    rec = {"old-lb": {"found": "UP", "server": "h1", "run": "r-1", "at": "t"}}
+    lines = _check.stale_records({"drain_records": rec}, [])
+    assert len(lines) == 1 and lines[0].startswith("drain record: gpufleet took the host out of balancer entry old-lb")
+    assert _check.stale_records({"drain_records": rec}, ["old-lb"]) == []
+    bad = _check.stale_records({"drain_record_error": "drain record /x: not JSON"}, [])
+    assert len(bad) == 1 and bad[0].startswith("drain record /x: not JSON; the host has no balancer"), bad
+    # With balancers, an unreadable record fails the host (decide), not a warning.
+    assert _check.stale_records({"drain_record_error": "drain record /x: not JSON"}, ["lb"]) == []
