@@ -106,7 +106,7 @@ class ActionModule(ActionBase):
         if refused:
             return dict(res, failed=True, msg=refused)
         res["decision"] = _check.decide(res, force, [str(n) for n in decide.get("balancers") or []], bool(owner),
-                                        bool(self._task.check_mode))
+                                        bool(self._task.check_mode), decide.get("idents") or {})
         if res["decision"].get("error"):
             return dict(res, failed=True, msg=res["decision"]["error"])
         stale = _check.stale_records(res, [str(n) for n in decide.get("balancers") or []])

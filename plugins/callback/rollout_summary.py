@@ -299,10 +299,18 @@ def markdown_table(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
 def out_of_rotation(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     """The line naming hosts this run left out of their load balancers ('' when none)."""
     # A host this run puts back (or, under --check, would) is not left out: returned() names it.
-    out = ["%s (%s)" % (r["host"], ", ".join(r["out_of_rotation"])) for r in rows
-           if r.get("out_of_rotation") and not _put_back(r)]
-    return ("left out of rotation: %s; the next rollout puts it back once the cause is fixed (docs/runbook.md)"
-            % "; ".join(out)) if out else ""
+    left = [r for r in rows if r.get("out_of_rotation") and not _put_back(r)]
+    failed = ["%s (%s)" % (r["host"], ", ".join(r["out_of_rotation"])) for r in left if r.get("status") != "ok"]
+    # A host that did not fail was left out on purpose (the clean playbook stops its server): no cause to fix
+    # (helper-39).
+    kept = ["%s (%s)" % (r["host"], ", ".join(r["out_of_rotation"])) for r in left if r.get("status") == "ok"]
+    lines = []
+    if failed:
+        lines.append("left out of rotation: %s; the next rollout puts it back once the cause is fixed (docs/runbook.md)"
+                     % "; ".join(failed))
+    if kept:
+        lines.append("left out of rotation, as this playbook does: %s; the next rollout puts it back" % "; ".join(kept))
+    return ". ".join(lines)
 
 
 def left_as_found(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:

@@ -99,6 +99,16 @@ def other_server(rec: t.Any, ident: str) -> t.Optional[str]:
     return str(server) if server not in (None, "") and str(server) != ident else None
 
 
+def foreign_text(name: str, rec: t.Any, ident: str) -> t.Optional[str]:
+    """Why a drain record under entry `name` is not a drain of the host the entry names as `ident`, or None."""
+    other = other_server(rec, ident)
+    if other is None:
+        return None
+    return ("the drain record of entry %s names server %s, not this host's %s: not a drain of this host (an entry "
+            "copied from another host's variables when it was made?); if gpufleet took %s out, put it back by hand, "
+            "then remove %s from the record" % (name, other, ident, other, name))
+
+
 def record_for(b: Entry, records: Records, names: t.Collection[str], ident: str) -> t.Tuple[t.Optional[str], t.Any]:
     """(key, record) of gpufleet's own drain of this entry: by its name or, for an entry renamed since the drain, the
     record of another name no entry has any more that names the same server. (None, None) when there is none."""
@@ -203,6 +213,17 @@ def found_of(states: t.Mapping[str, str]) -> str:
     if "DRAIN" in sts:
         return "DRAIN"
     return [s for s in sts if s != "MAINT"][0]
+
+
+def resume_back(found: str, rec_found: str) -> str:
+    """What a host goes back to when gpufleet's own drain (its record found `rec_found`) is found again MAINT in some
+    backends only (an operator put it back into the others by hand, as the runbook says): each backend still MAINT
+    goes back to what the record found there, the others stay as found now. One word when all agree."""
+    now, rec = back_by_backend(found, ""), back_by_backend(rec_found, "")
+    out = {b: (rec.get(b, rec.get("", "UP")) if s == "MAINT" else s) for b, s in now.items()}
+    if len(set(out.values())) == 1:
+        return next(iter(out.values()))
+    return " ".join("%s=%s" % (b, out[b]) for b in sorted(out))
 
 
 def back_by_backend(back: str, backend: str) -> t.Dict[str, str]:
@@ -404,8 +425,18 @@ class Balancers:
             elif found == "absent":
                 step["back"] = rec.get("found", "UP")  # gpufleet's own earlier drain (its record): already out
             else:
+                # A drain record of another server under this entry's name (helper-38) would be overwritten by this
+                # host's drain and then cleared: the only trace that gpufleet took that server out, gone in silence
+                # (helper-39). Refused before anything is touched, as the put-back refuses it.
+                foreign = self.foreign_record(b)
+                if foreign:
+                    raise BalancerError(foreign + "; nothing was touched")
                 # Found in MAINT (an earlier run's drain) or unknown (http): the record keeps what was found first.
                 back = rec.get("found", found) if rec is not None and found in ("MAINT", "unknown") else found
+                if rec is not None and "=" in found and "MAINT" in back_by_backend(found, "").values():
+                    # gpufleet's own drain, put back by hand in some backends only (helper-39): the backends still
+                    # MAINT are gpufleet's and go back to what the record found, not left MAINT as an operator's.
+                    back = resume_back(found, str(rec.get("found", "UP")))
                 step["back"] = back
                 step["drain"] = {"balancer": b["name"], "found": back, "server": self.ident(b),
                                  "keep": found in ("MAINT", "unknown")}
@@ -584,12 +615,7 @@ class Balancers:
 
     def foreign_record(self, b: Entry) -> t.Optional[str]:
         """Why the host's drain record under this entry's name is not this host's drain, or None."""
-        other = other_server(self.records.get(b["name"]), self.ident(b))
-        if other is None:
-            return None
-        return ("the drain record of entry %s names server %s, not this host's %s: not a drain of this host (an entry "
-                "copied from another host's variables when it was made?); if gpufleet took %s out, put it back by hand, "
-                "then remove %s from the record" % (b["name"], other, self.ident(b), other, b["name"]))
+        return foreign_text(b["name"], self.records.get(b["name"]), self.ident(b))
 
     def drift(self, records_error: str = "") -> t.List[str]:
         """The audit's lines: a host out of rotation (by whom) or in rotation but not UP; http is not audited."""

@@ -475,11 +475,15 @@ def refuse_foreign_listeners(p: t.Mapping[str, t.Any], urls: t.Sequence[str]) ->
             hint = (" It holds the server's GPUs (a server started by hand?): adopt it with kill.cmdline_regex "
                     "(gpufleet_server_adopt_cmdline_regex), or kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends "
                     "what holds them")
+        addrs = sorted({str(f.get("address")) for f in res["foreign"]})
+        # An IPv6 wildcard socket takes IPv4 connections too unless it set IPV6_V6ONLY, which /proc does not show: the
+        # refusal stays (the port may be taken), the reason says so (helper-39).
+        reach = ("may reach it (an IPv6 wildcard socket takes IPv4 connections unless it set IPV6_V6ONLY, which "
+                 "/proc does not show)" if "::" in addrs else "would reach it")
         raise StepError("port %d of %s is held by %s, which is not this server's (the kill does not select it, "
-                        "and it is never killed); it listens on %s, where %s would reach it instead of the new server. "
+                        "and it is never killed); it listens on %s, where %s %s instead of the new server. "
                         "Nothing was stopped: stop that process or give the server another port.%s"
-                        % (res["port"], url, _listener.foreign_text(res),
-                           " or ".join(sorted({str(f.get("address")) for f in res["foreign"]})), url, hint),
+                        % (res["port"], url, _listener.foreign_text(res), " or ".join(addrs), url, reach, hint),
                         phase="preflight", port_holders=res["foreign"])
 
 

@@ -272,6 +272,14 @@ options:
         type: list
         elements: str
         default: []
+      idents:
+        version_added: 0.3.0
+        description:
+          - Entry name to the server that entry names for this host (P(gpufleet.serving.balancer_idents#filter)). A
+            record under an entry's name that names another server is not this host's drain, and a return to service
+            it would cause fails the host instead, nothing touched (in check mode too).
+        type: dict
+        default: {}
       nccl_profile:
         description: The NCCL profile the inventory asks for (C(gpufleet_nccl_profile)), unset when it asks for none.
         type: str
@@ -702,6 +710,7 @@ def main() -> None:
             decide=dict(type="dict", options=dict(
                 force=dict(type="bool", default=False),
                 balancers=dict(type="list", elements="str", default=[]),
+                idents=dict(type="dict", default={}),
                 nccl_profile=dict(type="str"),
                 nccl_known=dict(type="bool", default=True),
             )),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import typing as t
 
+from ansible_collections.gpufleet.serving.plugins.module_utils._balancer import foreign_text
 from ansible_collections.gpufleet.serving.plugins.module_utils._rotation import stale
 
 Result = t.Dict[str, t.Any]
@@ -75,14 +76,16 @@ def refusal(check: t.Mapping[str, t.Any], force: bool, locked_run: bool, profile
 
 
 def decide(check: t.Mapping[str, t.Any], force: bool, balancers: t.Sequence[str], locked_run: bool,
-           check_mode: bool) -> Result:
+           check_mode: bool, idents: t.Optional[t.Mapping[str, t.Any]] = None) -> Result:
     """What the role does with the host: `do_restart`, the summary row it starts (`result`), and its place in the
     balancers (`rotation`, the gpufleet_server_rotation fact, {} for a host whose balancers are not touched):
     - a restart with balancers starts its drain from here (in rotation, nothing drained yet); the drain reads the
       check's drain records (a failed earlier run's drains tell gpufleet's from an operator's);
     - an up-to-date host that an earlier run left out of rotation on gpufleet's drain record (`return_only`) goes
       back into the entries the record names, no others.
-    `error` fails the host: a drain record that cannot be read when the drain or the return would need it."""
+    `error` fails the host: a drain record that cannot be read when the drain or the return would need it, or a
+    record of another server (`idents`, entry name to the server it names for this host) that the return would act on."""
+    idents = idents or {}
     do_restart = bool(force or check.get("needs_restart"))
     result: Result = dict(restarted=False, reasons=["forced"] if force else list(check.get("reasons") or []),
                           workers=len(check.get("workers") or []), workers_verified=workers_verified(check),
@@ -112,6 +115,12 @@ def decide(check: t.Mapping[str, t.Any], force: bool, balancers: t.Sequence[str]
     records = check.get("drain_records") or {}
     names = [n for n in balancers if n in records]
     if not names:
+        return out
+    # A record of another server under an entry's name is not this host's drain (helper-38): the put-back would refuse
+    # it after the check, and --check would predict a put-back (helper-39). Refused here, in both, nothing touched.
+    foreign = [f for f in (foreign_text(n, records[n], str(idents[n])) for n in names if n in idents) if f]
+    if foreign:
+        out["error"] = "; ".join(foreign) + "; nothing was touched"
         return out
     first = records[names[0]] if isinstance(records[names[0]], t.Mapping) else {}
     result["reasons"] = result["reasons"] + [

@@ -323,6 +323,11 @@ def test_a_host_that_is_or_would_be_put_back_is_not_called_left_out():
     assert "would put back into rotation, left out by an earlier run (drain record): h1 (haproxy)" in md, md
     assert "put back into rotation, left out by an earlier run (drain record): h2 (haproxy)" in md, md
     assert "left out of rotation: h3 (haproxy);" in md and "h1 (haproxy); the next" not in md, md
+    # A host left out without a failure (the clean playbook's stop) has no cause to fix (helper-39).
+    rows = [{"host": "h4", "status": "ok", "restarted": False, "stopped": True, "out_of_rotation": ["haproxy"]}]
+    md = r.render_markdown(rows, None)
+    assert "left out of rotation, as this playbook does: h4 (haproxy); the next rollout puts it back" in md, md
+    assert "once the cause is fixed" not in md, md
 
 
 def test_a_kept_server_whose_record_is_still_missing_is_named_after_the_table():

@@ -411,3 +411,38 @@ def test_a_record_of_another_server_under_the_entrys_name_is_not_this_hosts_drai
     # Its own record (server host1) is gpufleet's drain, as before.
     own = {"haproxy": {"found": "UP", "server": "host1", "run": "r-1", "at": "t"}}
     assert bal([haproxy_entry(hp, backend="web")], records=own).put_back({"haproxy": "UP"}, {}, 1)["changed"]
+
+
+def test_gpufleets_own_drain_put_back_by_hand_in_one_backend_goes_back_whole(hp):
+    """helper-39 (High): host1 drained by gpufleet from both backends (its record found UP), the run killed, an operator
+    put it back into one backend by hand (the runbook's step). The next restart took the other backend's MAINT for an
+    operator's, left it, and cleared the record: the host stayed out of it, blamed on someone else. The backends still
+    MAINT are gpufleet's: they go back to what the record found."""
+    hp.servers[("api", "host1")]["status"] = "MAINT"  # web=UP (put back by hand), api=MAINT (gpufleet's)
+    rec = {"haproxy": {"found": "UP", "server": "host1", "run": "r-1", "at": "t"}}
+    b = bal([haproxy_entry(hp)], records=rec)
+    plan = b.plan_out()
+    assert plan[0]["back"] == "UP" and "left_as_found" not in plan[0], plan
+    assert plan[0]["drain"] == {"balancer": "haproxy", "found": "UP", "server": "host1", "keep": False}
+    r = b.take_out(plan)
+    assert r["rotation"]["found"] == {"haproxy": "UP"} and r["rotation"]["left_as_found"] == {}, r
+    assert b.put_back(r["rotation"]["found"], {}, 1)["rotation"]["left_as_found"] == {}
+    assert hp.status("web", "host1") == hp.status("api", "host1") == "UP"
+    # An operator's DRAIN in the backend put back by hand stays DRAIN; the gpufleet MAINT goes back to UP.
+    hp.servers[("web", "host1")]["status"], hp.servers[("api", "host1")]["status"] = "DRAIN", "MAINT"
+    assert bal([haproxy_entry(hp)], records=rec).plan_out()[0]["back"] == "api=UP web=DRAIN"
+    # Without a record, the same states are an operator's, per backend, as before.
+    assert bal([haproxy_entry(hp)]).plan_out()[0]["back"] == "api=MAINT web=DRAIN"
+    assert B.resume_back("a=MAINT b=UP", "a=DRAIN b=UP") == "a=DRAIN b=UP"
+
+
+@pytest.mark.parametrize("state", ["UP", "DRAIN"])
+def test_a_drain_over_a_record_of_another_server_is_refused_with_nothing_touched(hp, state):
+    """helper-39 (Medium): with the host in rotation (or an operator's DRAIN), a restart's drain overwrote a record of
+    another server under the entry's name with its own, then cleared it: the only trace that gpufleet took that server
+    out, gone without a word. The drain refuses it now, as the put-back does."""
+    hp.servers[("web", "host1")]["status"] = hp.servers[("api", "host1")]["status"] = state
+    rec = {"haproxy": {"found": "UP", "server": "host2", "run": "r-1", "at": "t"}}
+    with pytest.raises(B.BalancerError, match="names server host2, not this host's host1.*nothing was touched"):
+        bal([haproxy_entry(hp)], records=rec).plan_out()
+    assert not any(c.startswith("set server") for c in hp.commands)

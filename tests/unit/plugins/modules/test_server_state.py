@@ -676,6 +676,25 @@ def test_a_foreign_listener_on_the_servers_port_refuses_a_wanted_restart_in_the_
     assert "failed" not in r and r["needs_restart"] is True, r
 
 
+def test_an_ipv6_wildcard_listener_is_refused_saying_it_may_reach_the_url(servers, paths, run_module):
+    """helper-39 (Low): a socket on [::] with IPV6_V6ONLY was refused 'where http://127.0.0.1:PORT/health would reach
+    it', which that socket does not. /proc does not show the option: the refusal stays, the reason says 'may'."""
+    import socket
+    running(servers, paths, run_module)
+    s6 = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    try:
+        s6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        s6.bind(("::", 0))
+        s6.listen(1)
+        url = "http://127.0.0.1:%d/health" % s6.getsockname()[1]
+        r = run_module(server_state.main, _restart_wanted(paths, url))
+        assert r["failed"] and r["phase"] == "preflight", r
+        assert "it listens on ::, where %s may reach it (an IPv6 wildcard socket takes IPv4 connections unless it " \
+            "set IPV6_V6ONLY" % url in r["msg"], r["msg"]
+    finally:
+        s6.close()
+
+
 def test_the_servers_own_listener_on_its_port_does_not_refuse_a_restart(servers, paths, run_module, nvml):
     """The port held by what the kill ends (a process carrying this service's launch tag) is the old server's: fine."""
     running(servers, paths, run_module)

@@ -180,3 +180,15 @@ def test_a_host_with_no_balancer_left_is_warned_of_every_drain_its_record_keeps_
     assert len(bad) == 1 and bad[0].startswith("drain record /x: not JSON; the host has no balancer"), bad
     # With balancers, an unreadable record fails the host (decide), not a warning.
     assert _check.stale_records({"drain_record_error": "drain record /x: not JSON"}, ["lb"]) == []
+
+
+def test_a_return_to_service_over_a_record_of_another_server_fails_the_host_in_check_mode_too():
+    """helper-39 (Medium): --check predicted a put-back ("would put back ... (lb)") that the real run refused after
+    its check (the put-back's own refusal). The decision refuses it now, in both, naming the record."""
+    check = {"needs_restart": False, "drain_records": {"lb": {"found": "UP", "server": "host1", "run": "r"}}}
+    for check_mode in (False, True):
+        out = _check.decide(check, False, ["lb"], True, check_mode, {"lb": "host2"})
+        assert out["error"].startswith("the drain record of entry lb names server host1, not this host's host2"), out
+        assert out["error"].endswith("nothing was touched") and not out["return_only"], out
+    # Its own record: the put-back, as before.
+    assert _check.decide(check, False, ["lb"], True, False, {"lb": "host1"})["return_only"] is True
