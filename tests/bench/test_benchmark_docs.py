@@ -26,6 +26,7 @@ RUNS = [
     ("fleet-rollout-bench-2-32-e6cf68f.json",),
     ("fleet-rollout-bench-8-74729d9-run1.json",),
     ("fleet-rollout-bench-8-74729d9-run2.json",),
+    ("fleet-rollout-bench-8-ab6c5c1.json",),
 ]
 
 
