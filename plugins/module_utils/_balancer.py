@@ -564,6 +564,7 @@ class Balancers:
             elif "=" in back and kept:
                 rot["left_as_found"][name] = ", ".join("%s in backend %s" % (v, k) for k, v in kept)
             changed = False
+            ups: t.Set[str] = set()
             for bk, st in sorted(by.items()):
                 if st == "MAINT":
                     continue
@@ -572,13 +573,23 @@ class Balancers:
                 if not now:
                     raise BalancerError("HAProxy %s has no server %s %s" % (
                         hp.sock, srv, ("in backend " + bk) if bk else "in any backend"))
-                todo = [k for k, s in now.items() if word(s) != want]
+                if want == "UP":
+                    # gpufleet takes a server out with MAINT only: a backend in DRAIN now was set so by someone else
+                    # since (an operator, after an interrupted run), and stays so, said (helper-40).
+                    theirs = sorted(k for k, s in now.items() if word(s) == "DRAIN")
+                    if theirs:
+                        rot["left_as_found"][name] = ", ".join(
+                            [x for x in [rot["left_as_found"].get(name)] if x] + ["DRAIN in backend %s" % k for k in theirs])
+                    todo = [k for k, s in now.items() if word(s) not in ("UP", "DRAIN")]
+                    ups.update(k for k in now if k not in theirs)
+                else:
+                    todo = [k for k, s in now.items() if word(s) != want]
                 if todo and not check_mode:
                     # `state ready` clears MAINT and an admin DRAIN alike (`enable server` would leave DRAIN set).
                     hp.set_state(todo, srv, "drain" if want == "DRAIN" else "ready")
                 changed = changed or bool(todo)
             if not check_mode:
-                for bk in sorted(k for k, v in by.items() if v not in OUT):
+                for bk in sorted(ups):
                     hp.wait(srv, [bk], "UP", up_timeout, self.sleep)
             return changed
         if b["type"] == "sglang_router":
@@ -642,7 +653,10 @@ class Balancers:
                         out.append("out of rotation on %s (weight 0 in backend %s)%s" % (name, bk, self.who(b, records_error)))
                     if word(s) == "UP":
                         continue
-                    out.append(("out of rotation on %s (%s in backend %s)%s" % (name, s, bk, self.who(b, records_error)))
+                    # gpufleet takes a server out with MAINT only: a DRAIN is someone else's, record or not (helper-40).
+                    who = (", not by gpufleet (it takes a server out with MAINT, never DRAIN)" if word(s) == "DRAIN"
+                           else self.who(b, records_error))
+                    out.append(("out of rotation on %s (%s in backend %s)%s" % (name, s, bk, who))
                                if s in OUT else "in rotation on %s but %s (backend %s)" % (name, s, bk))
             elif now["found"] == "absent":
                 out.append("out of rotation on %s (the router does not list %s)%s"

@@ -55,10 +55,12 @@ def read(path: str) -> t.Dict[str, t.Dict[str, t.Any]]:
 def stale(records: t.Mapping[str, t.Mapping[str, t.Any]], known: t.Sequence[str]) -> t.List[str]:
     """One line for each drain the record keeps of a balancer entry the host no longer has (its entry removed or
     renamed in gpufleet_server_balancers since a run took the host out of it): no rollout puts the host back there."""
-    return ["drain record: gpufleet took the host out of balancer entry %s (run %s at %s), and the host no longer has "
-            "that entry in gpufleet_server_balancers, so no rollout puts it back there: put the server back into that "
+    # The server the record names, not "the host": a record made from an entry copied from another host's variables
+    # names that host's server, which is the one to put back (helper-40).
+    return ["drain record: gpufleet took server %s out of balancer entry %s (run %s at %s), and the host no longer has "
+            "that entry in gpufleet_server_balancers, so no rollout puts it back there: put that server back into that "
             "balancer by hand (or give the entry back its name), then remove %s from the record"
-            % (name, r.get("run") or "?", r.get("at") or "?", name)
+            % (r.get("server") or "?", name, r.get("run") or "?", r.get("at") or "?", name)
             for name, r in sorted(records.items()) if name not in set(known)]
 
 

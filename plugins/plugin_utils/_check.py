@@ -103,8 +103,9 @@ def decide(check: t.Mapping[str, t.Any], force: bool, balancers: t.Sequence[str]
     if not locked_run or not balancers:
         return out
     if do_restart:
-        # Check mode drains nothing (the summary says would-drain) and reads no record for it.
-        if check.get("drain_record_error") and not check_mode:
+        # Check mode drains nothing (the summary says would-drain), but the real run would fail on a record it cannot
+        # read: so does --check (helper-40).
+        if check.get("drain_record_error"):
             out["error"] = str(check["drain_record_error"])
         out["rotation"] = dict(out_of=[], balancers=list(balancers), would_drain=check_mode, drained=False, found={},
                                left_as_found={}, renamed={})

@@ -669,7 +669,7 @@ def test_the_audit_reports_a_drain_record_of_an_entry_the_host_no_longer_has(df)
     df.fleet.ssh("host4", "umask 077 && mkdir -p %s && cat > %s" % (os.path.dirname(RECORD), RECORD),
                  input=json.dumps(rec), check=True)
     try:
-        line = ("drain record: gpufleet took the host out of balancer entry old-lb (run ctl:9:old at "
+        line = ("drain record: gpufleet took server host4 out of balancer entry old-lb (run ctl:9:old at "
                 "2026-11-30T22:00:00+0000), and the host no longer has that entry in gpufleet_server_balancers")
         for balancers in (df.balancers(), []):
             a = df.playbook("audit", "--limit", "host4", check=True,

@@ -446,3 +446,17 @@ def test_a_drain_over_a_record_of_another_server_is_refused_with_nothing_touched
     with pytest.raises(B.BalancerError, match="names server host2, not this host's host1.*nothing was touched"):
         bal([haproxy_entry(hp)], records=rec).plan_out()
     assert not any(c.startswith("set server") for c in hp.commands)
+
+
+def test_an_operators_drain_set_after_gpufleets_drain_stays_and_is_not_gpufleets(hp):
+    """helper-40 (Medium): gpufleet drained host1 from both backends (its record found UP), the run was killed, then an
+    operator set DRAIN in one backend. The put-back set it UP (the operator's DRAIN gone), and the audit said the DRAIN
+    was gpufleet's. gpufleet takes a server out with MAINT only: a DRAIN found is someone else's, and stays."""
+    hp.servers[("web", "host1")]["status"], hp.servers[("api", "host1")]["status"] = "DRAIN", "MAINT"
+    rec = {"haproxy": {"found": "UP", "server": "host1", "run": "r-1", "at": "t"}}
+    lines = bal([haproxy_entry(hp)], records=rec).drift()
+    assert any("(DRAIN in backend web), not by gpufleet" in ln for ln in lines), lines
+    assert any("(MAINT in backend api) by gpufleet" in ln for ln in lines), lines
+    r = bal([haproxy_entry(hp)], records=rec).put_back({"haproxy": "UP"}, {}, 1)  # the return without a restart
+    assert hp.status("web", "host1") == "DRAIN" and hp.status("api", "host1") == "UP", hp.servers
+    assert r["rotation"]["left_as_found"] == {"haproxy": "DRAIN in backend web"} and r["changed"], r

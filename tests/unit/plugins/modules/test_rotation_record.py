@@ -99,7 +99,7 @@ def test_read_with_known_names_the_drains_of_entries_the_host_no_longer_has(tmp_
     r = run_module(rotation_record.main, {"path": path, "known": ["haproxy", "sglang_router"]})
     assert r["changed"] is False and sorted(r["records"]) == ["haproxy", "old-lb"]
     assert len(r["stale"]) == 1 and r["stale"][0].startswith(
-        "drain record: gpufleet took the host out of balancer entry old-lb (run r-1 at "), r["stale"]
+        "drain record: gpufleet took server ? out of balancer entry old-lb (run r-1 at "), r["stale"]
     # No entry at all (every balancer removed from the inventory): every drain is stale.
     assert len(run_module(rotation_record.main, {"path": path, "known": []})["stale"]) == 2
     # Without known: no opinion.

@@ -87,9 +87,10 @@ def test_an_unreadable_drain_record_fails_a_host_it_would_drain_or_put_back():
     assert d["error"] == "drain record /x: not JSON"
     assert _check.decide(check(needs_restart=True, reasons=["r"], drain_record_error="e"),
                          False, ["lb-a"], True, False)["error"] == "e"
-    # Check mode drains nothing; the audit and a host without balancers never read it.
-    assert "error" not in _check.decide(check(needs_restart=True, reasons=["r"], drain_record_error="e"),
-                                        False, ["lb-a"], True, True)
+    # Check mode drains nothing, but predicts the real run's failure (helper-40: a forced --check said "would");
+    # the audit and a host without balancers never fail on it.
+    assert _check.decide(check(needs_restart=True, reasons=["r"], drain_record_error="e"),
+                         True, ["lb-a"], True, True)["error"] == "e"
     assert "error" not in _check.decide(check(drain_record_error="e"), False, ["lb-a"], False, False)
     assert "error" not in _check.decide(check(drain_record_error="e"), False, [], True, False)
 
@@ -174,7 +175,12 @@ def test_a_host_with_no_balancer_left_is_warned_of_every_drain_its_record_keeps_
     and said nothing of the drains it keeps (the audit did). Each is now a warning, as for one renamed entry."""
     rec = {"old-lb": {"found": "UP", "server": "h1", "run": "r-1", "at": "t"}}
     lines = _check.stale_records({"drain_records": rec}, [])
-    assert len(lines) == 1 and lines[0].startswith("drain record: gpufleet took the host out of balancer entry old-lb")
+    assert len(lines) == 1 and lines[0].startswith("drain record: gpufleet took server h1 out of balancer entry old-lb")
+    # A record of another host's server (an entry copied when it was made) names that server, not "the host", as the
+    # one to put back (helper-40: an operator following "the host" would undo an operator's MAINT on this one).
+    other = _check.stale_records({"drain_records": {"lb": {"found": "UP", "server": "host2", "run": "x", "at": "y"}}}, [])
+    assert other[0].startswith("drain record: gpufleet took server host2 out of balancer entry lb (run x at y)"), other
+    assert "put that server back into that balancer by hand" in other[0], other
     assert _check.stale_records({"drain_records": rec}, ["old-lb"]) == []
     bad = _check.stale_records({"drain_record_error": "drain record /x: not JSON"}, [])
     assert len(bad) == 1 and bad[0].startswith("drain record /x: not JSON; the host has no balancer"), bad
