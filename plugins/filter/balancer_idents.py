@@ -48,7 +48,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._balancer import 
 
 
 def balancer_idents(entries, server, worker_url):
-    return {str(b["name"]): identity(b, b.get("server") or server, b.get("worker_url") or worker_url)
+    return {str(b["name"]): identity(b, server, worker_url)
             for b in entries or [] if isinstance(b, dict) and b.get("name")}
 
 

@@ -378,7 +378,7 @@ class Balancers:
 
     # helpers
     def ident(self, b: Entry) -> str:
-        return identity(b, b.get("server") or self.server, b.get("worker_url") or self.worker_url)
+        return identity(b, self.server, self.worker_url)
 
     def haproxy(self, b: Entry) -> HAProxy:
         return HAProxy(b.get("socket") or HAPROXY_SOCKET, self.interval)
@@ -532,12 +532,13 @@ class Balancers:
         checked = [b for b in self.entries if b["type"] == "haproxy" and left_as_found.get(b["name"]) != "MAINT"]
         # A drain record of another server under an entry's name: this host was not drained there by gpufleet, and the
         # server put back would be this one over whatever state it is in (an operator's MAINT). Refused, nothing touched.
-        foreign = [self.foreign_record(b) for b in self.entries if left_as_found.get(b["name"]) != "MAINT"]
-        if any(foreign):
-            raise BalancerError("; ".join(f for f in foreign if f) + "; nothing was touched")
+        foreign = {b["name"]: self.foreign_record(b) for b in self.entries}
+        refused = [f for name, f in foreign.items() if f and left_as_found.get(name) != "MAINT"]
+        if refused:
+            raise BalancerError("; ".join(refused) + "; nothing was touched")
         # The same record under an entry left in an operator's MAINT is not refused (nothing of it is put back), and it
         # is kept: it may be the only trace that gpufleet took that other server out. The role's clear leaves it.
-        rot["records_kept"] = [b["name"] for b in self.entries if self.foreign_record(b)]
+        rot["records_kept"] = [name for name, f in foreign.items() if f]
         reads = self.read_each(checked)
         for b in checked:
             self.refuse_another_server(b, reads[b["name"]]["addrs"])
