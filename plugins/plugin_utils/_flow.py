@@ -1,0 +1,127 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The gpu_server role's host facts, composed on the controller from what its steps registered.
+
+The role publishes `gpufleet_server_rotation` (where the host stands in its balancers) and `gpufleet_server_result`
+(its summary row) once, at the end of the host's flow or in its rescue. Each step only registers its result; these
+functions say what the host's rotation and row are after the steps that have run. They replace a `set_fact` after
+each step (one task execution per restarted host each: issue 25) and the Jinja that merged the balancers' answers.
+
+A step that has not run in this flow registered {} (the role resets its registers when the flow starts, so a second
+service of the host never reads the first one's); a step skipped (check mode) registered `skipped`.
+"""
+
+from __future__ import annotations
+
+import copy
+import typing as t
+
+Result = t.Dict[str, t.Any]
+
+
+def _ran(reg: t.Any) -> bool:
+    return isinstance(reg, t.Mapping) and bool(reg) and not reg.get("skipped")
+
+
+def _items(reg: t.Any) -> t.List[t.Mapping[str, t.Any]]:
+    """A loop's per-call results (one per balancer machine); [] for a step that did not run."""
+    if not _ran(reg):
+        return []
+    return [r for r in reg.get("results") or [] if isinstance(r, t.Mapping)]
+
+
+def _rotations(reg: t.Any) -> t.List[t.Mapping[str, t.Any]]:
+    return [r["rotation"] for r in _items(reg) if isinstance(r.get("rotation"), t.Mapping)]
+
+
+def _merge(a: t.Any, b: t.Any) -> t.Any:
+    """Ansible's combine(recursive=True, list_merge='append_rp'): dicts merged key by key, a list extended by the
+    other's items (those it already has moved to the end), anything else replaced."""
+    if isinstance(a, t.Mapping) and isinstance(b, t.Mapping):
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = _merge(out[k], v) if k in out else copy.deepcopy(v)
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        return [x for x in a if x not in b] + list(b)
+    return copy.deepcopy(b)
+
+
+def _flat(results: t.Iterable[t.Mapping[str, t.Any]], key: str) -> t.List[t.Any]:
+    out: t.List[t.Any] = []
+    for r in results:
+        v = r.get(key)
+        if isinstance(v, list):
+            out.extend(v)
+    return out
+
+
+def _back_names(reg: t.Any) -> t.List[str]:
+    """The entries a read found back in rotation (an HAProxy reload without its state file forgets MAINT)."""
+    return [str(b.get("name")) for b in _flat(_items(reg), "back_in_rotation") if isinstance(b, t.Mapping)]
+
+
+def rotation(start: t.Any, names: t.Sequence[str], check_mode: bool, out: t.Any = None, lost: t.Any = None,
+             recheck: t.Any = None, inflight: t.Any = None, back: t.Any = None, retake: t.Any = None) -> Result:
+    """The host's rotation after the drain's and the return's steps that have run, in their order.
+
+    start: the check's decision (or the stop's): in rotation, nothing drained yet; or the entries a host an earlier
+      run left drained goes back into. {} for a host whose balancers this run does not touch: {} stays.
+    out: the take-out calls (each call's rotation merged, also those of a loop with a failed call: what it took out
+      stays out and is listed); lost: the re-read between two in-flight slices that failed the host; recheck: the
+      re-read right before the kill (the host is drained once it ran, check mode's skipped one included); inflight: the
+      in-flight wait's last slice (the requests it left in flight); back: the put-back (only when every call put the host back); retake: the best-effort
+      take-out after a failed put-back."""
+    if not isinstance(start, t.Mapping) or not start:
+        return {}
+    rot: Result = copy.deepcopy(dict(start))
+    order = [str(n) for n in names]
+
+    def ordered(keep: t.Iterable[str]) -> t.List[str]:
+        # out_of in the entries' order, whatever order the calls ran in
+        keep = set(keep)
+        return [n for n in order if n in keep]
+
+    outs = _rotations(out)
+    if outs:
+        for r in outs:
+            rot = _merge(rot, r)
+        rot["out_of"] = ordered(rot.get("out_of") or [])
+    gone = _back_names(lost)
+    if gone:
+        rot["out_of"] = [n for n in rot.get("out_of") or [] if n not in gone]
+    if isinstance(recheck, t.Mapping) and recheck:
+        again = _back_names(recheck)
+        rot["drained"] = not check_mode
+        rot["out_of"] = [n for n in rot.get("out_of") or [] if n not in again]
+        rot["inflight_left"] = inflight.get("inflight") if _ran(inflight) and "inflight" in inflight else None
+    if _ran(back) and not back.get("failed"):
+        backs = _rotations(back)
+        done = _flat(backs, "back_in")
+        rot["out_of"] = [n for n in rot.get("out_of") or [] if n not in done]
+        left = dict(rot.get("left_as_found") or {})
+        for r in backs:
+            left.update(r.get("left_as_found") or {})
+        rot["left_as_found"] = left
+    retaken = _rotations(retake)
+    if retaken:
+        rot["out_of"] = ordered(list(rot.get("out_of") or []) + _flat(retaken, "out_of"))
+    return rot
+
+
+def result(start: t.Any, check_mode: bool, restart: t.Any = None) -> Result:
+    """The host's summary row: the check's decision, then what its restart did (in check mode, what it would do:
+    nothing killed or timed). A failed restart adds nothing here; the role's rescue records its failure."""
+    row: Result = dict(start) if isinstance(start, t.Mapping) else {}
+    if _ran(restart) and not restart.get("failed"):
+        env = restart.get("env") if isinstance(restart.get("env"), t.Mapping) else {}
+        row.update(restarted=not check_mode, would_restart=check_mode,
+                   killed=0 if check_mode else restart.get("killed", 0),
+                   timings={} if check_mode else (restart.get("timings") or {}),
+                   workers_verified=len(env.get("processes") or []))
+        if "gate" in restart:
+            row["gate"] = restart["gate"]
+    return row

@@ -1,0 +1,109 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The gpu_server role's host facts composed from its steps' registered results (plugin_utils/_flow.py, through the
+server_rotation and server_result filters). The real plays that take each path (drain, reload mid-drain, failed
+put-back, two services per host) are in tests/rollout and tests/reliability."""
+from __future__ import annotations
+
+from ansible_collections.gpufleet.serving.plugins.filter.server_result import FilterModule as ResultFilters
+from ansible_collections.gpufleet.serving.plugins.filter.server_rotation import FilterModule as RotationFilters
+from ansible_collections.gpufleet.serving.plugins.plugin_utils import _flow
+
+rotation = RotationFilters().filters()["server_rotation"]
+result = ResultFilters().filters()["server_result"]
+
+NAMES = ["lb", "smg", "hook"]
+SKIPPED = {"skipped": True, "changed": False, "skip_reason": "Conditional result was False"}
+
+
+def start():
+    return dict(out_of=[], balancers=list(NAMES), would_drain=False, drained=False, found={}, left_as_found={},
+                renamed={})
+
+
+def loop(*rots, failed=False, key="rotation"):
+    res = {"results": [{key: r, "item": "m%d" % i} for i, r in enumerate(rots)], "changed": True}
+    if failed:
+        res["failed"] = True
+    return res
+
+
+def test_a_host_whose_balancers_the_run_does_not_touch_has_none_whatever_was_registered():
+    assert rotation({}, NAMES, False, out=loop({"out_of": ["lb"]})) == {}
+    assert rotation(None, NAMES, False) == {}
+
+
+def test_the_take_out_calls_merge_in_the_entries_order_and_the_recheck_drains():
+    out = loop({"out_of": ["smg"], "found": {"smg": "listed"}, "left_as_found": {}, "renamed": {}},
+               {"out_of": ["lb"], "found": {"lb": "UP"}, "left_as_found": {"hook": "MAINT"}, "renamed": {"old": "lb"}})
+    r = rotation(start(), NAMES, False, out=out)
+    assert r["out_of"] == ["lb", "smg"] and r["found"] == {"smg": "listed", "lb": "UP"}
+    assert r["left_as_found"] == {"hook": "MAINT"} and r["renamed"] == {"old": "lb"} and r["drained"] is False
+    r = rotation(start(), NAMES, False, out=out, recheck=loop(key="back_in_rotation"),
+                 inflight={"drained": True, "inflight": 0.0, "waited_s": 0.2})
+    assert r["drained"] is True and r["inflight_left"] == 0.0 and r["out_of"] == ["lb", "smg"]
+
+
+def test_a_failed_take_out_keeps_what_its_other_calls_took_out():
+    out = loop({"out_of": ["smg"], "found": {"smg": "listed"}}, failed=True)
+    out["results"].append({"failed": True, "msg": "socket: permission denied", "item": "lb1"})
+    r = rotation(start(), NAMES, False, out=out)
+    assert r["out_of"] == ["smg"] and r["drained"] is False
+
+
+def test_entries_a_re_read_finds_back_in_rotation_are_no_longer_out_of():
+    out = loop({"out_of": ["lb", "smg"], "found": {"lb": "UP", "smg": "listed"}})
+    back = {"results": [{"back_in_rotation": [{"name": "lb", "found": "UP"}], "msg": "lb put the server back"}]}
+    assert rotation(start(), NAMES, False, out=out, lost=back)["out_of"] == ["smg"]
+    r = rotation(start(), NAMES, False, out=out, recheck=back)
+    assert r["out_of"] == ["smg"] and r["drained"] is True
+
+
+def test_check_mode_never_drains_and_its_skipped_steps_add_nothing():
+    s = dict(start(), would_drain=True)
+    r = rotation(s, NAMES, True, out=SKIPPED, recheck=SKIPPED, inflight=SKIPPED, back=SKIPPED)
+    assert r == dict(s, drained=False, inflight_left=None)
+
+
+def test_the_put_back_takes_the_entries_off_out_of_only_when_every_call_succeeded():
+    out = loop({"out_of": ["lb", "smg"], "found": {"lb": "UP", "smg": "listed"}})
+    back = loop({"back_in": ["lb"], "left_as_found": {}}, {"back_in": [], "left_as_found": {"smg": "DRAIN"}})
+    r = rotation(start(), NAMES, False, out=out, recheck={"results": []}, back=back)
+    assert r["out_of"] == ["smg"] and r["left_as_found"] == {"smg": "DRAIN"}
+    failed = loop({"back_in": ["lb"]}, failed=True)
+    retake = loop({"out_of": ["lb"]}, {"out_of": []})
+    r = rotation(start(), NAMES, False, out=out, recheck={"results": []}, back=failed, retake=retake)
+    assert r["out_of"] == ["lb", "smg"]
+
+
+def test_a_return_only_host_goes_back_into_the_entries_its_record_names():
+    s = dict(out_of=["smg"], balancers=NAMES, would_drain=False, drained=False, left_as_found={}, returned=["smg"],
+             would_return=False, found={"smg": "listed"})
+    r = rotation(s, NAMES, False, back=loop({"back_in": ["smg"], "left_as_found": {}}))
+    assert r["out_of"] == [] and r["returned"] == ["smg"]
+
+
+def test_the_start_is_not_changed_in_place():
+    s = start()
+    rotation(s, NAMES, False, out=loop({"out_of": ["lb"], "found": {"lb": "UP"}}))
+    assert s == start()
+
+
+def test_the_row_says_what_the_restart_did_or_in_check_mode_would_do():
+    row = {"restarted": False, "reasons": ["forced"], "workers": 2, "workers_verified": 2}
+    assert result(row, False) == row and result(row, False, restart={}) == row
+    done = {"changed": True, "killed": 3, "timings": {"kill_s": 0.2}, "env": {"processes": [{"pid": 1}, {"pid": 2}]},
+            "gate": {"passed": True}}
+    r = result(row, False, restart=done)
+    assert r == dict(row, restarted=True, would_restart=False, killed=3, timings={"kill_s": 0.2}, workers_verified=2,
+                     gate={"passed": True})
+    r = result(row, True, restart=done)
+    assert r["restarted"] is False and r["would_restart"] is True and r["killed"] == 0 and r["timings"] == {}
+    assert result(row, False, restart=SKIPPED) == row
+    # A failed restart adds nothing: the role's rescue records its failure (killed, phase, timings).
+    assert result(row, False, restart=dict(done, failed=True)) == row
+    assert row == {"restarted": False, "reasons": ["forced"], "workers": 2, "workers_verified": 2}
+
+
+def test_the_merge_is_ansibles_recursive_combine_with_append_rp():
+    assert _flow._merge({"a": [1, 2], "b": {"x": 1}}, {"a": [2, 3], "b": {"y": 2}, "c": 1}) == \
+        {"a": [1, 2, 3], "b": {"x": 1, "y": 2}, "c": 1}
