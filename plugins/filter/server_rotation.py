@@ -29,17 +29,17 @@ options:
     description: Whether the run is a C(--check) run.
     type: bool
     required: true
-  out:
-    description: The take-out calls' registered loop result.
+  drain:
+    description: The drain's registered loop result (M(gpufleet.serving.rotation_step)'s steps).
     type: dict
   lost:
-    description: The re-read between two in-flight slices that failed the host.
+    description: The re-read between two in-flight slices that failed the host (the drain's slow path).
     type: dict
   recheck:
-    description: The re-read right before the kill (the host counts as drained once it ran, or was skipped in check mode).
+    description: The slow path's re-read right before the kill (the host counts as drained once it ran).
     type: dict
   inflight:
-    description: The in-flight wait's last slice.
+    description: The slow path's last in-flight slice.
     type: dict
   back:
     description: The put-back calls' registered loop result.
@@ -52,7 +52,7 @@ options:
 EXAMPLES = r"""
 - name: Where the host stands in its balancers
   ansible.builtin.debug:
-    msg: "{{ __check.decision.rotation | gpufleet.serving.server_rotation(['haproxy'], ansible_check_mode, out=__out) }}"
+    msg: "{{ __check.decision.rotation | gpufleet.serving.server_rotation(['haproxy'], ansible_check_mode, drain=__drain) }}"
 """
 
 RETURN = r"""
@@ -64,8 +64,9 @@ _value:
 from ansible_collections.gpufleet.serving.plugins.plugin_utils._flow import rotation
 
 
-def server_rotation(start, names, check_mode, out=None, lost=None, recheck=None, inflight=None, back=None, retake=None):
-    return rotation(start, names or [], bool(check_mode), out=out, lost=lost, recheck=recheck, inflight=inflight,
+def server_rotation(start, names, check_mode, drain=None, lost=None, recheck=None, inflight=None, back=None,
+                    retake=None):
+    return rotation(start, names or [], bool(check_mode), drain=drain, lost=lost, recheck=recheck, inflight=inflight,
                     back=back, retake=retake)
 
 

@@ -64,17 +64,23 @@ def _back_names(reg: t.Any) -> t.List[str]:
     return [str(b.get("name")) for b in _flat(_items(reg), "back_in_rotation") if isinstance(b, t.Mapping)]
 
 
-def rotation(start: t.Any, names: t.Sequence[str], check_mode: bool, out: t.Any = None, lost: t.Any = None,
+def _step(drain: t.Any, step: str) -> t.List[t.Mapping[str, t.Any]]:
+    """The drain loop's items of one step (rotation_step's results carry their step)."""
+    return [r for r in _items(drain) if r.get("step") == step]
+
+
+def rotation(start: t.Any, names: t.Sequence[str], check_mode: bool, drain: t.Any = None, lost: t.Any = None,
              recheck: t.Any = None, inflight: t.Any = None, back: t.Any = None, retake: t.Any = None) -> Result:
     """The host's rotation after the drain's and the return's steps that have run, in their order.
 
     start: the check's decision (or the stop's): in rotation, nothing drained yet; or the entries a host an earlier
       run left drained goes back into. {} for a host whose balancers this run does not touch: {} stays.
-    out: the take-out calls (each call's rotation merged, also those of a loop with a failed call: what it took out
-      stays out and is listed); lost: the re-read between two in-flight slices that failed the host; recheck: the
-      re-read right before the kill (the host is drained once it ran, check mode's skipped one included); inflight: the
-      in-flight wait's last slice (the requests it left in flight); back: the put-back (only when every call put the host back); retake: the best-effort
-      take-out after a failed put-back."""
+    drain: the drain's loop (drain.yml, the rotation_step action): what each take-out call took out (also when another
+      call failed: what it took out stays out and is listed), and its outcome (settle: drained, or a balancer has the
+      host back in rotation; check mode drains nothing; deferred to the slow path while requests are in flight).
+    The slow path (drain_slow.yml): lost, the re-read between two in-flight slices that failed the host; recheck, the
+      re-read right before the kill; inflight, its last slice. back: the put-back (only when every call put the host
+      back); retake: the best-effort take-out after a failed put-back."""
     if not isinstance(start, t.Mapping) or not start:
         return {}
     rot: Result = copy.deepcopy(dict(start))
@@ -85,7 +91,7 @@ def rotation(start: t.Any, names: t.Sequence[str], check_mode: bool, out: t.Any 
         keep = set(keep)
         return [n for n in order if n in keep]
 
-    outs = _rotations(out)
+    outs = [r["rotation"] for r in _step(drain, "out") if isinstance(r.get("rotation"), t.Mapping)]
     if outs:
         for r in outs:
             rot = _merge(rot, r)
@@ -93,11 +99,17 @@ def rotation(start: t.Any, names: t.Sequence[str], check_mode: bool, out: t.Any 
     gone = _back_names(lost)
     if gone:
         rot["out_of"] = [n for n in rot.get("out_of") or [] if n not in gone]
-    if isinstance(recheck, t.Mapping) and recheck:
+    settle = (_step(drain, "settle") or [{}])[0]
+    if isinstance(recheck, t.Mapping) and recheck:  # the slow path's last read
         again = _back_names(recheck)
         rot["drained"] = not check_mode
         rot["out_of"] = [n for n in rot.get("out_of") or [] if n not in again]
         rot["inflight_left"] = inflight.get("inflight") if _ran(inflight) and "inflight" in inflight else None
+    elif settle.get("outcome") in ("drained", "lost", "check_mode"):
+        again = [str(b.get("name")) for b in settle.get("back_in_rotation") or [] if isinstance(b, t.Mapping)]
+        rot["drained"] = not check_mode
+        rot["out_of"] = [n for n in rot.get("out_of") or [] if n not in again]
+        rot["inflight_left"] = settle.get("inflight_left")
     if _ran(back) and not back.get("failed"):
         backs = _rotations(back)
         done = _flat(backs, "back_in")

@@ -74,7 +74,8 @@ def test_the_documented_counts_are_the_evidence_files():
     names = [t for t, _ in res["restart"]["tasks"]]
     skipped = sum(1 for _, st in res["restart"]["tasks"] if st == "skipped")
     drain = names.index("gpufleet.serving.gpu_server : Install the systemd unit and its files") - names.index(
-        "gpufleet.serving.gpu_server : Check every balancer before taking the host out of any (read-only)")
+        "gpufleet.serving.gpu_server : Take the host out of its balancers and let its requests in flight finish (each step "
+        "where it runs)")
     assert "Of the restart's %d, %d are skipped tasks" % (res["restart"]["per_host"], skipped) in " ".join(doc.split())
     assert "the check before the kill) is %d." % drain in " ".join(doc.split())
     assert not any(s["restarted"] for s in res["noop"]["summary"].values())

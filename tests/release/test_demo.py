@@ -58,9 +58,13 @@ def test_demo():
     # Each host was taken out of HAProxy and put back (the rollout's task lines), in the first rollout only.
     again = out.index("==> Rollout again")
     for h in ("host1", "host2", "host3"):
-        assert re.search(r"^\[ *[\d.]+s\] %s +changed +Take the host out of rotation$" % h, out[:again], re.M), h
-        assert re.search(r"^\[ *[\d.]+s\] %s +\w+ +Put the host back into each balancer and wait until it reports it UP$" % h, out[:again], re.M), h
-    assert "Take the host out of rotation" not in out[again:]
+        assert re.search(r"^\[ *[\d.]+s\] %s +changed +%s$" % (h, re.escape(DRAIN_TASK)), out[:again], re.M), h
+        assert re.search(r"^\[ *[\d.]+s\] %s +\w+ +%s$" % (h, re.escape(RETURN_TASK)), out[:again], re.M), h
+    assert DRAIN_TASK not in out[again:]
+
+
+DRAIN_TASK = "Take the host out of its balancers and let its requests in flight finish (each step where it runs)"
+RETURN_TASK = "Put the host back into each balancer, wait until each reports it UP, then clear its drain record"
 
 
 def test_demo_without_haproxy_says_so_and_fails(monkeypatch, capsys):

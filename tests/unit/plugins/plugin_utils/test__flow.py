@@ -27,51 +27,78 @@ def loop(*rots, failed=False, key="rotation"):
     return res
 
 
+def drain(*rots, settle=None, failed=False):
+    """The drain loop's register: an out step per rotation, then the settle step."""
+    res = {"results": [{"step": "plan", "drains": []}] + [{"step": "out", "rotation": r} for r in rots], "changed": True}
+    if settle is not None:
+        res["results"].append(dict(settle, step="settle"))
+    if failed:
+        res["failed"] = True
+    return res
+
+
 def test_a_host_whose_balancers_the_run_does_not_touch_has_none_whatever_was_registered():
-    assert rotation({}, NAMES, False, out=loop({"out_of": ["lb"]})) == {}
+    assert rotation({}, NAMES, False, drain=drain({"out_of": ["lb"]})) == {}
     assert rotation(None, NAMES, False) == {}
 
 
-def test_the_take_out_calls_merge_in_the_entries_order_and_the_recheck_drains():
-    out = loop({"out_of": ["smg"], "found": {"smg": "listed"}, "left_as_found": {}, "renamed": {}},
-               {"out_of": ["lb"], "found": {"lb": "UP"}, "left_as_found": {"hook": "MAINT"}, "renamed": {"old": "lb"}})
-    r = rotation(start(), NAMES, False, out=out)
+OUTS = ({"out_of": ["smg"], "found": {"smg": "listed"}, "left_as_found": {}, "renamed": {}},
+        {"out_of": ["lb"], "found": {"lb": "UP"}, "left_as_found": {"hook": "MAINT"}, "renamed": {"old": "lb"}})
+
+
+def test_the_take_out_calls_merge_in_the_entries_order_and_the_settle_drains():
+    r = rotation(start(), NAMES, False, drain=drain(*OUTS))
     assert r["out_of"] == ["lb", "smg"] and r["found"] == {"smg": "listed", "lb": "UP"}
     assert r["left_as_found"] == {"hook": "MAINT"} and r["renamed"] == {"old": "lb"} and r["drained"] is False
-    r = rotation(start(), NAMES, False, out=out, recheck=loop(key="back_in_rotation"),
-                 inflight={"drained": True, "inflight": 0.0, "waited_s": 0.2})
+    r = rotation(start(), NAMES, False, drain=drain(*OUTS, settle={"outcome": "drained", "inflight_left": 0.0,
+                                                                   "back_in_rotation": []}))
+    assert r["drained"] is True and r["inflight_left"] == 0.0 and r["out_of"] == ["lb", "smg"]
+
+
+def test_a_drain_deferred_to_the_slow_path_is_drained_by_its_last_read_only():
+    d = drain(*OUTS, settle={"outcome": "deferred", "skipped": True})
+    assert rotation(start(), NAMES, False, drain=d)["drained"] is False
+    r = rotation(start(), NAMES, False, drain=d, recheck=loop(key="back_in_rotation"),
+                 inflight={"drained": True, "inflight": 0.0, "waited_s": 3.0})
     assert r["drained"] is True and r["inflight_left"] == 0.0 and r["out_of"] == ["lb", "smg"]
 
 
 def test_a_failed_take_out_keeps_what_its_other_calls_took_out():
-    out = loop({"out_of": ["smg"], "found": {"smg": "listed"}}, failed=True)
-    out["results"].append({"failed": True, "msg": "socket: permission denied", "item": "lb1"})
-    r = rotation(start(), NAMES, False, out=out)
+    out = drain({"out_of": ["smg"], "found": {"smg": "listed"}}, failed=True)
+    out["results"].append({"step": "out", "failed": True, "msg": "socket: permission denied", "item": "lb1"})
+    out["results"].append({"step": "settle", "skipped": True, "outcome": "aborted"})
+    r = rotation(start(), NAMES, False, drain=out)
     assert r["out_of"] == ["smg"] and r["drained"] is False
 
 
 def test_entries_a_re_read_finds_back_in_rotation_are_no_longer_out_of():
-    out = loop({"out_of": ["lb", "smg"], "found": {"lb": "UP", "smg": "listed"}})
+    out = {"out_of": ["lb", "smg"], "found": {"lb": "UP", "smg": "listed"}}
     back = {"results": [{"back_in_rotation": [{"name": "lb", "found": "UP"}], "msg": "lb put the server back"}]}
-    assert rotation(start(), NAMES, False, out=out, lost=back)["out_of"] == ["smg"]
-    r = rotation(start(), NAMES, False, out=out, recheck=back)
+    assert rotation(start(), NAMES, False, drain=drain(out), lost=back)["out_of"] == ["smg"]
+    r = rotation(start(), NAMES, False, drain=drain(out), recheck=back)
+    assert r["out_of"] == ["smg"] and r["drained"] is True
+    lost = {"outcome": "lost", "failed": True, "back_in_rotation": [{"name": "lb", "found": "UP"}]}
+    r = rotation(start(), NAMES, False, drain=drain(out, settle=lost))
     assert r["out_of"] == ["smg"] and r["drained"] is True
 
 
 def test_check_mode_never_drains_and_its_skipped_steps_add_nothing():
     s = dict(start(), would_drain=True)
-    r = rotation(s, NAMES, True, out=SKIPPED, recheck=SKIPPED, inflight=SKIPPED, back=SKIPPED)
+    d = {"results": [{"step": "plan", "drains": [{"balancer": "lb"}], "changed": True},
+                     dict(SKIPPED, step="out"), dict(SKIPPED, step="settle", outcome="check_mode")]}
+    r = rotation(s, NAMES, True, drain=d, back=SKIPPED)
     assert r == dict(s, drained=False, inflight_left=None)
 
 
 def test_the_put_back_takes_the_entries_off_out_of_only_when_every_call_succeeded():
-    out = loop({"out_of": ["lb", "smg"], "found": {"lb": "UP", "smg": "listed"}})
+    out = drain({"out_of": ["lb", "smg"], "found": {"lb": "UP", "smg": "listed"}},
+                settle={"outcome": "drained", "back_in_rotation": []})
     back = loop({"back_in": ["lb"], "left_as_found": {}}, {"back_in": [], "left_as_found": {"smg": "DRAIN"}})
-    r = rotation(start(), NAMES, False, out=out, recheck={"results": []}, back=back)
+    r = rotation(start(), NAMES, False, drain=out, back=back)
     assert r["out_of"] == ["smg"] and r["left_as_found"] == {"smg": "DRAIN"}
     failed = loop({"back_in": ["lb"]}, failed=True)
     retake = loop({"out_of": ["lb"]}, {"out_of": []})
-    r = rotation(start(), NAMES, False, out=out, recheck={"results": []}, back=failed, retake=retake)
+    r = rotation(start(), NAMES, False, drain=out, back=failed, retake=retake)
     assert r["out_of"] == ["lb", "smg"]
 
 
@@ -84,7 +111,7 @@ def test_a_return_only_host_goes_back_into_the_entries_its_record_names():
 
 def test_the_start_is_not_changed_in_place():
     s = start()
-    rotation(s, NAMES, False, out=loop({"out_of": ["lb"], "found": {"lb": "UP"}}))
+    rotation(s, NAMES, False, drain=drain({"out_of": ["lb"], "found": {"lb": "UP"}}))
     assert s == start()
 
 

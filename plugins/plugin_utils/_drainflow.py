@@ -1,0 +1,237 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The drain of a host as one task, and its return to service as another: their steps, each a loop item run where the
+item says, and what each step does after the ones before it (the gpufleet.serving.rotation_step action).
+
+The drain alternates between machines: read every balancer (on each balancer's machine), record the drain (on the
+host), take the host out (balancers), wait for its requests in flight (host), check it is still out (balancers), and,
+when a balancer has it back, drop those entries' records and fail the host (host). ansible-core runs a task on one
+machine (its host or its delegate_to), and an action plugin runs modules only over its task's connection, so each
+alternation was a task of its own: six task executions per drained host, each a worker fork on the controller
+(issue 25). Here the steps are the items of one loop whose `delegate_to` is the item's machine: ansible-core opens
+each item's connection to the machine it names, and runs the items one after another in the host's one worker
+process, where this module's state carries what each step found to the next (the drains to record, the records the
+take-out reads, whether requests are still in flight). An item that finds no state of the steps before it fails the
+host before anything is touched (`Drain.missing`): the steps never act on what they cannot see.
+
+Each step calls the same module the role's tasks called, with the same arguments; only the glue between them (what the
+role's YAML did with `when`, `register` and Jinja) is here, and unit-tested (tests/unit/plugins/plugin_utils).
+"""
+
+from __future__ import annotations
+
+import re
+import typing as t
+
+Result = t.Dict[str, t.Any]
+
+STEPS = ("plan", "record", "out", "wait", "recheck", "settle")
+# A backend the re-read found still MAINT or DRAIN ("web=UP api=MAINT") is still gpufleet's drain there: only an entry
+# back in rotation in every backend loses its record (helper-35).
+_STILL_OUT = re.compile("MAINT|DRAIN")
+
+
+def _unique(xs: t.Iterable[str]) -> t.List[str]:
+    out: t.List[str] = []
+    for x in xs:
+        if x not in out:
+            out.append(x)
+    return out
+
+
+def steps(entries: t.Sequence[t.Mapping[str, t.Any]], host: str) -> t.List[t.Dict[str, str]]:
+    """The loop's items: each step and the machine it runs on (an entry's delegate_to, or the host). Every entry is
+    read before the host leaves any; http entries have no read API and are not re-read."""
+    machines = _unique(str(e["delegate_to"]) for e in entries)
+    readable = _unique(str(e["delegate_to"]) for e in entries if e.get("type") != "http")
+    return ([dict(step="plan", where=m) for m in machines] + [dict(step="record", where=host)]
+            + [dict(step="out", where=m) for m in machines] + [dict(step="wait", where=host)]
+            + [dict(step="recheck", where=m) for m in readable] + [dict(step="settle", where=host)])
+
+
+class Call(t.NamedTuple):
+    """A module call the step makes on its item's machine; check_mode True forces check mode (the plan's read)."""
+    module: str
+    args: t.Dict[str, t.Any]
+    check_mode: t.Optional[bool] = None
+
+
+def skipped(why: str, **extra: t.Any) -> Result:
+    return dict(extra, skipped=True, changed=False, skip_reason=why)
+
+
+class Drain:
+    """What the drain's steps found so far, for one host in one run of the task."""
+
+    def __init__(self) -> None:
+        self.aborted = ""  # why the steps after a failed one do nothing
+        self.drains: t.List[t.Any] = []  # what the plan would take out (the drain record's entries)
+        self.records: t.Optional[t.Dict[str, t.Any]] = None  # the drain record after the add
+        self.out_failed = False
+        self.deferred = False  # requests still in flight after the first slice: the slow path (drain_slow.yml)
+        self.inflight: t.Any = None
+        self.lost: t.List[t.Mapping[str, t.Any]] = []  # entries a re-read found back in rotation
+        self.lost_msgs: t.List[str] = []
+        self.check_mode = False
+
+    @staticmethod
+    def missing(step: str) -> Result:
+        return dict(failed=True, changed=False, msg=(
+            "drain step %s ran without the results of the steps before it (ansible-core ran the loop's items in "
+            "separate processes?); nothing was touched by it" % step))
+
+    # --- the module each step calls (or its result when it calls none) ---------------------------------------------
+
+    @staticmethod
+    def _balancer(p: t.Mapping[str, t.Any], state: str, **extra: t.Any) -> t.Dict[str, t.Any]:
+        args = dict(balancers=list(p["balancers"]), server=p["server"], worker_url=p["worker_url"], state=state)
+        args.update(extra)
+        return args
+
+    def call(self, step: str, p: t.Mapping[str, t.Any], check_mode: bool) -> t.Union[Call, Result]:
+        self.check_mode = check_mode
+        if step == "plan":
+            if self.aborted:
+                return skipped(self.aborted)
+            return Call("gpufleet.serving.balancer",
+                        self._balancer(p, "out", names=list(p["names"]), records=dict(p["records"])), True)
+        if self.aborted:
+            return skipped(self.aborted, outcome="aborted")
+        if check_mode:
+            # --check touches no balancer: the plan's prediction (would drain) is the drain's whole answer.
+            return skipped("check mode: the host is not taken out", outcome="check_mode")
+        if step == "record":
+            if not self.drains:
+                return skipped("nothing to take out")
+            return Call("gpufleet.serving.rotation_record", dict(path=p["record"]["path"], action="add",
+                                                                 drains=list(self.drains), run=p["record"]["run"]))
+        if step == "out":
+            records = self.records if self.records is not None else dict(p["records"])
+            return Call("gpufleet.serving.balancer", self._balancer(p, "out", names=list(p["names"]), records=records))
+        if self.out_failed:
+            return skipped("a balancer did not take the host out", outcome="aborted")
+        if step == "wait":
+            w = p.get("wait")
+            if not w:
+                return skipped("no in-flight metrics to wait on")
+            return Call("gpufleet.serving.inflight_wait", dict(
+                url=w["url"], metrics=list(w["metrics"]), timeout=min(float(w["timeout"]), float(w["slice"])),
+                interval=w["interval"], on_timeout="fail", alive_url=w.get("alive_url") or None))
+        if self.deferred:
+            return skipped("requests still in flight after the first slice: the slow path waits on, then checks",
+                           outcome="deferred")
+        if step == "recheck":
+            if not p["balancers"]:
+                return skipped("no balancer to read on this machine")
+            return Call("gpufleet.serving.balancer", self._balancer(p, "read", report="rotation"))
+        if step == "settle":
+            whole = _unique(str(b.get("name")) for b in self.lost if not _STILL_OUT.search(str(b.get("found") or "")))
+            if whole:
+                return Call("gpufleet.serving.rotation_record",
+                            dict(path=p["record"]["path"], action="clear", balancers=whole))
+            return self.settled({})
+        raise ValueError("unknown drain step %r (one of %s)" % (step, ", ".join(STEPS)))
+
+    # --- what each step's module said, as the loop item's result -----------------------------------------------------
+
+    def took(self, step: str, res: Result) -> Result:
+        res = {k: v for k, v in res.items() if k != "invocation"}
+        failed = bool(res.get("failed"))
+        if step == "plan":
+            if failed:
+                self.aborted = "a balancer could not be read before the take-out: nothing was touched"
+            else:
+                self.drains.extend(res.get("drains") or [])
+                # A read: changed only as --check's prediction of the take-out (which check mode skips).
+                res["changed"] = bool(self.check_mode and res.get("changed"))
+            return res
+        if step == "record":
+            if failed:
+                self.aborted = "the drain record could not be written: nothing was taken out"
+            else:
+                self.records = dict(res.get("records") or {})
+            return res
+        if step == "out":
+            self.out_failed = self.out_failed or failed
+            return res
+        if step == "wait":
+            # A slice that ends with requests in flight (its result has the count) is not a failure yet; an unreadable
+            # metrics URL is, at once.
+            if failed and "inflight" not in res:
+                self.aborted = "the requests in flight could not be read: nothing was killed"
+                return res
+            res["failed"] = False
+            self.inflight = res.get("inflight")
+            self.deferred = not res.get("drained", True)
+            return res
+        if step == "recheck":
+            back = [b for b in res.get("back_in_rotation") or [] if isinstance(b, t.Mapping)]
+            if failed or back:
+                self.lost.extend(back)
+                self.lost_msgs.append(str(res.get("msg") or "a balancer has the host back in rotation"))
+                res["failed"] = False  # the host fails at the settle step, after the records of those entries go
+                res["lost"] = True
+            return res
+        if step == "settle":
+            return self.settled(res)
+        raise ValueError("unknown drain step %r" % step)
+
+    def settled(self, cleared: Result) -> Result:
+        """The drain's outcome, the last step: drained, or failed (a balancer has the host back in rotation, or cannot
+        be read), nothing killed. The records of the entries back in rotation were dropped (`cleared`), so an
+        operator's MAINT set on them later is not taken for gpufleet's and undone by the next run (helper-35)."""
+        out: Result = dict(changed=bool(cleared.get("changed")), inflight_left=self.inflight,
+                           back_in_rotation=list(self.lost))
+        if cleared.get("failed"):
+            return dict(out, failed=True, outcome="lost", msg="; ".join(self.lost_msgs + [str(cleared.get("msg"))]))
+        if self.lost_msgs:
+            return dict(out, failed=True, outcome="lost", msg="; ".join(self.lost_msgs))
+        return dict(out, outcome="drained")
+
+
+RETURN_STEPS = ("back", "clear")
+
+
+def return_steps(entries: t.Sequence[t.Mapping[str, t.Any]], host: str) -> t.List[t.Dict[str, str]]:
+    """The return to service's items: the put-back on each machine that reaches a balancer, then the clear of the
+    host's drain record on the host."""
+    return ([dict(step="back", where=m) for m in _unique(str(e["delegate_to"]) for e in entries)]
+            + [dict(step="clear", where=host)])
+
+
+class Return:
+    """The return to service after the verify (return_to_service.yml): each balancer back to the state it was found
+    in and UP (every machine's call runs, also after another failed: the role's rescue then takes the host out of
+    every balancer again), then, with every call done, the drain record cleared (a renamed entry's old name included;
+    a record of another server under the name of an entry left in an operator's MAINT stays: records_kept)."""
+
+    def __init__(self) -> None:
+        self.failed = False
+        self.kept: t.List[str] = []
+
+    def call(self, step: str, p: t.Mapping[str, t.Any], check_mode: bool) -> t.Union[Call, Result]:
+        if check_mode:
+            return skipped("check mode: the host is not put back")
+        if step == "back":
+            return Call("gpufleet.serving.balancer", dict(
+                state="in", balancers=list(p["balancers"]), server=p["server"], worker_url=p["worker_url"],
+                found=dict(p["found"]), records=dict(p["records"]), left_as_found=dict(p["left_as_found"]),
+                up_timeout=p["up_timeout"]))
+        if step == "clear":
+            if self.failed:
+                return skipped("a balancer did not take the host back: its drain record stays")
+            names = _unique([str(n) for n in p["names"]] + [str(n) for n in p["renamed"]])
+            return Call("gpufleet.serving.rotation_record", dict(
+                path=p["record"]["path"], action="clear", balancers=[n for n in names if n not in self.kept]))
+        raise ValueError("unknown return step %r (one of %s)" % (step, ", ".join(RETURN_STEPS)))
+
+    def took(self, step: str, res: Result) -> Result:
+        res = {k: v for k, v in res.items() if k != "invocation"}
+        if step == "back":
+            self.failed = self.failed or bool(res.get("failed"))
+            rot = res.get("rotation") if isinstance(res.get("rotation"), t.Mapping) else {}
+            self.kept.extend(str(n) for n in rot.get("records_kept") or [])
+        return res

@@ -1,0 +1,184 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The drain's steps as one loop (plugin_utils/_drainflow.py, run by the rotation_step action): which module each step
+calls, with what, after what the steps before it found. The real drains (HAProxy, smg, http, a reload mid-drain,
+requests in flight, an interrupted run) are in tests/rollout/test_drain.py and tests/reliability."""
+from __future__ import annotations
+
+import typing as t
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.filter.drain_steps import FilterModule
+from ansible_collections.gpufleet.serving.plugins.filter.return_steps import FilterModule as ReturnFilters
+from ansible_collections.gpufleet.serving.plugins.plugin_utils._drainflow import Call, Drain, Return
+
+drain_steps = FilterModule().filters()["drain_steps"]
+return_steps = ReturnFilters().filters()["return_steps"]
+
+ENTRIES = [{"type": "haproxy", "name": "lb", "delegate_to": "lb1"},
+           {"type": "sglang_router", "name": "smg", "delegate_to": "localhost"},
+           {"type": "http", "name": "hook", "delegate_to": "hooks", "remove": {"url": "http://h/r"}},
+           {"type": "haproxy", "name": "lb2", "delegate_to": "lb1"}]
+WAIT = dict(url="http://127.0.0.1:30000/metrics", metrics=["sglang:num_running_reqs"], timeout=300, slice=10,
+            interval=0.5, alive_url="")
+
+
+def params(**over):
+    p = dict(balancers=[ENTRIES[0], ENTRIES[3]], server="gpu1", worker_url="http://10.0.0.5:30000",
+             names=["lb", "smg", "hook", "lb2"], records={"old": {"server": "gpu1"}},
+             record=dict(path="/var/lib/gpufleet/s.rotation.json", run="ctl:1:x"), wait=dict(WAIT))
+    p.update(over)
+    return p
+
+
+def test_the_steps_read_every_balancer_before_any_take_out_and_re_read_only_what_has_a_read_api():
+    got = [(s["step"], s["where"]) for s in drain_steps(ENTRIES, "gpu1")]
+    assert got == [("plan", "lb1"), ("plan", "localhost"), ("plan", "hooks"), ("record", "gpu1"),
+                   ("out", "lb1"), ("out", "localhost"), ("out", "hooks"), ("wait", "gpu1"),
+                   ("recheck", "lb1"), ("recheck", "localhost"), ("settle", "gpu1")]
+    assert [s["step"] for s in drain_steps([], "gpu1")] == ["record", "wait", "settle"]
+
+
+def run(d, step, p, res, check_mode=False):
+    """The step's module call, then what the step makes of the module's result (.took)."""
+    call = d.call(step, p, check_mode)
+    assert isinstance(call, Call), call
+    return Ran(call, d.took(step, res))
+
+
+class Ran(t.NamedTuple):
+    call: Call
+    res: dict
+
+
+def test_a_drain_records_what_the_plan_found_then_takes_out_with_that_record_and_waits_one_slice():
+    d, p = Drain(), params()
+    call, out = run(d, "plan", p, {"changed": True, "drains": [{"balancer": "lb", "found": "UP"}], "invocation": {}})
+    assert call.module == "gpufleet.serving.balancer" and call.check_mode is True
+    assert call.args["state"] == "out" and call.args["records"] == p["records"] and call.args["names"] == p["names"]
+    assert out["changed"] is False and "invocation" not in out  # a read: changed only as --check's prediction
+    call = run(d, "record", p, {"changed": True, "records": {"lb": {"server": "gpu1", "found": "UP"}}}).call
+    assert call.module == "gpufleet.serving.rotation_record" and call.check_mode is None
+    assert call.args == dict(path=p["record"]["path"], action="add", drains=[{"balancer": "lb", "found": "UP"}],
+                             run="ctl:1:x")
+    call = run(d, "out", p, {"changed": True, "rotation": {"out_of": ["lb"]}}).call
+    assert call.args["records"] == {"lb": {"server": "gpu1", "found": "UP"}}  # the record as written, not as read
+    call, res = run(d, "wait", p, {"drained": True, "inflight": 0.0, "waited_s": 0.0})
+    assert call.module == "gpufleet.serving.inflight_wait" and call.args["timeout"] == 10.0
+    assert call.args["on_timeout"] == "fail" and call.args["alive_url"] is None and not res["failed"]
+    call = run(d, "recheck", p, {"changed": False, "back_in_rotation": []}).call
+    assert call.args["state"] == "read" and call.args["report"] == "rotation"
+    assert d.call("settle", p, False) == dict(changed=False, inflight_left=0.0, back_in_rotation=[], outcome="drained")
+
+
+def test_a_plan_that_fails_touches_nothing_after_it():
+    d, p = Drain(), params()
+    res = run(d, "plan", p, {"failed": True, "msg": "lb: no server gpu1 in backend web"}).res
+    assert res["failed"]
+    for step in ("plan", "record", "out", "wait", "recheck", "settle"):
+        r = d.call(step, p, False)
+        assert isinstance(r, dict) and r["skipped"], step
+
+
+def test_nothing_to_take_out_writes_no_record_and_the_take_out_reads_the_checks_record():
+    d, p = Drain(), params()
+    run(d, "plan", p, {"drains": []})
+    assert d.call("record", p, False)["skipped"]
+    call = d.call("out", p, False)
+    assert call.args["records"] == {"old": {"server": "gpu1"}}
+
+
+def test_a_failed_take_out_still_runs_the_other_machines_take_out_then_stops():
+    d, p = Drain(), params()
+    run(d, "plan", p, {"drains": [{"balancer": "lb"}]})
+    run(d, "record", p, {"records": {"lb": {}}})
+    run(d, "out", p, {"failed": True, "msg": "socket refused", "rotation": {"out_of": []}})
+    assert isinstance(d.call("out", p, False), Call)
+    d.took("out", {"rotation": {"out_of": ["smg"]}})
+    for step in ("wait", "recheck", "settle"):
+        assert d.call(step, p, False)["skipped"], step
+
+
+def test_requests_still_in_flight_after_the_first_slice_leave_the_rest_to_the_slow_path():
+    d, p = Drain(), params()
+    run(d, "plan", p, {"drains": []})
+    run(d, "out", p, {"rotation": {"out_of": []}})
+    res = run(d, "wait", p, {"failed": True, "msg": "2 in flight", "drained": False, "inflight": 2.0}).res
+    assert res["failed"] is False
+    assert d.call("recheck", p, False)["outcome"] == "deferred"
+    assert d.call("settle", p, False)["outcome"] == "deferred"
+
+
+def test_unreadable_metrics_fail_the_host_before_its_kill():
+    d, p = Drain(), params()
+    run(d, "plan", p, {"drains": []})
+    run(d, "out", p, {"rotation": {"out_of": []}})
+    res = run(d, "wait", p, {"failed": True, "msg": "metrics: connection refused"}).res
+    assert res["failed"] and d.call("settle", p, False)["outcome"] == "aborted"
+
+
+def test_no_metrics_no_wait():
+    d, p = Drain(), params(wait={})
+    assert d.call("wait", p, False)["skipped"]
+
+
+def test_a_balancer_that_has_the_host_back_drops_those_records_then_fails_the_host():
+    d, p = Drain(), params()
+    run(d, "plan", p, {"drains": []})
+    run(d, "out", p, {"rotation": {"out_of": ["lb", "lb2"]}})
+    run(d, "wait", p, {"drained": True, "inflight": 0.0})
+    back = [{"name": "lb", "found": "UP"}, {"name": "lb2", "found": "web=UP api=MAINT"}]
+    res = run(d, "recheck", p, {"failed": True, "msg": "lb has gpu1 back in rotation", "back_in_rotation": back}).res
+    assert res["failed"] is False and res["lost"] is True  # the settle step fails the host, after the clear
+    call = d.call("settle", p, False)
+    # lb2 is still MAINT in a backend: still gpufleet's drain there, its record stays for the next run.
+    assert call.module == "gpufleet.serving.rotation_record" and call.args["balancers"] == ["lb"]
+    out = d.took("settle", {"changed": True})
+    assert out["failed"] and out["outcome"] == "lost" and out["msg"] == "lb has gpu1 back in rotation"
+    assert out["back_in_rotation"] == back
+
+
+def test_check_mode_runs_the_plan_only():
+    d, p = Drain(), params()
+    call = d.call("plan", p, True)
+    assert isinstance(call, Call) and call.check_mode is True
+    assert d.took("plan", {"changed": True, "drains": [{"balancer": "lb"}]})["changed"] is True
+    for step in ("record", "out", "wait", "recheck", "settle"):
+        r = d.call(step, p, True)
+        assert r["skipped"] and r["outcome"] == "check_mode", step
+
+
+def test_an_unknown_step_is_an_error_and_a_step_without_state_fails_closed():
+    with pytest.raises(ValueError):
+        Drain().call("nap", params(), False)
+    r = Drain.missing("out")
+    assert r["failed"] and "nothing was touched" in r["msg"]
+
+
+def rparams(**over):
+    p = dict(balancers=[ENTRIES[0]], server="gpu1", worker_url="http://10.0.0.5:30000", names=["lb", "smg"],
+             found={"lb": "UP"}, records={"lb": {"server": "gpu1"}}, left_as_found={"smg": "MAINT"},
+             renamed=["old-lb"], record={"path": "/var/lib/gpufleet/s.rotation.json"}, up_timeout=30.0)
+    p.update(over)
+    return p
+
+
+def test_the_return_puts_back_on_each_machine_then_clears_the_record_but_what_a_put_back_kept():
+    assert [(s["step"], s["where"]) for s in return_steps(ENTRIES, "gpu1")] == [
+        ("back", "lb1"), ("back", "localhost"), ("back", "hooks"), ("clear", "gpu1")]
+    r, p = Return(), rparams()
+    call = r.call("back", p, False)
+    assert call.module == "gpufleet.serving.balancer" and call.args["state"] == "in" and call.check_mode is None
+    assert call.args["found"] == {"lb": "UP"} and call.args["left_as_found"] == {"smg": "MAINT"}
+    assert call.args["records"] == {"lb": {"server": "gpu1"}} and call.args["up_timeout"] == 30.0
+    r.took("back", {"changed": True, "rotation": {"back_in": ["lb"], "records_kept": ["smg"]}})
+    call = r.call("clear", p, False)
+    assert call.args == dict(path=p["record"]["path"], action="clear", balancers=["lb", "old-lb"])
+
+
+def test_a_put_back_that_fails_leaves_the_record_and_check_mode_touches_nothing():
+    r, p = Return(), rparams()
+    r.took("back", {"failed": True, "msg": "lb: not UP after 30s"})
+    r.took("back", {"changed": True, "rotation": {"back_in": ["smg"]}})
+    assert r.call("clear", p, False)["skipped"]
+    assert Return().call("back", p, True)["skipped"] and Return().call("clear", p, True)["skipped"]
