@@ -28,11 +28,12 @@ ARGUMENT_SPEC = dict(
     records=dict(type="dict", default={}),
     record=dict(type="dict", default={}),
     wait=dict(type="dict", default={}),
-    found=dict(type="dict", default={}),
-    left_as_found=dict(type="dict", default={}),
-    renamed=dict(type="list", elements="str", default=[]),
+    rotation=dict(type="dict", default={}),
     up_timeout=dict(type="float", default=120),
 )
+
+# The arguments the first item carries for every item of its loop (see run()).
+ONCE = ("records", "rotation")
 
 # The drain (or return) of each host in this worker process, by task and host: the items of one loop run one after
 # another in the one process ansible-core forked for the host's task, the first item (index 0) starting it afresh.
@@ -64,9 +65,14 @@ class ActionModule(ActionBase):
         key = (str(self._task._uuid), str(task_vars.get("inventory_hostname")))
         if int(args.get("index") or 0) == 0:
             _FLOWS[key] = kinds[step]()
+            # What the host's flow composed before the loop, given to the first item only: the role passes it as
+            # `X if index == 0 else omit`, so it is templated once per loop, not once per item (each is a composition of
+            # the host's registered results: tenths of a second of the worker's CPU).
+            _FLOWS[key].once = {k: args[k] for k in ONCE}
         flow = _FLOWS.get(key)
         if not isinstance(flow, kinds[step]):
             return dict(result, **_drainflow.Drain.missing(step))
+        args.update(flow.once)
         todo = flow.call(step, args, bool(self._task.check_mode))
         out = flow.took(step, self._call(todo, task_vars)) if isinstance(todo, _drainflow.Call) else todo
         if step in ("settle", "clear"):  # the last step

@@ -75,7 +75,7 @@ options:
     elements: str
     default: []
   records:
-    description: The host's drain record as its check read it.
+    description: The host's drain record as its check read it (the drain) or as the drain wrote it (the return); read from the loop's first item.
     type: dict
     default: {}
   record:
@@ -89,19 +89,15 @@ options:
       - Empty, no wait.
     type: dict
     default: {}
-  found:
-    description: Each entry's state before the drain (V(back)).
+  rotation:
+    description:
+      - Where the host stands in its balancers (the role's C(gpufleet_server_rotation) so far), for V(back) and
+        V(clear); its C(found) (each entry's state before the drain), C(left_as_found) (the entries the drain left as
+        an operator had set them) and C(renamed) (old names of entries renamed since the drain, whose records V(clear)
+        clears too).
+      - Read from the loop's first item (O(index=0)), as O(records) is; the later items may leave both out.
     type: dict
     default: {}
-  left_as_found:
-    description: The entries the drain left as an operator had set them (V(back)).
-    type: dict
-    default: {}
-  renamed:
-    description: The old names of entries renamed since the drain, whose records V(clear) clears too.
-    type: list
-    elements: str
-    default: []
   up_timeout:
     description: Seconds V(back) waits for each balancer to report the host UP.
     type: float

@@ -66,6 +66,8 @@ def skipped(why: str, **extra: t.Any) -> Result:
 class Drain:
     """What the drain's steps found so far, for one host in one run of the task."""
 
+    once: t.Dict[str, t.Any] = {}  # the arguments the loop's first item carried for all (the action's)
+
     def __init__(self) -> None:
         self.aborted = ""  # why the steps after a failed one do nothing
         self.drains: t.List[t.Any] = []  # what the plan would take out (the drain record's entries)
@@ -208,6 +210,8 @@ class Return:
     every balancer again), then, with every call done, the drain record cleared (a renamed entry's old name included;
     a record of another server under the name of an entry left in an operator's MAINT stays: records_kept)."""
 
+    once: t.Dict[str, t.Any] = {}  # the arguments the loop's first item carried for all (the action's)
+
     def __init__(self) -> None:
         self.failed = False
         self.kept: t.List[str] = []
@@ -215,15 +219,16 @@ class Return:
     def call(self, step: str, p: t.Mapping[str, t.Any], check_mode: bool) -> t.Union[Call, Result]:
         if check_mode:
             return skipped("check mode: the host is not put back")
+        rot = p.get("rotation") or {}
         if step == "back":
             return Call("gpufleet.serving.balancer", dict(
                 state="in", balancers=list(p["balancers"]), server=p["server"], worker_url=p["worker_url"],
-                found=dict(p["found"]), records=dict(p["records"]), left_as_found=dict(p["left_as_found"]),
-                up_timeout=p["up_timeout"]))
+                found=dict(rot.get("found") or {}), records=dict(p["records"]),
+                left_as_found=dict(rot.get("left_as_found") or {}), up_timeout=p["up_timeout"]))
         if step == "clear":
             if self.failed:
                 return skipped("a balancer did not take the host back: its drain record stays")
-            names = _unique([str(n) for n in p["names"]] + [str(n) for n in p["renamed"]])
+            names = _unique([str(n) for n in p["names"]] + [str(n) for n in rot.get("renamed") or {}])
             return Call("gpufleet.serving.rotation_record", dict(
                 path=p["record"]["path"], action="clear", balancers=[n for n in names if n not in self.kept]))
         raise ValueError("unknown return step %r (one of %s)" % (step, ", ".join(RETURN_STEPS)))

@@ -157,8 +157,8 @@ def test_an_unknown_step_is_an_error_and_a_step_without_state_fails_closed():
 
 def rparams(**over):
     p = dict(balancers=[ENTRIES[0]], server="gpu1", worker_url="http://10.0.0.5:30000", names=["lb", "smg"],
-             found={"lb": "UP"}, records={"lb": {"server": "gpu1"}}, left_as_found={"smg": "MAINT"},
-             renamed=["old-lb"], record={"path": "/var/lib/gpufleet/s.rotation.json"}, up_timeout=30.0)
+             records={"lb": {"server": "gpu1"}}, record={"path": "/var/lib/gpufleet/s.rotation.json"}, up_timeout=30.0,
+             rotation={"found": {"lb": "UP"}, "left_as_found": {"smg": "MAINT"}, "renamed": {"old-lb": "lb"}})
     p.update(over)
     return p
 
