@@ -67,7 +67,7 @@ class ActionModule(ActionBase):
             _FLOWS[key] = kinds[step]()
             # What the host's flow composed before the loop, given to the first item only: the role passes it as
             # `X if index == 0 else omit`, so it is templated once per loop, not once per item (each is a composition of
-            # the host's registered results: tenths of a second of the worker's CPU).
+            # the host's registered results, templated anew at every reference).
             _FLOWS[key].once = {k: args[k] for k in ONCE}
         flow = _FLOWS.get(key)
         if not isinstance(flow, kinds[step]):
