@@ -28,6 +28,7 @@ RUNS = [
     ("fleet-rollout-bench-8-74729d9-run2.json",),
     ("fleet-rollout-bench-8-ab6c5c1.json",),
     ("fleet-rollout-bench-8-9cbec0b.json",),
+    ("fleet-rollout-bench-8-575f844.json",),
 ]
 
 
