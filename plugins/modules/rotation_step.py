@@ -14,7 +14,7 @@ short_description: One step of a host's drain out of its load balancers, or of i
 version_added: 0.3.0
 description:
   - The gpu_server role's drain before a restart or a stop, and its return to service after the verify, each as one
-    task per host. The task loops over the steps the P(gpufleet.serving.drain_steps#filter) filter lists, each with
+    task per host. The task loops over the steps the P(gpufleet.serving.rotation_steps#filter) filter lists, each with
     C(delegate_to) set to the machine it runs on and O(index) to its place in the loop; each step calls a module there
     and keeps what it found for the next one.
   - V(plan) reads every balancer (M(gpufleet.serving.balancer) in check mode, also in a real run) before the host
@@ -130,7 +130,7 @@ EXAMPLES = r"""
       slice: 10
       interval: 0.5
   delegate_to: "{{ item.where }}"
-  loop: "{{ entries | gpufleet.serving.drain_steps(inventory_hostname) }}"
+  loop: "{{ entries | gpufleet.serving.rotation_steps(inventory_hostname) }}"
   loop_control:
     index_var: idx
     label: "{{ item.step }} on {{ item.where }}"

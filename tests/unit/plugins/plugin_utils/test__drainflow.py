@@ -8,12 +8,20 @@ import typing as t
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.filter.drain_steps import FilterModule
-from ansible_collections.gpufleet.serving.plugins.filter.return_steps import FilterModule as ReturnFilters
+from ansible.errors import AnsibleFilterError
+from ansible_collections.gpufleet.serving.plugins.filter.rotation_steps import FilterModule
 from ansible_collections.gpufleet.serving.plugins.plugin_utils._drainflow import Call, Drain, Return
 
-drain_steps = FilterModule().filters()["drain_steps"]
-return_steps = ReturnFilters().filters()["return_steps"]
+rotation_steps = FilterModule().filters()["rotation_steps"]
+
+
+def drain_steps(entries, host):
+    return rotation_steps(entries, host)
+
+
+def return_steps(entries, host):
+    return rotation_steps(entries, host, flow="return")
+
 
 ENTRIES = [{"type": "haproxy", "name": "lb", "delegate_to": "lb1"},
            {"type": "sglang_router", "name": "smg", "delegate_to": "localhost"},
@@ -146,6 +154,11 @@ def test_check_mode_runs_the_plan_only():
     for step in ("record", "out", "wait", "recheck", "settle"):
         r = d.call(step, p, True)
         assert r["skipped"] and r["outcome"] == "check_mode", step
+
+
+def test_an_unknown_flow_is_an_error():
+    with pytest.raises(AnsibleFilterError, match="flow must be drain or return"):
+        rotation_steps(ENTRIES, "gpu1", flow="stop")
 
 
 def test_an_unknown_step_is_an_error_and_a_step_without_state_fails_closed():
