@@ -262,13 +262,17 @@ class HAProxy:
 
     def wait(self, server: str, backends: t.Sequence[str], want: str, timeout: float,
              sleep: t.Callable[[float], None] = time.sleep) -> t.Dict[str, str]:
-        """Until `server` is `want` (first word) in each of `backends` ('' is every backend that has it)."""
+        """Until `server` is `want` in each of `backends` ('' is every backend that has it): its first word, but UP
+        only settled. A server leaves MAINT as "UP 1/2" (UP, going down: no check has passed since), and a server
+        HAProxy cannot reach reads so until its next check marks it DOWN (helper-41); "UP" alone is a check passed."""
+        def done(s: str) -> bool:
+            return s.strip() == "UP" if want == "UP" else word(s) == want
         deadline = time.monotonic() + timeout
         while True:
             st: t.Dict[str, str] = {}
             for b in backends:
                 st.update(self.states(server, b))
-            if st and all(word(s) == want for s in st.values()):
+            if st and all(done(s) for s in st.values()):
                 return st
             if time.monotonic() >= deadline:
                 raise BalancerError("HAProxy %s: server %s is %s, not %s, after %gs" % (

@@ -358,8 +358,9 @@ def run(p: t.Mapping[str, t.Any], check_mode: bool) -> t.Dict[str, t.Any]:
         result["back_in_rotation"] = [{"name": n, "found": f} for n, f in back]
         if back:
             result["msg"] = "; ".join(
-                "%s has the server back in rotation (%s) since gpufleet took it out (an HAProxy reload without "
-                "server-state-file forgets MAINT: docs/runbook.md); nothing was killed" % nf for nf in back)
+                "%s has the server back in rotation (%s) since gpufleet took it out (put back by hand, or an HAProxy "
+                "reload without server-state-file, which forgets MAINT: docs/runbook.md); nothing was killed" % nf
+                for nf in back)
     elif p["report"] == "drift":
         result["drift"] = bs.drift(p["records_error"])
     else:

@@ -165,7 +165,12 @@ class Drain:
             if failed and "inflight" not in res:
                 self.aborted = "the requests in flight could not be read: nothing was killed"
                 return res
+            # Not a failure of the item either (ansible shows a result's msg beside `failed` as an error): its words
+            # stay, as a note.
             res["failed"] = False
+            if "msg" in res:
+                res["note"] = res.pop("msg")
+            res.pop("exception", None)
             self.inflight = res.get("inflight")
             self.deferred = not res.get("drained", True)
             return res
@@ -174,8 +179,11 @@ class Drain:
             if failed or back:
                 self.lost.extend(back)
                 self.lost_msgs.append(str(res.get("msg") or "a balancer has the host back in rotation"))
-                res["failed"] = False  # the host fails at the settle step, after the records of those entries go
+                # The host fails at the settle step, after the records of those entries go, with these words.
+                res["failed"] = False
                 res["lost"] = True
+                res["note"] = res.pop("msg", "")
+                res.pop("exception", None)
             return res
         if step == "settle":
             return self.settled(res)

@@ -17,9 +17,11 @@ service of the host never reads the first one's); a step skipped (check mode) re
 from __future__ import annotations
 
 import copy
+import re
 import typing as t
 
 Result = t.Dict[str, t.Any]
+_STILL_OUT = re.compile("MAINT|DRAIN")
 
 
 def _ran(reg: t.Any) -> bool:
@@ -59,9 +61,16 @@ def _flat(results: t.Iterable[t.Mapping[str, t.Any]], key: str) -> t.List[t.Any]
     return out
 
 
+def _whole(back: t.Iterable[t.Any]) -> t.List[str]:
+    """The entries back in rotation in every backend: one still MAINT or DRAIN in a backend ("web=UP api=MAINT") is
+    still out there, gpufleet's drain, as the drain record keeps it (drain_lost.yml, helper-41)."""
+    return [str(b.get("name")) for b in back
+            if isinstance(b, t.Mapping) and not _STILL_OUT.search(str(b.get("found") or ""))]
+
+
 def _back_names(reg: t.Any) -> t.List[str]:
     """The entries a read found back in rotation (an HAProxy reload without its state file forgets MAINT)."""
-    return [str(b.get("name")) for b in _flat(_items(reg), "back_in_rotation") if isinstance(b, t.Mapping)]
+    return _whole(_flat(_items(reg), "back_in_rotation"))
 
 
 def _step(drain: t.Any, step: str) -> t.List[t.Mapping[str, t.Any]]:
@@ -79,8 +88,8 @@ def rotation(start: t.Any, names: t.Sequence[str], check_mode: bool, drain: t.An
       call failed: what it took out stays out and is listed), and its outcome (settle: drained, or a balancer has the
       host back in rotation; check mode drains nothing; deferred to the slow path while requests are in flight).
     The slow path (drain_slow.yml): lost, the re-read between two in-flight slices that failed the host; recheck, the
-      re-read right before the kill; inflight, its last slice. back: the put-back (only when every call put the host
-      back); retake: the best-effort take-out after a failed put-back."""
+      re-read right before the kill; inflight, its last slice. back: the put-back (what each call put back, also one
+      that failed after); retake: the best-effort take-out after a failed put-back (what each call took out)."""
     if not isinstance(start, t.Mapping) or not start:
         return {}
     rot: Result = copy.deepcopy(dict(start))
@@ -106,11 +115,13 @@ def rotation(start: t.Any, names: t.Sequence[str], check_mode: bool, drain: t.An
         rot["out_of"] = [n for n in rot.get("out_of") or [] if n not in again]
         rot["inflight_left"] = inflight.get("inflight") if _ran(inflight) and "inflight" in inflight else None
     elif settle.get("outcome") in ("drained", "lost", "check_mode"):
-        again = [str(b.get("name")) for b in settle.get("back_in_rotation") or [] if isinstance(b, t.Mapping)]
+        again = _whole(settle.get("back_in_rotation") or [])
         rot["drained"] = not check_mode
         rot["out_of"] = [n for n in rot.get("out_of") or [] if n not in again]
         rot["inflight_left"] = settle.get("inflight_left")
-    if _ran(back) and not back.get("failed"):
+    if _ran(back):
+        # What the put-back put back is back, also from a call that failed after it (its partial rotation): the
+        # take-out below says what went out again (helper-41).
         backs = _rotations(back)
         done = _flat(backs, "back_in")
         rot["out_of"] = [n for n in rot.get("out_of") or [] if n not in done]

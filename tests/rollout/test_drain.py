@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import typing as t
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -1083,6 +1084,88 @@ def test_a_host_its_balancer_will_not_take_back_is_taken_out_again_and_reported_
     assert h["out_of_rotation"] == ["lb-api"], h
     assert rec.calls == [("DELETE", "/members/host3"), ("PUT", "/members/host3"), ("DELETE", "/members/host3")]
     _wait_in_rotation(df, "host3")  # haproxy and smg were not in this run's list
+
+
+class _BreakingRouter(BaseHTTPRequestHandler):
+    """A router stand-in on the controller (the SGLang Model Gateway's worker API). With `breaks`, it refuses the add
+    (HTTP 500) and from then on answers nothing but HTTP 500: a router that broke during the restart."""
+
+    def log_message(self, *a):
+        pass
+
+    def _send(self, code: int, body: t.Any = None) -> None:
+        data = json.dumps(body if body is not None else {}).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.server.broken:
+            return self._send(500)
+        return self._send(200, {"workers": list(self.server.workers.values())})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        if self.server.breaks:
+            self.server.broken = True
+            return self._send(500)
+        self.server.workers["w9"] = {"id": "w9", "url": body.get("url"), "is_healthy": True}
+        return self._send(202, {"id": "w9"})
+
+    def do_DELETE(self):
+        if self.server.broken:
+            return self._send(500)
+        self.server.workers.pop(self.path.rsplit("/", 1)[-1], None)
+        return self._send(200)
+
+
+def _router(worker: str, breaks: bool) -> ThreadingHTTPServer:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _BreakingRouter)
+    srv.daemon_threads = True
+    srv.workers, srv.breaks, srv.broken = {"w1": {"id": "w1", "url": worker, "is_healthy": True}}, breaks, False
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def test_a_put_back_that_fails_on_one_balancer_takes_the_host_out_of_the_others_again(df):
+    """helper-41: HAProxy took host3 back, then the router refused the add and stopped answering. The take-out again
+    was one call for both entries (one delegate_to, localhost), refused whole at the router's read: HAProxy kept host3
+    UP while the summary said it was out. Each entry is now taken out again on its own; the next run puts host3 back.
+    (The stand-in lists host3 only: no capacity guard, gpufleet_rollout_min_in_service 0.)"""
+    bad = _router(df.worker_url("host3"), breaks=True)
+    entries = [df.balancers()[0],
+               {"type": "sglang_router", "name": "router", "delegate_to": "localhost",
+                "url": "http://127.0.0.1:%d" % bad.server_address[1]}]
+    try:
+        r = df.playbook("rollout", "--limit", "host3",
+                        extra_vars={"gpufleet_server_force_restart": True, "gpufleet_rollout_min_in_service": 0},
+                        vars_override=dict(df.server_vars(), gpufleet_server_balancers=entries))
+    finally:
+        bad.shutdown()
+        bad.server_close()
+    assert r.rc != 0
+    h = r.summary["host3"]
+    assert h["status"] == "failed" and "could not be put back into rotation after its verified restart" in h["failure"], h
+    assert "(taken out again)" in " ".join(h["failure"].split()), h
+    assert df.haproxy_states()["host3"] == "MAINT", df.haproxy_states()
+    assert h["out_of_rotation"] == ["haproxy", "router"], h
+    assert set(df.drain_record("host3")[1]) == {"haproxy", "router"}
+    # The router works again (it never listed host3's worker since): the next run puts host3 back into both.
+    good = _router(df.worker_url("host3"), breaks=False)
+    good.workers = {}
+    entries[1]["url"] = "http://127.0.0.1:%d" % good.server_address[1]
+    try:
+        b = df.playbook("rollout", "--limit", "host3", extra_vars={"gpufleet_rollout_min_in_service": 0},
+                        vars_override=dict(df.server_vars(), gpufleet_server_balancers=entries))
+    finally:
+        good.shutdown()
+        good.server_close()
+    assert b.rc == 0 and b.summary["host3"]["out_of_rotation"] == [], b.tail()
+    assert [w["url"] for w in good.workers.values()] == [df.worker_url("host3")]
+    _wait_in_rotation(df, "host3")
+    assert df.drain_record("host3") is None
 
 
 def test_a_wrong_metrics_url_fails_the_host_before_its_kill(df):

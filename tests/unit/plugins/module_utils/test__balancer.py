@@ -460,3 +460,44 @@ def test_an_operators_drain_set_after_gpufleets_drain_stays_and_is_not_gpufleets
     r = bal([haproxy_entry(hp)], records=rec).put_back({"haproxy": "UP"}, {}, 1)  # the return without a restart
     assert hp.status("web", "host1") == "DRAIN" and hp.status("api", "host1") == "UP", hp.servers
     assert r["rotation"]["left_as_found"] == {"haproxy": "DRAIN in backend web"} and r["changed"], r
+
+
+def _leaves_maint_pending(hp, then):
+    """As HAProxy does: a server that leaves MAINT reads "UP 1/2" (UP, going down) until its next check, which marks
+    it `then` (UP when the check passes, DOWN when HAProxy cannot reach it)."""
+    def on_ready(line):
+        if line.startswith("set server ") and line.endswith(" state ready"):
+            b, s = line.split()[2].split("/", 1)
+            checks[(b, s)] = 0
+    checks = {}
+    hp.hook = on_ready
+    real = hp.answer
+
+    def answer(line):
+        out = real(line)
+        for k in list(checks):
+            if line.startswith("set server "):
+                hp.servers[k]["status"] = "UP 1/2"
+            elif line == "show stat":
+                checks[k] += 1
+                if checks[k] >= 3:  # the next check, a few reads later
+                    hp.servers[k]["status"] = then
+                    del checks[k]
+        return out
+    hp.answer = answer
+
+
+def test_the_put_back_waits_for_a_check_to_pass_not_the_up_a_server_leaves_maint_with(hp):
+    """helper-41: a server HAProxy can no longer reach read UP right after `state ready`, and the host counted as
+    back. The wait now needs a settled UP: it fails the host when the next check marks the server DOWN, and passes
+    when the check passes."""
+    b = bal([haproxy_entry(hp, backend="web")])
+    r = b.take_out(b.plan_out())
+    _leaves_maint_pending(hp, "DOWN")
+    with pytest.raises(B.BalancerError, match="server host1 is DOWN in web, not UP"):
+        b.put_back(r["rotation"]["found"], {}, up_timeout=0.3)
+    b = bal([haproxy_entry(hp, backend="web")])
+    r = b.take_out(b.plan_out())
+    _leaves_maint_pending(hp, "UP")
+    r = b.put_back(r["rotation"]["found"], {}, up_timeout=5)
+    assert r["rotation"]["back_in"] == ["haproxy"] and hp.status("web", "host1") == "UP"

@@ -51,8 +51,9 @@ def test_check_mode_plans_and_touches_nothing_then_real_then_again(hp, run_modul
 def test_read_names_a_server_back_in_rotation(hp, run_module):
     r = run_module(balancer.main, _args(hp, state="read"))
     assert r["back_in_rotation"] == [{"name": "haproxy", "found": "UP"}]
-    assert r["msg"] == ("haproxy has the server back in rotation (UP) since gpufleet took it out (an HAProxy reload "
-                        "without server-state-file forgets MAINT: docs/runbook.md); nothing was killed")
+    assert r["msg"] == ("haproxy has the server back in rotation (UP) since gpufleet took it out (put back by hand, "
+                        "or an HAProxy reload without server-state-file, which forgets MAINT: docs/runbook.md); "
+                        "nothing was killed")
 
 
 def test_unreachable_socket_fails_with_one_line(run_module):

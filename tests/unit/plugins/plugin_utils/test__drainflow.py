@@ -112,7 +112,7 @@ def test_requests_still_in_flight_after_the_first_slice_leave_the_rest_to_the_sl
     run(d, "plan", p, {"drains": []})
     run(d, "out", p, {"rotation": {"out_of": []}})
     res = run(d, "wait", p, {"failed": True, "msg": "2 in flight", "drained": False, "inflight": 2.0}).res
-    assert res["failed"] is False
+    assert res["failed"] is False and res["note"] == "2 in flight" and "msg" not in res
     assert d.call("recheck", p, False)["outcome"] == "deferred"
     assert d.call("settle", p, False)["outcome"] == "deferred"
 
@@ -138,6 +138,7 @@ def test_a_balancer_that_has_the_host_back_drops_those_records_then_fails_the_ho
     back = [{"name": "lb", "found": "UP"}, {"name": "lb2", "found": "web=UP api=MAINT"}]
     res = run(d, "recheck", p, {"failed": True, "msg": "lb has gpu1 back in rotation", "back_in_rotation": back}).res
     assert res["failed"] is False and res["lost"] is True  # the settle step fails the host, after the clear
+    assert res["note"] == "lb has gpu1 back in rotation" and "msg" not in res
     call = d.call("settle", p, False)
     # lb2 is still MAINT in a backend: still gpufleet's drain there, its record stays for the next run.
     assert call.module == "gpufleet.serving.rotation_record" and call.args["balancers"] == ["lb"]

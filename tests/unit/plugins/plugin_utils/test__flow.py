@@ -80,6 +80,11 @@ def test_entries_a_re_read_finds_back_in_rotation_are_no_longer_out_of():
     lost = {"outcome": "lost", "failed": True, "back_in_rotation": [{"name": "lb", "found": "UP"}]}
     r = rotation(start(), NAMES, False, drain=drain(out, settle=lost))
     assert r["out_of"] == ["smg"] and r["drained"] is True
+    # helper-41: put back by hand in one backend only, still MAINT in the other: still out there (the record keeps it).
+    lost = {"outcome": "lost", "failed": True, "back_in_rotation": [{"name": "lb", "found": "web=UP api=MAINT"}]}
+    assert rotation(start(), NAMES, False, drain=drain(out, settle=lost))["out_of"] == ["lb", "smg"]
+    back = {"results": [{"back_in_rotation": [{"name": "lb", "found": "web=UP api=MAINT"}]}]}
+    assert rotation(start(), NAMES, False, drain=drain(out), lost=back)["out_of"] == ["lb", "smg"]
 
 
 def test_check_mode_never_drains_and_its_skipped_steps_add_nothing():
@@ -90,7 +95,7 @@ def test_check_mode_never_drains_and_its_skipped_steps_add_nothing():
     assert r == dict(s, drained=False, inflight_left=None)
 
 
-def test_the_put_back_takes_the_entries_off_out_of_only_when_every_call_succeeded():
+def test_what_the_put_back_put_back_is_back_and_what_went_out_again_is_out():
     out = drain({"out_of": ["lb", "smg"], "found": {"lb": "UP", "smg": "listed"}},
                 settle={"outcome": "drained", "back_in_rotation": []})
     back = loop({"back_in": ["lb"], "left_as_found": {}}, {"back_in": [], "left_as_found": {"smg": "DRAIN"}})
@@ -100,6 +105,11 @@ def test_the_put_back_takes_the_entries_off_out_of_only_when_every_call_succeede
     retake = loop({"out_of": ["lb"]}, {"out_of": []})
     r = rotation(start(), NAMES, False, drain=out, back=failed, retake=retake)
     assert r["out_of"] == ["lb", "smg"]
+    # helper-41: lb was put back before smg's put-back failed, and its take-out again failed too: lb is in rotation,
+    # and the rotation says so (it said "out of lb" before).
+    retake = {"results": [{"failed": True, "msg": "lb: socket refused"}, {"rotation": {"out_of": ["smg"]}}]}
+    r = rotation(start(), NAMES, False, drain=out, back=failed, retake=retake)
+    assert r["out_of"] == ["smg"]
 
 
 def test_a_return_only_host_goes_back_into_the_entries_its_record_names():
