@@ -26,6 +26,7 @@ from helpers import FakeGpus, install_collection  # noqa: E402
 # clone), longest first; the rest follow in collection order. The EE test's time includes building its base image.
 LONGEST_FIRST: t.List[str] = [
     "tests/rollout/test_drain.py",
+    "tests/rollout/test_drain_recovery.py",
     "tests/reliability/test_rel_systemd.py",
     "tests/reliability/test_rel_batches.py",
     "tests/reliability/test_rel_gate.py",

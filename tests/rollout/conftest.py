@@ -1,14 +1,18 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Fixtures of the rollout tests: one 3-host sandbox fleet per test file, reset between tests."""
+"""Fixtures of the rollout tests: one 3-host sandbox fleet per test file, reset between tests (rf); the drain tests' 4-host
+fleet behind a real HAProxy and smg (df)."""
 from __future__ import annotations
 
 import sys
+import typing as t
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import drain_helpers  # noqa: E402
+from drain_helpers import DrainFleet, skip_reason  # noqa: E402
 from rollout_helpers import RolloutFleet  # noqa: E402
 
 
@@ -45,3 +49,24 @@ def stale(rf: RolloutFleet) -> RolloutFleet:
     rf.reset()
     rf.start_stale()
     return rf
+
+
+@pytest.fixture(scope="module")
+def df(sandbox_fleet_module, tmp_path_factory) -> t.Iterator[DrainFleet]:
+    """The drain tests' fleet (test_drain.py, test_drain_recovery.py: one each): 4 hosts behind a real HAProxy and smg."""
+    why = skip_reason()
+    if why:
+        pytest.skip(why)
+    fleet = sandbox_fleet_module(hosts=drain_helpers.HOSTS, gpus=2)
+    d = DrainFleet(fleet, tmp_path_factory.mktemp("drain"))
+    d.reset()
+    d.start_stale()
+    try:
+        d.haproxy.up()
+        d.smg.up()
+        d.all_in_rotation()
+        yield d
+    finally:
+        d.haproxy.down()
+        d.smg.down()
+        d.reset()

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Test fixtures for the balancer code: a unix-socket server speaking HAProxy's admin text protocol (`show stat`,
 `set server B/S state ...`) and an HTTP server speaking the SGLang Model Gateway's worker API (GET/POST /workers,
-DELETE /workers/ID). Real sockets and real HTTP; tests/rollout/test_drain.py runs the real HAProxy and smg."""
+DELETE /workers/ID). Real sockets and real HTTP; tests/rollout/test_drain.py and test_drain_recovery.py
+run the real HAProxy and smg."""
 from __future__ import annotations
 
 import json
@@ -88,6 +89,8 @@ class _RouterHandler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         self._seen()
+        if self.server.broken:
+            return self._send(500, {})
         if self.path.split("?")[0] == "/workers":
             return self._send(200, {"workers": list(self.server.workers.values())})
         return self._send(404, {})
@@ -95,6 +98,11 @@ class _RouterHandler(BaseHTTPRequestHandler):
     def do_POST(self):
         self._seen()
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        if self.server.broken:
+            return self._send(500, {})
+        if self.path.startswith("/workers") and self.server.breaks:
+            self.server.broken = True  # a router that broke at the add: HTTP 500 to it and to every request after it
+            return self._send(500, {})
         if self.path.startswith("/workers"):
             self.server.next_id += 1
             wid = "w%d" % self.server.next_id
@@ -105,6 +113,8 @@ class _RouterHandler(BaseHTTPRequestHandler):
 
     def do_DELETE(self):
         self._seen()
+        if self.server.broken:
+            return self._send(500, {})
         wid = self.path.rsplit("/", 1)[-1]
         if self.path.startswith("/workers/") and self.server.workers.pop(wid, None) is not None:
             return self._send(200, {})
@@ -113,11 +123,14 @@ class _RouterHandler(BaseHTTPRequestHandler):
     do_PUT = do_POST
 
 
-def router(workers: t.Sequence[str]) -> ThreadingHTTPServer:
+def router(workers: t.Sequence[str], breaks: bool = False) -> ThreadingHTTPServer:
+    """A router on 127.0.0.1 listing `workers`. With `breaks`, it refuses the add of a worker (HTTP 500) and answers
+    every request after it with HTTP 500: a router that broke during the restart."""
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _RouterHandler)
     srv.daemon_threads = True
     srv.workers = {"w%d" % i: {"id": "w%d" % i, "url": u, "is_healthy": True} for i, u in enumerate(workers)}
     srv.next_id, srv.calls, srv.bodies, srv.code = len(workers), [], [], 200
+    srv.breaks, srv.broken = breaks, False
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     srv.url = "http://127.0.0.1:%d" % srv.server_address[1]
     return srv

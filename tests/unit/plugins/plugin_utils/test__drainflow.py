@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The drain's steps as one loop (plugin_utils/_drainflow.py, run by the rotation_step action): which module each step
 calls, with what, after what the steps before it found. The real drains (HAProxy, smg, http, a reload mid-drain,
-requests in flight, an interrupted run) are in tests/rollout/test_drain.py and tests/reliability."""
+requests in flight, an interrupted run) are in tests/rollout/test_drain.py, test_drain_recovery.py and tests/reliability."""
 from __future__ import annotations
 
 import typing as t
