@@ -29,7 +29,7 @@ for p in (ROOT / "tests", ROOT / "tests" / "rollout", ROOT / "tests" / "sandbox"
     sys.path.insert(0, str(p))
 
 from sandbox.fixtures import SandboxFleet  # noqa: E402
-from test_drain import DrainFleet  # noqa: E402
+from drain_helpers import DrainFleet  # noqa: E402
 from balancer import Balancer  # noqa: E402
 
 TARGETS = {"noop": 3, "restart": 10}
