@@ -64,16 +64,15 @@ class ActionModule(ActionBase):
         kinds.update({s: _drainflow.Return for s in _drainflow.RETURN_STEPS})
         key = (str(self._task._uuid), str(task_vars.get("inventory_hostname")))
         if int(args.get("index") or 0) == 0:
-            _FLOWS[key] = kinds[step]()
             # What the host's flow composed before the loop, given to the first item only: the role passes it as
             # `X if index == 0 else omit`, so it is templated once per loop, not once per item (each is a composition of
             # the host's registered results, templated anew at every reference).
-            _FLOWS[key].once = {k: args[k] for k in ONCE}
+            _FLOWS[key] = kinds[step]({k: args[k] for k in ONCE}, bool(self._task.check_mode))
         flow = _FLOWS.get(key)
         if not isinstance(flow, kinds[step]):
-            return dict(result, **_drainflow.Drain.missing(step))
+            return dict(result, **_drainflow.missing(step))
         args.update(flow.once)
-        todo = flow.call(step, args, bool(self._task.check_mode))
+        todo = flow.call(step, args)
         out = flow.took(step, self._call(todo, task_vars)) if isinstance(todo, _drainflow.Call) else todo
         if step in ("settle", "clear"):  # the last step
             _FLOWS.pop(key, None)

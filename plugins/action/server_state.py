@@ -92,6 +92,70 @@ class ActionModule(ActionBase):
                 res["took_over_from"] = str(holder)
         return res
 
+    def _inherited_tags(self) -> t.List[str]:
+        """The tags the task inherits (its blocks', its role's, its import's), less `always`: the role tags the call
+        always (on its import) so that ansible-core runs it whatever the selection, and each step then goes by the tags
+        of its own task."""
+        parent = getattr(self._task, "_parent", None)
+        try:
+            return [str(x) for x in (parent.tags if parent is not None else []) if str(x) != "always"]
+        except Exception:  # pylint: disable=broad-exception-caught  # no parent tags to read: none inherited
+            return []
+
+    def _selected(self, task_vars, own: t.Sequence[t.Any]) -> bool:
+        """Whether --tags/--skip-tags select a step whose task of its own carried `own` (none: the step always runs
+        with the task)."""
+        if not own:
+            return True
+        return _check.tags_select(self._inherited_tags() + [str(x) for x in own], task_vars.get("ansible_run_tags") or ["all"],
+                                  task_vars.get("ansible_skip_tags") or [])
+
+    def _tuned_check(self, task_vars, args: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
+        """O(tune): the lock, the NCCL layers' write under it, then the check with its decision."""
+        tune = dict(args.get("tune") or {})
+        check_args = {k: v for k, v in args.items() if k != "tune"}
+        layers: t.Dict[str, t.Any] = {}
+        lock: t.Dict[str, t.Any] = {}
+        layer_args = {k: tune[k] for k in ("sitecustomize", "nccl_conf", "backup", "keep_previous") if tune.get(k) is not None}
+        write = "sitecustomize" in layer_args or "nccl_conf" in layer_args
+        if write and self._selected(task_vars, tune.get("tags") or []):
+            lock = self._locked_module(task_vars, dict(
+                action="lock", name=args.get("name"), state_file=args.get("state_file"), lock_file=args.get("lock_file"),
+                owner=args.get("owner"), lock_ttl=args.get("lock_ttl", 1800.0), lock_wait=args.get("lock_wait", 0.0)))
+            if lock.get("failed"):
+                return dict(lock, changed=False, locked=False)
+            # A write only under the lock (check mode takes none, and writes nothing).
+            if self._task.check_mode or lock.get("locked"):
+                layers = self._execute_module(module_name="gpufleet.serving.nccl_layers", module_args=layer_args,
+                                              task_vars=task_vars)
+                self._remove_tmp_path(self._connection._shell.tmpdir)
+                if layers.get("failed"):
+                    return dict(failed=True, changed=bool(layers.get("changed")), locked=bool(lock.get("locked")),
+                                msg=layers.get("msg", "the NCCL layers could not be written"), layers=layers,
+                                warnings=[w for r in (lock, layers) for w in (r.get("warnings") or [])],
+                                **({"took_over_from": lock["took_over_from"]} if lock.get("took_over_from") else {}))
+                # Written as asked: the check does not verify them again (the role passes O(nccl_layers) only for a
+                # run that left the write out).
+                check_args.pop("nccl_layers", None)
+        if self._selected(task_vars, (args.get("decide") or {}).get("tags") or []):
+            res = self._check_and_decide(task_vars, check_args)
+        else:
+            res = dict(changed=False, checked=False)
+        if lock:
+            res["locked"] = bool(res.get("locked")) or bool(lock.get("locked"))  # the check keeps a lock held before it
+            if lock.get("took_over_from") and not res.get("took_over_from"):
+                res["took_over_from"] = lock["took_over_from"]
+        if layers:
+            res["layers"] = layers
+            res["changed"] = bool(res.get("changed")) or bool(layers.get("changed"))
+            if layers.get("diff"):
+                res["diff"] = layers["diff"]
+        # What each step warned of, in their order (the lock's takeover of a dead run's, the layers' access fixes).
+        warnings = [w for r in (lock, layers, res) for w in (r.get("warnings") or [])]
+        if warnings:
+            res["warnings"] = warnings
+        return res
+
     def _check_and_decide(self, task_vars, args: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
         decide = args.get("decide") or {}
         profile = decide.get("nccl_profile")
@@ -125,6 +189,8 @@ class ActionModule(ActionBase):
             result.update(failed=True, changed=False, strategy=strategy, msg=strategy_refusal(str(strategy), task_vars or {}))
             return result
 
+        if args.get("tune") is not None and args.get("action", "check") == "check":
+            return merge_hash(result, self._tuned_check(task_vars or {}, args))
         if args.get("decide") is not None and args.get("action", "check") == "check":
             return merge_hash(result, self._check_and_decide(task_vars or {}, args))
         if args.get("action") == "lock":

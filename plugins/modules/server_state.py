@@ -287,6 +287,49 @@ options:
         description: Whether this run knows the variables of O(decide.nccl_profile) (the nccl_tuning role ran).
         type: bool
         default: true
+      tags:
+        version_added: 0.3.0
+        description:
+          - With O(tune), the tags the check carries as a step of its own. The check (and its decision) runs only
+            where C(--tags) and C(--skip-tags) select a task with these tags and those the task inherits, by
+            ansible-core's rules; RV(checked) is false when they do not. Empty, the check runs whenever the task does.
+        type: list
+        elements: str
+        default: []
+  tune:
+    version_added: 0.3.0
+    description:
+      - With V(check), read by the action plugin only (the module ignores it). The gpu_server role's check when the
+        rollout writes an explicit profile's NCCL layers under the host lock. Before the check, the action takes the
+        host lock (as O(action=lock) does, a dead run's lock of this controller taken over), then writes the layers
+        with M(gpufleet.serving.nccl_layers) under it (in check mode it takes no lock and only predicts the write),
+        then checks; RV(layers) is that write's result and C(changed) includes it, as its diff does with C(--diff).
+        A lock or a write that fails fails the task before the check, with nothing after it done; the lock, once
+        taken, is held (RV(locked)) for the role to release.
+      - Three task executions of every host were one each (the lock, the write, the check).
+    type: dict
+    suboptions:
+      sitecustomize:
+        description: O(gpufleet.serving.nccl_layers#module:sitecustomize).
+        type: dict
+      nccl_conf:
+        description: O(gpufleet.serving.nccl_layers#module:nccl_conf).
+        type: dict
+      backup:
+        description: O(gpufleet.serving.nccl_layers#module:backup).
+        type: bool
+        default: false
+      keep_previous:
+        description: O(gpufleet.serving.nccl_layers#module:keep_previous).
+        type: path
+      tags:
+        description:
+          - The tags the lock and the write carry as steps of their own. They run only where C(--tags) and
+            C(--skip-tags) select a task with these tags and those the task inherits. Empty, they run whenever the
+            task does.
+        type: list
+        elements: str
+        default: []
   nccl_layers:
     version_added: 0.2.0
     description:
@@ -448,6 +491,21 @@ took_over_from:
   description: With O(decide), the owner id of the dead run whose host lock this call took over.
   returned: when it took one over
   type: str
+layers:
+  version_added: 0.3.0
+  description:
+    - With O(tune), the result of the NCCL layers' write under the lock (M(gpufleet.serving.nccl_layers)'s return
+      values, C(changed) included).
+  returned: when O(tune) wrote (or, in check mode, predicted) the layers
+  type: dict
+  sample: {"changed": true, "previous_kept": "/run/gpufleet/demo.layers-previous.json", "access_fixes": []}
+checked:
+  version_added: 0.3.0
+  description: With O(tune), false when C(--tags)/C(--skip-tags) left the check out (O(decide.tags)); the lock and
+    the write may still have run.
+  returned: when O(tune) is set and the check did not run
+  type: bool
+  sample: false
 unrecorded:
   description: With V(check), the running server is a verified launch of O(fingerprint) that the record does not name.
   returned: when action is check and it is so
@@ -713,6 +771,15 @@ def main() -> None:
                 idents=dict(type="dict", default={}),
                 nccl_profile=dict(type="str"),
                 nccl_known=dict(type="bool", default=True),
+                tags=dict(type="list", elements="str", default=[]),
+            )),
+            # Read by the action plugin only: the lock and the NCCL layers' write before the check.
+            tune=dict(type="dict", options=dict(
+                sitecustomize=dict(type="dict"),
+                nccl_conf=dict(type="dict"),
+                backup=dict(type="bool", default=False),
+                keep_previous=dict(type="path"),
+                tags=dict(type="list", elements="str", default=[]),
             )),
             nccl_layers=dict(type="dict", options=_layercheck.argument_spec()),
             rollback=dict(type="dict", options=dict(to=dict(type="str", default=""))),

@@ -164,3 +164,24 @@ def fast_verdict(check: t.Mapping[str, t.Any], balancers: t.Sequence[t.Any], nam
             "gpufleet_server_result": {"restarted": False, "reasons": [], "workers": len(workers),
                                        "workers_verified": len([w for w in workers if w.get("holds_gpu")])},
             "gpufleet_nccl_changed": False}
+
+
+def tags_select(tags: t.Iterable[str], only: t.Iterable[str], skip: t.Iterable[str]) -> bool:
+    """Whether ansible-core would run a task carrying `tags` (its own and those it inherits) under --tags `only` and
+    --skip-tags `skip` (ansible_run_tags, ansible_skip_tags), by the rules of ansible.playbook.taggable.Taggable's
+    evaluate_tags. The gpu_server role's one call that takes the lock, writes the NCCL layers and checks the server
+    (the server_state action's O(tune)) is tagged always; it runs each step only where --tags and --skip-tags would have
+    run that step as a task of its own (the tags it had then: nccl_tuning and configure for the write, gpufleet_server
+    for the check), since each of those tasks was a task execution of every host (issue 25)."""
+    tagset = set(tags) or {"untagged"}
+    only_set, skip_set = set(only or ["all"]), set(skip or [])
+    run = True
+    if only_set:
+        run = ("always" in tagset or ("all" in only_set and "never" not in tagset) or not tagset.isdisjoint(only_set)
+               or ("tagged" in only_set and tagset != {"untagged"} and "never" not in tagset))
+    if run and skip_set:
+        if "all" in skip_set:
+            run = "always" in tagset and "always" not in skip_set
+        elif not tagset.isdisjoint(skip_set) or ("tagged" in skip_set and tagset != {"untagged"}):
+            run = False
+    return run

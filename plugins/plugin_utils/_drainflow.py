@@ -15,7 +15,7 @@ alternation was a task of its own: six task executions per drained host, each a 
 each item's connection to the machine it names, and runs the items one after another in the host's one worker
 process, where this module's state carries what each step found to the next (the drains to record, the records the
 take-out reads, whether requests are still in flight). An item that finds no state of the steps before it fails the
-host before anything is touched (`Drain.missing`): the steps never act on what they cannot see.
+host before anything is touched (`missing`): the steps never act on what they cannot see.
 
 Each step calls the same module the role's tasks called, with the same arguments; only the glue between them (what the
 role's YAML did with `when`, `register` and Jinja) is here, and unit-tested (tests/unit/plugins/plugin_utils).
@@ -63,12 +63,19 @@ def skipped(why: str, **extra: t.Any) -> Result:
     return dict(extra, skipped=True, changed=False, skip_reason=why)
 
 
+def missing(step: str) -> Result:
+    """An item that finds no state of the items before it (a step of the drain or of the return) touches nothing."""
+    return dict(failed=True, changed=False, msg=(
+        "%s step %s ran without the results of the steps before it (ansible-core ran the loop's items in separate "
+        "processes?); nothing was touched by it" % ("drain" if step in STEPS else "return to service", step)))
+
+
 class Drain:
     """What the drain's steps found so far, for one host in one run of the task."""
 
-    once: t.Dict[str, t.Any] = {}  # the arguments the loop's first item carried for all (the action's)
-
-    def __init__(self) -> None:
+    def __init__(self, once: t.Optional[t.Mapping[str, t.Any]] = None, check_mode: bool = False) -> None:
+        self.once = dict(once or {})  # the arguments the loop's first item carried for all (the action's)
+        self.check_mode = check_mode
         self.aborted = ""  # why the steps after a failed one do nothing
         self.drains: t.List[t.Any] = []  # what the plan would take out (the drain record's entries)
         self.records: t.Optional[t.Dict[str, t.Any]] = None  # the drain record after the add
@@ -77,13 +84,6 @@ class Drain:
         self.inflight: t.Any = None
         self.lost: t.List[t.Mapping[str, t.Any]] = []  # entries a re-read found back in rotation
         self.lost_msgs: t.List[str] = []
-        self.check_mode = False
-
-    @staticmethod
-    def missing(step: str) -> Result:
-        return dict(failed=True, changed=False, msg=(
-            "drain step %s ran without the results of the steps before it (ansible-core ran the loop's items in "
-            "separate processes?); nothing was touched by it" % step))
 
     # --- the module each step calls (or its result when it calls none) ---------------------------------------------
 
@@ -93,8 +93,8 @@ class Drain:
         args.update(extra)
         return args
 
-    def call(self, step: str, p: t.Mapping[str, t.Any], check_mode: bool) -> t.Union[Call, Result]:
-        self.check_mode = check_mode
+    def call(self, step: str, p: t.Mapping[str, t.Any]) -> t.Union[Call, Result]:
+        check_mode = self.check_mode
         if step == "plan":
             if self.aborted:
                 return skipped(self.aborted)
@@ -218,14 +218,14 @@ class Return:
     every balancer again), then, with every call done, the drain record cleared (a renamed entry's old name included;
     a record of another server under the name of an entry left in an operator's MAINT stays: records_kept)."""
 
-    once: t.Dict[str, t.Any] = {}  # the arguments the loop's first item carried for all (the action's)
-
-    def __init__(self) -> None:
+    def __init__(self, once: t.Optional[t.Mapping[str, t.Any]] = None, check_mode: bool = False) -> None:
+        self.once = dict(once or {})  # the arguments the loop's first item carried for all (the action's)
+        self.check_mode = check_mode
         self.failed = False
         self.kept: t.List[str] = []
 
-    def call(self, step: str, p: t.Mapping[str, t.Any], check_mode: bool) -> t.Union[Call, Result]:
-        if check_mode:
+    def call(self, step: str, p: t.Mapping[str, t.Any]) -> t.Union[Call, Result]:
+        if self.check_mode:
             return skipped("check mode: the host is not put back")
         rot = p.get("rotation") or {}
         if step == "back":

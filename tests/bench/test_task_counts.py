@@ -73,7 +73,8 @@ def test_the_documented_counts_are_the_evidence_files():
     # The prose under the table: how many of the restart's executions are skipped, and the drain's share.
     names = [t for t, _ in res["restart"]["tasks"]]
     skipped = sum(1 for _, st in res["restart"]["tasks"] if st == "skipped")
-    drain = names.index("gpufleet.serving.gpu_server : Install the systemd unit and its files") - names.index(
+    drain = names.index("gpufleet.serving.gpu_server : Restart the server (kill, verify clean, launch, wait ready, verify the "
+                        "workers' environment, record)") - names.index(
         "gpufleet.serving.gpu_server : Take the host out of its balancers and let its requests in flight finish (each step "
         "where it runs)")
     assert "Of the restart's %d, %d are skipped tasks" % (res["restart"]["per_host"], skipped) in " ".join(doc.split())

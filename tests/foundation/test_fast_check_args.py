@@ -32,16 +32,17 @@ def test_the_apply_takes_each_layer_from_the_dict_the_check_passes():
     # The rollout's check templates those very variables by name (its action), for the check and the write below: that
     # they agree is behaviour, tested by a second rollout that changes nothing, with and without the fast path
     # (tests/rollout/test_rollout.py).
-    # The rollout's write under the host lock (explicit profiles) takes the very dicts the check took.
+    # The rollout's write under the host lock (explicit profiles) takes the very dicts the check took: the role's check
+    # writes them first, in its own call (the server_state action's tune, vars/main.yml's _gpufleet_server_tune).
     main = ROLE.parent / "gpu_server" / "tasks" / "lifecycle.yml"
     block = next(t for t in yaml.safe_load(main.read_text()) if "block" in t)["block"]
-    write = next(t for t in block if t.get("name") == "Write the NCCL layers under the host lock")
-    assert write["gpufleet.serving.nccl_layers"] == {
-        "sitecustomize": "{{ gpufleet_nccl_desired_layers.sitecustomize | default(omit) }}",
-        "nccl_conf": "{{ gpufleet_nccl_desired_layers.nccl_conf | default(omit) }}",
-        "backup": "{{ gpufleet_nccl_backup | default(false) }}",
-        "keep_previous": "{{ _gpufleet_server_layers_previous }}"}
-    assert "gpufleet_nccl_desired_layers | default(none) is not none" in write["when"]
+    check = next(t for t in block if t.get("import_tasks", t.get("ansible.builtin.import_tasks")) == "check.yml")
+    assert check["vars"] == {"_gpufleet_server_check_tune": "{{ _gpufleet_server_tune }}"} and check["tags"] == ["always"]
+    tune = " ".join(yaml.safe_load((ROLE.parent / "gpu_server" / "vars" / "main.yml").read_text())["_gpufleet_server_tune"].split())
+    assert "combine(gpufleet_nccl_desired_layers if _gpufleet_server_nccl_tuning | default(false) | bool" in tune, tune
+    assert "and gpufleet_nccl_desired_layers | default(none) is not none else {})" in tune, tune
+    assert "'backup': gpufleet_nccl_backup | default(false)" in tune and "'keep_previous': _gpufleet_server_layers_previous" in tune
+    assert "'tags': ['nccl_tuning', 'configure']" in tune, tune
 
 
 def test_the_layer_arguments_set_every_option_of_the_modules_but_backup():
@@ -69,7 +70,7 @@ def test_fast_check_asks_the_server_check_what_the_roles_check_asks():
     # What only the roles' check needs: it takes the lock for the restart to come (owner, ttl, keep_lock, lock_wait),
     # and decides what the role does (decide, read by the action); the fast check only looks at the lock. The rollback
     # playbook's choice of a last known good (rollback) is the roles' check's alone: that playbook has no fast path.
-    full_only = {"owner", "lock_ttl", "keep_lock", "lock_wait", "decide", "rollback",
+    full_only = {"owner", "lock_ttl", "keep_lock", "lock_wait", "decide", "rollback", "tune",
                  "worker_urls"}  # checked before a drain, which only the roles' check can lead to
     assert set(full) - full_only <= set(fast), set(full) - full_only - set(fast)
     differ = {k: (full[k], fast[k]) for k in set(full) - full_only if full[k] != fast[k]}

@@ -60,10 +60,11 @@ def test_first_rollout_replaces_the_stale_server_on_every_host(stale):
 # The rollout's one task per host before the roles: validation, and the fast path's read-only check.
 FAST_CHECK = "TASK [gpufleet.serving.gpu_server : Validate the host's input and check in one call whether it is already right]"
 # Tasks of the roles' own steps (not the rollout's validation and up-to-date check, which run on every host).
-ROLE_STEPS = ("gpufleet.serving.nccl_tuning : Manage", "gpufleet.serving.gpu_server : Write the NCCL layers",
-              "gpufleet.serving.gpu_server : Check the running server", "gpufleet.serving.gpu_server : Restart")
-# An explicit profile: the gpu_server role writes the layers the rollout computed, under the host lock, in one call.
-NCCL_APPLY = "TASK [gpufleet.serving.gpu_server : Write the NCCL layers under the host lock]"
+ROLE_STEPS = ("gpufleet.serving.nccl_tuning : Manage", "gpufleet.serving.gpu_server : Check the running server",
+              "gpufleet.serving.gpu_server : Restart")
+# An explicit profile: the gpu_server role writes the layers the rollout computed under the host lock, in its check's
+# call (the server_state action's tune), before the check.
+NCCL_APPLY = "TASK [gpufleet.serving.gpu_server : Check the running server against the desired state (and take the host lock)]"
 
 
 @pytest.mark.parametrize("fast_check", [True, False])

@@ -198,3 +198,39 @@ def test_a_return_to_service_over_a_record_of_another_server_fails_the_host_in_c
         assert out["error"].endswith("nothing was touched") and not out["return_only"], out
     # Its own record: the put-back, as before.
     assert _check.decide(check, False, ["lb"], True, False, {"lb": "host1"})["return_only"] is True
+
+
+def _real_task(own, inherited):
+    """A task of a real play (ansible-core's own objects): `own` tags under a block tagged `inherited`."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.playbook.play import Play
+    from ansible.vars.manager import VariableManager
+
+    loader = DataLoader()
+    task = {"debug": {"msg": "x"}}
+    if own:
+        task["tags"] = list(own)
+    block = {"block": [task]}
+    if inherited:
+        block["tags"] = list(inherited)
+    play = Play.load({"name": "p", "hosts": "all", "gather_facts": False, "tasks": [block]},
+                     variable_manager=VariableManager(loader=loader), loader=loader)
+    return play.get_tasks()[0][0]
+
+
+TAGSETS = [[], ["nccl_tuning", "configure"], ["gpufleet_server"], ["always"], ["never"], ["never", "nccl_tuning"]]
+SELECTIONS = [["all"], ["nccl_tuning"], ["gpufleet_server"], ["configure", "gpufleet_server"], ["tagged"], ["untagged"],
+              ["mine"], ["always"], ["never"]]
+SKIPS = [[], ["nccl_tuning"], ["gpufleet_server"], ["all"], ["always"], ["tagged"], ["untagged"], ["mine"], ["all", "always"]]
+
+
+@pytest.mark.parametrize("inherited", [[], ["mine"]])
+@pytest.mark.parametrize("own", TAGSETS)
+def test_tags_select_is_what_ansible_core_does_with_a_task_of_these_tags(own, inherited):
+    # The check's call runs each of its steps only where a task of that step's own tags would have run: the very
+    # rules of ansible-core (Taggable.evaluate_tags on a real task of a real play), for every selection here.
+    task = _real_task(own, inherited)
+    for only in SELECTIONS:
+        for skip in SKIPS:
+            assert _check.tags_select(list(inherited) + list(own), only, skip) is task.evaluate_tags(only, skip, {}), \
+                (own, inherited, only, skip)

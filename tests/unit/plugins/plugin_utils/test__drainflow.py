@@ -10,7 +10,7 @@ import pytest
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.serving.plugins.filter.rotation_steps import FilterModule
-from ansible_collections.gpufleet.serving.plugins.plugin_utils._drainflow import Call, Drain, Return
+from ansible_collections.gpufleet.serving.plugins.plugin_utils._drainflow import Call, Drain, Return, missing
 
 rotation_steps = FilterModule().filters()["rotation_steps"]
 
@@ -47,9 +47,9 @@ def test_the_steps_read_every_balancer_before_any_take_out_and_re_read_only_what
     assert [s["step"] for s in drain_steps([], "gpu1")] == ["record", "wait", "settle"]
 
 
-def run(d, step, p, res, check_mode=False):
+def run(d, step, p, res):
     """The step's module call, then what the step makes of the module's result (.took)."""
-    call = d.call(step, p, check_mode)
+    call = d.call(step, p)
     assert isinstance(call, Call), call
     return Ran(call, d.took(step, res))
 
@@ -76,7 +76,7 @@ def test_a_drain_records_what_the_plan_found_then_takes_out_with_that_record_and
     assert call.args["on_timeout"] == "fail" and call.args["alive_url"] is None and not res["failed"]
     call = run(d, "recheck", p, {"changed": False, "back_in_rotation": []}).call
     assert call.args["state"] == "read" and call.args["report"] == "rotation"
-    assert d.call("settle", p, False) == dict(changed=False, inflight_left=0.0, back_in_rotation=[], outcome="drained")
+    assert d.call("settle", p) == dict(changed=False, inflight_left=0.0, back_in_rotation=[], outcome="drained")
 
 
 def test_a_plan_that_fails_touches_nothing_after_it():
@@ -84,15 +84,15 @@ def test_a_plan_that_fails_touches_nothing_after_it():
     res = run(d, "plan", p, {"failed": True, "msg": "lb: no server gpu1 in backend web"}).res
     assert res["failed"]
     for step in ("plan", "record", "out", "wait", "recheck", "settle"):
-        r = d.call(step, p, False)
+        r = d.call(step, p)
         assert isinstance(r, dict) and r["skipped"], step
 
 
 def test_nothing_to_take_out_writes_no_record_and_the_take_out_reads_the_checks_record():
     d, p = Drain(), params()
     run(d, "plan", p, {"drains": []})
-    assert d.call("record", p, False)["skipped"]
-    call = d.call("out", p, False)
+    assert d.call("record", p)["skipped"]
+    call = d.call("out", p)
     assert call.args["records"] == {"old": {"server": "gpu1"}}
 
 
@@ -101,10 +101,10 @@ def test_a_failed_take_out_still_runs_the_other_machines_take_out_then_stops():
     run(d, "plan", p, {"drains": [{"balancer": "lb"}]})
     run(d, "record", p, {"records": {"lb": {}}})
     run(d, "out", p, {"failed": True, "msg": "socket refused", "rotation": {"out_of": []}})
-    assert isinstance(d.call("out", p, False), Call)
+    assert isinstance(d.call("out", p), Call)
     d.took("out", {"rotation": {"out_of": ["smg"]}})
     for step in ("wait", "recheck", "settle"):
-        assert d.call(step, p, False)["skipped"], step
+        assert d.call(step, p)["skipped"], step
 
 
 def test_requests_still_in_flight_after_the_first_slice_leave_the_rest_to_the_slow_path():
@@ -113,8 +113,8 @@ def test_requests_still_in_flight_after_the_first_slice_leave_the_rest_to_the_sl
     run(d, "out", p, {"rotation": {"out_of": []}})
     res = run(d, "wait", p, {"failed": True, "msg": "2 in flight", "drained": False, "inflight": 2.0}).res
     assert res["failed"] is False and res["note"] == "2 in flight" and "msg" not in res
-    assert d.call("recheck", p, False)["outcome"] == "deferred"
-    assert d.call("settle", p, False)["outcome"] == "deferred"
+    assert d.call("recheck", p)["outcome"] == "deferred"
+    assert d.call("settle", p)["outcome"] == "deferred"
 
 
 def test_unreadable_metrics_fail_the_host_before_its_kill():
@@ -122,12 +122,12 @@ def test_unreadable_metrics_fail_the_host_before_its_kill():
     run(d, "plan", p, {"drains": []})
     run(d, "out", p, {"rotation": {"out_of": []}})
     res = run(d, "wait", p, {"failed": True, "msg": "metrics: connection refused"}).res
-    assert res["failed"] and d.call("settle", p, False)["outcome"] == "aborted"
+    assert res["failed"] and d.call("settle", p)["outcome"] == "aborted"
 
 
 def test_no_metrics_no_wait():
     d, p = Drain(), params(wait={})
-    assert d.call("wait", p, False)["skipped"]
+    assert d.call("wait", p)["skipped"]
 
 
 def test_a_balancer_that_has_the_host_back_drops_those_records_then_fails_the_host():
@@ -139,7 +139,7 @@ def test_a_balancer_that_has_the_host_back_drops_those_records_then_fails_the_ho
     res = run(d, "recheck", p, {"failed": True, "msg": "lb has gpu1 back in rotation", "back_in_rotation": back}).res
     assert res["failed"] is False and res["lost"] is True  # the settle step fails the host, after the clear
     assert res["note"] == "lb has gpu1 back in rotation" and "msg" not in res
-    call = d.call("settle", p, False)
+    call = d.call("settle", p)
     # lb2 is still MAINT in a backend: still gpufleet's drain there, its record stays for the next run.
     assert call.module == "gpufleet.serving.rotation_record" and call.args["balancers"] == ["lb"]
     out = d.took("settle", {"changed": True})
@@ -148,12 +148,12 @@ def test_a_balancer_that_has_the_host_back_drops_those_records_then_fails_the_ho
 
 
 def test_check_mode_runs_the_plan_only():
-    d, p = Drain(), params()
-    call = d.call("plan", p, True)
+    d, p = Drain(check_mode=True), params()
+    call = d.call("plan", p)
     assert isinstance(call, Call) and call.check_mode is True
     assert d.took("plan", {"changed": True, "drains": [{"balancer": "lb"}]})["changed"] is True
     for step in ("record", "out", "wait", "recheck", "settle"):
-        r = d.call(step, p, True)
+        r = d.call(step, p)
         assert r["skipped"] and r["outcome"] == "check_mode", step
 
 
@@ -164,9 +164,10 @@ def test_an_unknown_flow_is_an_error():
 
 def test_an_unknown_step_is_an_error_and_a_step_without_state_fails_closed():
     with pytest.raises(ValueError):
-        Drain().call("nap", params(), False)
-    r = Drain.missing("out")
-    assert r["failed"] and "nothing was touched" in r["msg"]
+        Drain().call("nap", params())
+    r = missing("out")
+    assert r["failed"] and "nothing was touched" in r["msg"] and r["msg"].startswith("drain step out ran without")
+    assert missing("clear")["msg"].startswith("return to service step clear ran without")
 
 
 def rparams(**over):
@@ -181,12 +182,12 @@ def test_the_return_puts_back_on_each_machine_then_clears_the_record_but_what_a_
     assert [(s["step"], s["where"]) for s in return_steps(ENTRIES, "gpu1")] == [
         ("back", "lb1"), ("back", "localhost"), ("back", "hooks"), ("clear", "gpu1")]
     r, p = Return(), rparams()
-    call = r.call("back", p, False)
+    call = r.call("back", p)
     assert call.module == "gpufleet.serving.balancer" and call.args["state"] == "in" and call.check_mode is None
     assert call.args["found"] == {"lb": "UP"} and call.args["left_as_found"] == {"smg": "MAINT"}
     assert call.args["records"] == {"lb": {"server": "gpu1"}} and call.args["up_timeout"] == 30.0
     r.took("back", {"changed": True, "rotation": {"back_in": ["lb"], "records_kept": ["smg"]}})
-    call = r.call("clear", p, False)
+    call = r.call("clear", p)
     assert call.args == dict(path=p["record"]["path"], action="clear", balancers=["lb", "old-lb"])
 
 
@@ -194,5 +195,5 @@ def test_a_put_back_that_fails_leaves_the_record_and_check_mode_touches_nothing(
     r, p = Return(), rparams()
     r.took("back", {"failed": True, "msg": "lb: not UP after 30s"})
     r.took("back", {"changed": True, "rotation": {"back_in": ["smg"]}})
-    assert r.call("clear", p, False)["skipped"]
-    assert Return().call("back", p, True)["skipped"] and Return().call("clear", p, True)["skipped"]
+    assert r.call("clear", p)["skipped"]
+    assert Return(check_mode=True).call("back", p)["skipped"] and Return(check_mode=True).call("clear", p)["skipped"]
