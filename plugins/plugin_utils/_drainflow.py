@@ -63,6 +63,18 @@ def skipped(why: str, **extra: t.Any) -> Result:
     return dict(extra, skipped=True, changed=False, skip_reason=why)
 
 
+_SAID = ("nothing was killed", "nothing killed", "nothing was touched", "nothing was taken out")
+
+
+def before_kill(res: Result, what: str = "nothing was killed") -> Result:
+    """A failed drain step's message says what its failure left: every drain step comes before the kill, and a user
+    reading "the router answered HTTP 500" must not have to guess whether the server was stopped (helper-41, low)."""
+    msg = str(res.get("msg") or "")
+    if res.get("failed") and not any(s in msg for s in _SAID):
+        res["msg"] = "%s; %s" % (msg.rstrip("; .") or "failed", what)
+    return res
+
+
 def missing(step: str) -> Result:
     """An item that finds no state of the items before it (a step of the drain or of the return) touches nothing."""
     return dict(failed=True, changed=False, msg=(
@@ -145,26 +157,26 @@ class Drain:
         if step == "plan":
             if failed:
                 self.aborted = "a balancer could not be read before the take-out: nothing was touched"
-            else:
-                self.drains.extend(res.get("drains") or [])
-                # A read: changed only as --check's prediction of the take-out (which check mode skips).
-                res["changed"] = bool(self.check_mode and res.get("changed"))
+                return before_kill(res, "nothing was touched")
+            self.drains.extend(res.get("drains") or [])
+            # A read: changed only as --check's prediction of the take-out (which check mode skips).
+            res["changed"] = bool(self.check_mode and res.get("changed"))
             return res
         if step == "record":
             if failed:
                 self.aborted = "the drain record could not be written: nothing was taken out"
-            else:
-                self.records = dict(res.get("records") or {})
+                return before_kill(res, "nothing was taken out, nothing was killed")
+            self.records = dict(res.get("records") or {})
             return res
         if step == "out":
             self.out_failed = self.out_failed or failed
-            return res
+            return before_kill(res)
         if step == "wait":
             # A slice that ends with requests in flight (its result has the count) is not a failure yet; an unreadable
             # metrics URL is, at once.
             if failed and "inflight" not in res:
                 self.aborted = "the requests in flight could not be read: nothing was killed"
-                return res
+                return before_kill(res)
             # Not a failure of the item either (ansible shows a result's msg beside `failed` as an error): its words
             # stay, as a note.
             res["failed"] = False

@@ -10,7 +10,7 @@ import pytest
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.serving.plugins.filter.rotation_steps import FilterModule
-from ansible_collections.gpufleet.serving.plugins.plugin_utils._drainflow import Call, Drain, Return, missing
+from ansible_collections.gpufleet.serving.plugins.plugin_utils._drainflow import Call, Drain, Return, before_kill, missing
 
 rotation_steps = FilterModule().filters()["rotation_steps"]
 
@@ -197,3 +197,19 @@ def test_a_put_back_that_fails_leaves_the_record_and_check_mode_touches_nothing(
     r.took("back", {"changed": True, "rotation": {"back_in": ["smg"]}})
     assert r.call("clear", p)["skipped"]
     assert Return(check_mode=True).call("back", p)["skipped"] and Return(check_mode=True).call("clear", p)["skipped"]
+
+
+def test_a_failed_drain_step_says_nothing_was_killed_once():
+    # Every drain step comes before the kill: a failure's own words ("answered HTTP 500") say so too, once.
+    d, p = Drain(), params()
+    run(d, "plan", p, {"changed": True, "drains": [{"balancer": "lb"}]})
+    run(d, "record", p, {"changed": True, "records": {"lb": {}}})
+    out = run(d, "out", p, {"failed": True, "msg": "lb-api: the remove request DELETE /members/gpu1 answered HTTP 500"}).res
+    assert out["msg"] == "lb-api: the remove request DELETE /members/gpu1 answered HTTP 500; nothing was killed"
+    said = before_kill({"failed": True, "msg": "x refused: the metrics URL is wrong; nothing was killed"})
+    assert said["msg"].count("nothing was killed") == 1
+    assert before_kill({"changed": True, "msg": "ok"})["msg"] == "ok"
+    plan = Drain().took("plan", {"failed": True, "msg": "lb: socket /x: No such file or directory"})
+    assert plan["msg"].endswith("; nothing was touched")
+    waited = Drain().took("wait", {"failed": True, "msg": "http://h/metrics answered HTTP 404; the metrics could not be read"})
+    assert waited["msg"].endswith("could not be read; nothing was killed")
