@@ -500,6 +500,39 @@ def test_a_put_back_that_fails_on_one_balancer_takes_the_host_out_of_the_others_
     assert left is None or not {"haproxy", "router"} & set(left[1]), left
 
 
+def test_a_put_back_waits_for_a_passed_check_not_the_up_a_server_leaves_maint_with(df):
+    """helper-41: HAProxy shows a server that leaves MAINT as "UP 1/2" before any check, also one it cannot reach, and
+    the put-back took that for UP. With HAProxy's checks of host2 refused (iptables in host2's namespace; the server
+    itself answers on 127.0.0.1), the put-back waits for a passed check, none comes, and the host is taken out again
+    and fails, its drain record kept; once the checks pass again, the next run puts it back."""
+    block = "iptables -%s INPUT -p tcp --dport 30000 ! -s 127.0.0.1 -j REJECT --reject-with tcp-reset"
+    entries = [df.balancers()[0]]
+    df.fleet.ssh("host2", block % "I", check=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not df.haproxy_states().get("host2", "").startswith("DOWN"):
+            assert time.monotonic() < deadline, df.haproxy_states()
+            time.sleep(0.2)
+        r = df.playbook("rollout", "--limit", "host2",
+                        extra_vars={"gpufleet_server_force_restart": True, "gpufleet_rollout_min_in_service": 0},
+                        vars_override=dict(df.server_vars(), gpufleet_server_balancers=entries,
+                                           gpufleet_server_balancer_up_timeout=6))
+        assert r.rc != 0
+        h = r.summary["host2"]
+        assert h["status"] == "failed" and "could not be put back into rotation after its verified restart" in h["failure"], h
+        assert "not UP, after 6s" in " ".join(h["failure"].split()), h
+        assert h["restarted"] is True and h["out_of_rotation"] == ["haproxy"], h
+        assert df.haproxy_states()["host2"] == "MAINT", df.haproxy_states()
+        assert df.drain_record("host2")[1]["haproxy"]["found"] == "DOWN", df.drain_record("host2")
+    finally:
+        df.fleet.ssh("host2", block % "D")
+    b = df.playbook("rollout", "--limit", "host2", extra_vars={"gpufleet_rollout_min_in_service": 0},
+                    vars_override=dict(df.server_vars(), gpufleet_server_balancers=entries))
+    assert b.rc == 0 and b.summary["host2"]["out_of_rotation"] == [], b.tail()
+    _wait_in_rotation(df, "host2")
+    assert df.drain_record("host2") is None or "haproxy" not in df.drain_record("host2")[1]
+
+
 def test_a_wrong_metrics_url_fails_the_host_before_its_kill(df):
     """The metrics URL refuses the connection while the server answers on its health URL: not a stopped server with
     nothing in flight, a wrong URL. The host fails before its kill (same processes) and stays out."""
