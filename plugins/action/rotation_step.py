@@ -15,11 +15,11 @@ import typing as t
 from ansible.plugins.action import ActionBase
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _drainflow
 
-Flow = t.Union[_drainflow.Drain, _drainflow.Return]
+Flow = t.Union[_drainflow.Drain, _drainflow.Slow, _drainflow.Return]
 
 # The module's documented options (plugins/modules/rotation_step.py).
 ARGUMENT_SPEC = dict(
-    step=dict(type="str", required=True, choices=list(_drainflow.STEPS + _drainflow.RETURN_STEPS)),
+    step=dict(type="str", required=True, choices=list(_drainflow.STEPS + _drainflow.SLOW_STEPS + _drainflow.RETURN_STEPS)),
     index=dict(type="int", required=True),
     balancers=dict(type="list", elements="dict", default=[]),
     server=dict(type="str", default=""),
@@ -29,11 +29,12 @@ ARGUMENT_SPEC = dict(
     record=dict(type="dict", default={}),
     wait=dict(type="dict", default={}),
     rotation=dict(type="dict", default={}),
+    first=dict(type="dict", default={}),
     up_timeout=dict(type="float", default=120),
 )
 
 # The arguments the first item carries for every item of its loop (see run()).
-ONCE = ("records", "rotation")
+ONCE = ("records", "rotation", "first")
 
 # The drain (or return) of each host in this worker process, by task and host: the items of one loop run one after
 # another in the one process ansible-core forked for the host's task, the first item (index 0) starting it afresh.
@@ -61,6 +62,7 @@ class ActionModule(ActionBase):
         args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)[1]
         step = str(args["step"])
         kinds = {s: _drainflow.Drain for s in _drainflow.STEPS}
+        kinds.update({s: _drainflow.Slow for s in _drainflow.SLOW_STEPS})
         kinds.update({s: _drainflow.Return for s in _drainflow.RETURN_STEPS})
         key = (str(self._task._uuid), str(task_vars.get("inventory_hostname")))
         if int(args.get("index") or 0) == 0:
@@ -74,7 +76,7 @@ class ActionModule(ActionBase):
         args.update(flow.once)
         todo = flow.call(step, args)
         out = flow.took(step, self._call(todo, task_vars)) if isinstance(todo, _drainflow.Call) else todo
-        if step in ("settle", "clear"):  # the last step
+        if step in ("settle", "verdict", "clear"):  # the last step
             _FLOWS.pop(key, None)
         result.update(out)
         result["step"] = step

@@ -15,6 +15,9 @@ description:
     V(record) on the host, V(out) on each balancer machine, V(wait) on the host, V(recheck) on each machine of an entry
     that can be read (not C(http)), then V(settle) on the host.
   - The return to service (O(flow=return)) is V(back) on each balancer machine, then V(clear) on the host.
+  - The drain's slow path (O(flow=slow)) is rounds of V(reread) on each machine of an entry that can be read and
+    V(slice) on the host, as many as O(timeout) leaves slices of O(slice) seconds after the first, then V(final) on each
+    of those machines and V(verdict) on the host.
 options:
   _input:
     description: The entries, as P(gpufleet.serving.balancer_entries#filter) returns them.
@@ -28,14 +31,28 @@ options:
   flow:
     description: Which loop.
     type: str
-    choices: [drain, return]
+    choices: [drain, return, slow]
     default: drain
+  timeout:
+    description: With O(flow=slow), the drain timeout in seconds (C(gpufleet_server_drain_timeout)).
+    type: float
+    default: 0
+  slice:
+    description: With O(flow=slow), the seconds of one slice of the wait.
+    type: float
+    default: 10
 """
 
 EXAMPLES = r"""
 - name: The drain's steps
   ansible.builtin.debug:
     msg: "{{ gpufleet_server_balancers | gpufleet.serving.balancer_entries | gpufleet.serving.rotation_steps(inventory_hostname) }}"
+
+- name: The drain's slow path's steps, when requests are still in flight after its first slice
+  ansible.builtin.debug:
+    msg: >-
+      {{ gpufleet_server_balancers | gpufleet.serving.balancer_entries
+         | gpufleet.serving.rotation_steps(inventory_hostname, flow='slow', timeout=300, slice=10) }}
 
 - name: The return's steps
   ansible.builtin.debug:
@@ -52,14 +69,17 @@ _value:
 """
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpufleet.serving.plugins.plugin_utils._drainflow import return_steps, steps
+from ansible_collections.gpufleet.serving.plugins.plugin_utils._drainflow import return_steps, slow_steps, steps
 
 
-def rotation_steps(entries, host, flow="drain"):
-    if flow not in ("drain", "return"):
-        raise AnsibleFilterError("rotation_steps: flow must be drain or return, not %r" % (flow,))
+def rotation_steps(entries, host, flow="drain", timeout=0, slice=10):  # pylint: disable=redefined-builtin  # the option's name
+    if flow not in ("drain", "return", "slow"):
+        raise AnsibleFilterError("rotation_steps: flow must be drain, return or slow, not %r" % (flow,))
+    entries = [e for e in entries or [] if isinstance(e, dict)]
+    if flow == "slow":
+        return slow_steps(entries, str(host), float(timeout), float(slice))
     which = steps if flow == "drain" else return_steps
-    return which([e for e in entries or [] if isinstance(e, dict)], str(host))
+    return which(entries, str(host))
 
 
 class FilterModule:

@@ -32,14 +32,10 @@ options:
   drain:
     description: The drain's registered loop result (M(gpufleet.serving.rotation_step)'s steps).
     type: dict
-  lost:
-    description: The re-read between two in-flight slices that failed the host (the drain's slow path).
-    type: dict
-  recheck:
-    description: The slow path's re-read right before the kill (the host counts as drained once it ran).
-    type: dict
-  inflight:
-    description: The slow path's last in-flight slice.
+  slow:
+    description:
+      - The drain's slow path's registered loop result (its V(verdict) step, when the first slice ended with requests
+        in flight), which says drained, past the timeout under V(proceed), or a balancer has the host back in rotation.
     type: dict
   back:
     description: The put-back calls' registered loop result.
@@ -64,10 +60,8 @@ _value:
 from ansible_collections.gpufleet.serving.plugins.plugin_utils._flow import rotation
 
 
-def server_rotation(start, names, check_mode, drain=None, lost=None, recheck=None, inflight=None, back=None,
-                    retake=None):
-    return rotation(start, names or [], bool(check_mode), drain=drain, lost=lost, recheck=recheck, inflight=inflight,
-                    back=back, retake=retake)
+def server_rotation(start, names, check_mode, drain=None, slow=None, back=None, retake=None):
+    return rotation(start, names or [], bool(check_mode), drain=drain, slow=slow, back=back, retake=retake)
 
 
 class FilterModule:

@@ -25,7 +25,15 @@ description:
     backend and fails the host, nothing killed.
   - A step fails the host as the module it calls did; the steps after a failed one do nothing (an V(out) step still
     runs on every machine, so what each took out is known). With requests still in flight after the first slice,
-    V(recheck) and V(settle) leave the rest to the role (its slow path re-reads the balancers between slices).
+    V(recheck) and V(settle) leave the rest to the slow path, a loop of its own.
+  - The slow path's steps (the role runs them only when the drain's first slice ended with requests in flight) are
+    rounds of V(reread) (the balancers read again, on each machine of an entry that can be read) and V(slice) (the
+    next slice of the wait, on the host) until no request is in flight or the drain timeout (from the start of the
+    first slice, O(first)) has passed, then V(final) (the read right before the kill) and V(verdict) (on the host).
+    A balancer that has the host back in rotation, or cannot be read, ends the rounds; V(verdict) then drops the
+    records of the entries back in every backend and fails the host, nothing killed. Requests still in flight at the
+    timeout fail the host, nothing killed, unless O(wait)'s C(on_timeout) is V(proceed) (said as a warning). The
+    rounds a drained or failed host no longer needs return at once.
   - The return's steps are V(back) on each balancer machine (M(gpufleet.serving.balancer) with
     O(gpufleet.serving.balancer#module:state=in), each entry back to the state it was found in, and UP), then V(clear)
     on the host (the drain record cleared, a renamed entry's old name included, except the records of other servers the
@@ -51,7 +59,7 @@ options:
     description: The step this item runs.
     type: str
     required: true
-    choices: [plan, record, out, wait, recheck, settle, back, clear]
+    choices: [plan, record, out, wait, recheck, settle, reread, slice, final, verdict, back, clear]
   index:
     description: The item's place in the loop; V(0) starts a new drain.
     type: int
@@ -86,6 +94,7 @@ options:
     description:
       - The in-flight wait (C(url), C(metrics), C(timeout), C(slice), C(interval), C(alive_url)), as
         M(gpufleet.serving.inflight_wait) takes them; the first slice waits at most C(slice) seconds.
+      - For the slow path also C(on_timeout) (V(fail) or V(proceed), C(gpufleet_server_drain_on_timeout)).
       - Empty, no wait.
     type: dict
     default: {}
@@ -96,6 +105,13 @@ options:
         an operator had set them) and C(renamed) (old names of entries renamed since the drain, whose records V(clear)
         clears too).
       - Read from the loop's first item (O(index=0)), as O(records) is; the later items may leave both out.
+    type: dict
+    default: {}
+  first:
+    description:
+      - The slow path's start, the drain's first slice (its V(wait) step's result, C(waited_s), C(inflight),
+        C(gauges)). The drain timeout counts from its start.
+      - Read from the loop's first item, as O(records) is.
     type: dict
     default: {}
   up_timeout:

@@ -23,7 +23,9 @@ role's YAML did with `when`, `register` and Jinja) is here, and unit-tested (tes
 
 from __future__ import annotations
 
+import math
 import re
+import time
 import typing as t
 
 Result = t.Dict[str, t.Any]
@@ -92,7 +94,7 @@ class Drain:
         self.drains: t.List[t.Any] = []  # what the plan would take out (the drain record's entries)
         self.records: t.Optional[t.Dict[str, t.Any]] = None  # the drain record after the add
         self.out_failed = False
-        self.deferred = False  # requests still in flight after the first slice: the slow path (drain_slow.yml)
+        self.deferred = False  # requests still in flight after the first slice: the slow path (its own loop, Slow)
         self.inflight: t.Any = None
         self.lost: t.List[t.Mapping[str, t.Any]] = []  # entries a re-read found back in rotation
         self.lost_msgs: t.List[str] = []
@@ -212,6 +214,142 @@ class Drain:
         if self.lost_msgs:
             return dict(out, failed=True, outcome="lost", msg="; ".join(self.lost_msgs))
         return dict(out, outcome="drained")
+
+
+SLOW_STEPS = ("reread", "slice", "final", "verdict")
+
+
+def slow_steps(entries: t.Sequence[t.Mapping[str, t.Any]], host: str, timeout: float, slice_s: float) -> t.List[t.Dict[str, str]]:
+    """The slow path's items, when the drain's first slice ended with requests still in flight: rounds of a re-read of
+    every balancer that can be read (on its machine) and the next slice of the wait (on the host), as many as the
+    drain timeout leaves slices for, then the read right before the kill (balancers) and the verdict (host). A loop's
+    items are fixed when it starts: the rounds a drained host (or a failed one) no longer needs return at once."""
+    readable = _unique(str(e["delegate_to"]) for e in entries if e.get("type") != "http")
+    rounds = max(1, int(math.ceil(max(float(timeout) - float(slice_s), 0.0) / max(float(slice_s), 0.001))))
+    one = [dict(step="reread", where=m) for m in readable] + [dict(step="slice", where=host)]
+    return one * rounds + [dict(step="final", where=m) for m in readable] + [dict(step="verdict", where=host)]
+
+
+class Slow:
+    """The drain's slow path (drain.yml's second task): its first slice (the drain's `wait`) ended with requests still
+    in flight. The balancers are read again between slices, so one that put the server back in rotation meanwhile (an
+    HAProxy reload without its server-state-file forgets MAINT) fails the host at once, nothing killed, instead of after
+    the whole drain timeout with the server serving all along. Past the deadline (gpufleet_server_drain_timeout from
+    the start of the wait) with requests still in flight, gpufleet_server_drain_on_timeout says whether the host fails
+    or the restart goes on. Then the read right before the kill, as the drain's own, and the verdict: the records of
+    the entries back in rotation go (helper-35), and the host fails with each read's words."""
+
+    def __init__(self, once: t.Optional[t.Mapping[str, t.Any]] = None, check_mode: bool = False,
+                 clock: t.Callable[[], float] = time.monotonic) -> None:
+        self.once = dict(once or {})
+        self.check_mode = check_mode
+        self.clock = clock
+        first = self.once.get("first") or {}
+        self.first_waited = float(first.get("waited_s") or 0.0)
+        self.inflight: t.Any = first.get("inflight")
+        self.gauges: t.Dict[str, t.Any] = dict(first.get("gauges") or {})
+        self.deadline: t.Optional[float] = None
+        self.drained = False
+        self.aborted = ""
+        self.lost: t.List[t.Mapping[str, t.Any]] = []
+        self.lost_msgs: t.List[str] = []
+
+    def _left(self, w: t.Mapping[str, t.Any]) -> float:
+        if self.deadline is None:  # the deadline counts from the start of the first slice
+            self.deadline = self.clock() + float(w["timeout"]) - self.first_waited
+        return self.deadline - self.clock()
+
+    def _done(self, w: t.Mapping[str, t.Any]) -> t.Optional[str]:
+        if self.aborted:
+            return self.aborted
+        if self.drained:
+            return "no request in flight any more"
+        if self._left(w) <= 0:
+            return "the drain timeout has passed"
+        return None
+
+    def call(self, step: str, p: t.Mapping[str, t.Any]) -> t.Union[Call, Result]:
+        w = p.get("wait") or {}
+        if self.check_mode or not w:
+            return skipped("check mode: nothing is waited for" if self.check_mode else "no in-flight metrics to wait on")
+        if step in ("reread", "final"):
+            why = self.aborted if step == "final" else self._done(w)
+            if why:
+                return skipped(why)
+            if step == "final" and not self.drained and w.get("on_timeout") != "proceed":
+                return skipped("requests still in flight at the drain timeout")
+            if not p["balancers"]:
+                return skipped("no balancer to read on this machine")
+            return Call("gpufleet.serving.balancer", dict(balancers=list(p["balancers"]), server=p["server"],
+                                                          worker_url=p["worker_url"], state="read", report="rotation"))
+        if step == "slice":
+            why = self._done(w)
+            if why:
+                return skipped(why)
+            return Call("gpufleet.serving.inflight_wait", dict(
+                url=w["url"], metrics=list(w["metrics"]), timeout=max(min(self._left(w), float(w["slice"])), 0.001),
+                interval=w["interval"], on_timeout="fail", alive_url=w.get("alive_url") or None))
+        if step == "verdict":
+            whole = _unique(str(b.get("name")) for b in self.lost if not _STILL_OUT.search(str(b.get("found") or "")))
+            if whole:
+                return Call("gpufleet.serving.rotation_record",
+                            dict(path=p["record"]["path"], action="clear", balancers=whole))
+            return self.verdict({}, w)
+        raise ValueError("unknown slow drain step %r (one of %s)" % (step, ", ".join(SLOW_STEPS)))
+
+    def took(self, step: str, res: Result) -> Result:
+        res = {k: v for k, v in res.items() if k != "invocation"}
+        failed = bool(res.get("failed"))
+        if step in ("reread", "final"):
+            back = [b for b in res.get("back_in_rotation") or [] if isinstance(b, t.Mapping)]
+            if failed or back:
+                self.lost.extend(back)
+                self.lost_msgs.append(str(res.get("msg") or "a balancer has the host back in rotation"))
+                self.aborted = "a balancer has the host back in rotation (or cannot be read): nothing was killed"
+                # The host fails at the verdict, after the records of those entries go, with these words.
+                res["failed"] = False
+                res["lost"] = True
+                res["note"] = res.pop("msg", "")
+                res.pop("exception", None)
+            return res
+        if step == "slice":
+            if failed and "inflight" not in res:
+                self.aborted = "the requests in flight could not be read: nothing was killed"
+                return before_kill(res)
+            # Requests still in flight after a slice are not a failure yet: the next round reads the balancers again.
+            res["failed"] = False
+            if "msg" in res:
+                res["note"] = res.pop("msg")
+            res.pop("exception", None)
+            self.inflight = res.get("inflight")
+            self.gauges = dict(res.get("gauges") or {})
+            self.drained = bool(res.get("drained", True))
+            return res
+        if step == "verdict":
+            return self.verdict(res, {})
+        raise ValueError("unknown slow drain step %r" % step)
+
+    def verdict(self, cleared: Result, w: t.Mapping[str, t.Any]) -> Result:
+        """The slow path's outcome: drained; lost (a balancer has the host back in rotation, or cannot be read: the
+        host fails, nothing killed); timeout (requests still in flight at the deadline: the host fails, nothing killed,
+        unless gpufleet_server_drain_on_timeout is proceed, said as a warning); aborted (the metrics could not be
+        read: that slice already failed the host)."""
+        out: Result = dict(changed=bool(cleared.get("changed")), inflight_left=self.inflight,
+                           back_in_rotation=list(self.lost))
+        if self.lost_msgs or cleared.get("failed"):
+            msgs = self.lost_msgs + ([str(cleared.get("msg"))] if cleared.get("failed") else [])
+            return dict(out, failed=True, outcome="lost", msg=before_kill(dict(failed=True, msg="; ".join(msgs)))["msg"])
+        if self.aborted:
+            return skipped(self.aborted, outcome="aborted", inflight_left=self.inflight)
+        if self.drained:
+            return dict(out, outcome="drained")
+        timeout = float((w or self.once.get("wait") or {}).get("timeout") or 0)
+        said = "%g request(s) still in flight after %gs (%s)" % (
+            float(self.inflight or 0), timeout, ", ".join("%s=%g" % (k, float(v)) for k, v in sorted(self.gauges.items())))
+        if (w or {}).get("on_timeout") == "proceed":
+            return dict(out, outcome="proceed",
+                        warnings=[said + "; going on (gpufleet_server_drain_on_timeout: proceed)"])
+        return dict(out, failed=True, outcome="timeout", msg=said + "; nothing was killed")
 
 
 RETURN_STEPS = ("back", "clear")

@@ -63,14 +63,10 @@ def _flat(results: t.Iterable[t.Mapping[str, t.Any]], key: str) -> t.List[t.Any]
 
 def _whole(back: t.Iterable[t.Any]) -> t.List[str]:
     """The entries back in rotation in every backend: one still MAINT or DRAIN in a backend ("web=UP api=MAINT") is
-    still out there, gpufleet's drain, as the drain record keeps it (drain_lost.yml, helper-41)."""
+    still out there, gpufleet's drain, as the drain record keeps it (the drain's settle and the slow path's verdict,
+    helper-41)."""
     return [str(b.get("name")) for b in back
             if isinstance(b, t.Mapping) and not _STILL_OUT.search(str(b.get("found") or ""))]
-
-
-def _back_names(reg: t.Any) -> t.List[str]:
-    """The entries a read found back in rotation (an HAProxy reload without its state file forgets MAINT)."""
-    return _whole(_flat(_items(reg), "back_in_rotation"))
 
 
 def _step(drain: t.Any, step: str) -> t.List[t.Mapping[str, t.Any]]:
@@ -78,8 +74,8 @@ def _step(drain: t.Any, step: str) -> t.List[t.Mapping[str, t.Any]]:
     return [r for r in _items(drain) if r.get("step") == step]
 
 
-def rotation(start: t.Any, names: t.Sequence[str], check_mode: bool, drain: t.Any = None, lost: t.Any = None,
-             recheck: t.Any = None, inflight: t.Any = None, back: t.Any = None, retake: t.Any = None) -> Result:
+def rotation(start: t.Any, names: t.Sequence[str], check_mode: bool, drain: t.Any = None, slow: t.Any = None,
+             back: t.Any = None, retake: t.Any = None) -> Result:
     """The host's rotation after the drain's and the return's steps that have run, in their order.
 
     start: the check's decision (or the stop's): in rotation, nothing drained yet; or the entries a host an earlier
@@ -87,9 +83,10 @@ def rotation(start: t.Any, names: t.Sequence[str], check_mode: bool, drain: t.An
     drain: the drain's loop (drain.yml, the rotation_step action): what each take-out call took out (also when another
       call failed: what it took out stays out and is listed), and its outcome (settle: drained, or a balancer has the
       host back in rotation; check mode drains nothing; deferred to the slow path while requests are in flight).
-    The slow path (drain_slow.yml): lost, the re-read between two in-flight slices that failed the host; recheck, the
-      re-read right before the kill; inflight, its last slice. back: the put-back (what each call put back, also one
-      that failed after); retake: the best-effort take-out after a failed put-back (what each call took out)."""
+    slow: the drain's slow path (its loop, when the first slice ended with requests in flight): its verdict, as the
+      drain's settle (drained, proceed past the timeout, or a balancer has the host back in rotation; the timeout or
+      an unreadable metrics URL fail the host with the host still out). back: the put-back (what each call put back,
+      also one that failed after); retake: the best-effort take-out after a failed put-back (what each call took out)."""
     if not isinstance(start, t.Mapping) or not start:
         return {}
     rot: Result = copy.deepcopy(dict(start))
@@ -105,16 +102,13 @@ def rotation(start: t.Any, names: t.Sequence[str], check_mode: bool, drain: t.An
         for r in outs:
             rot = _merge(rot, r)
         rot["out_of"] = ordered(rot.get("out_of") or [])
-    gone = _back_names(lost)
-    if gone:
-        rot["out_of"] = [n for n in rot.get("out_of") or [] if n not in gone]
     settle = (_step(drain, "settle") or [{}])[0]
-    if isinstance(recheck, t.Mapping) and recheck:  # the slow path's last read
-        again = _back_names(recheck)
-        rot["drained"] = not check_mode
-        rot["out_of"] = [n for n in rot.get("out_of") or [] if n not in again]
-        rot["inflight_left"] = inflight.get("inflight") if _ran(inflight) and "inflight" in inflight else None
-    elif settle.get("outcome") in ("drained", "lost", "check_mode"):
+    verdict = (_step(slow, "verdict") or [{}])[0]
+    if verdict.get("outcome") in ("drained", "lost", "proceed", "timeout"):
+        settle = verdict  # the slow path's, the last read before the kill
+    # (Past the timeout with requests in flight, under gpufleet_server_drain_on_timeout fail, the host was not drained:
+    # it fails, still out.)
+    if settle.get("outcome") in ("drained", "lost", "check_mode", "proceed"):
         again = _whole(settle.get("back_in_rotation") or [])
         rot["drained"] = not check_mode
         rot["out_of"] = [n for n in rot.get("out_of") or [] if n not in again]

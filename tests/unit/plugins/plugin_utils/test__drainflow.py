@@ -10,7 +10,7 @@ import pytest
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.serving.plugins.filter.rotation_steps import FilterModule
-from ansible_collections.gpufleet.serving.plugins.plugin_utils._drainflow import Call, Drain, Return, before_kill, missing
+from ansible_collections.gpufleet.serving.plugins.plugin_utils._drainflow import Call, Drain, Return, Slow, before_kill, missing
 
 rotation_steps = FilterModule().filters()["rotation_steps"]
 
@@ -158,7 +158,7 @@ def test_check_mode_runs_the_plan_only():
 
 
 def test_an_unknown_flow_is_an_error():
-    with pytest.raises(AnsibleFilterError, match="flow must be drain or return"):
+    with pytest.raises(AnsibleFilterError, match="flow must be drain, return or slow"):
         rotation_steps(ENTRIES, "gpu1", flow="stop")
 
 
@@ -213,3 +213,96 @@ def test_a_failed_drain_step_says_nothing_was_killed_once():
     assert plan["msg"].endswith("; nothing was touched")
     waited = Drain().took("wait", {"failed": True, "msg": "http://h/metrics answered HTTP 404; the metrics could not be read"})
     assert waited["msg"].endswith("could not be read; nothing was killed")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def slow(clock, first=None, **wait):
+    w = dict(dict(WAIT, on_timeout="fail"), **wait)
+    return Slow({"first": first if first is not None else {"waited_s": 10.0, "inflight": 3.0,
+                                                           "gauges": {"sglang:num_running_reqs": 3.0}}},
+                clock=clock), params(wait=w)
+
+
+def test_the_slow_path_rounds_fit_the_timeout_and_end_with_the_read_before_the_kill():
+    got = [(s["step"], s["where"]) for s in rotation_steps(ENTRIES, "gpu1", flow="slow", timeout=30, slice=10)]
+    one = [("reread", "lb1"), ("reread", "localhost"), ("slice", "gpu1")]
+    assert got == one * 2 + [("final", "lb1"), ("final", "localhost"), ("verdict", "gpu1")]
+    assert len(rotation_steps(ENTRIES, "gpu1", flow="slow", timeout=5, slice=10)) == 3 + 3  # at least one round
+
+
+def test_the_slow_path_waits_in_slices_until_drained_then_reads_once_more_and_is_drained():
+    clock = Clock()
+    s, p = slow(clock)
+    call = s.call("reread", p)
+    assert call.module == "gpufleet.serving.balancer" and call.args["state"] == "read"
+    s.took("reread", {"changed": False, "back_in_rotation": []})
+    call = s.call("slice", p)
+    # The deadline counts from the first slice's start: 300 s less the 10 it waited; a slice is at most 10 s.
+    assert call.module == "gpufleet.serving.inflight_wait" and call.args["timeout"] == 10
+    r = s.took("slice", {"failed": True, "msg": "1 request(s) still in flight after 10s", "inflight": 1.0, "drained": False})
+    assert r["failed"] is False and r["note"].startswith("1 request")
+    clock.now += 10
+    s.took("reread", {"changed": False})
+    s.took("slice", {"changed": False, "inflight": 0.0, "drained": True})
+    assert s.call("reread", p)["skipped"] and s.call("slice", p)["skipped"]
+    assert isinstance(s.call("final", p), Call)
+    s.took("final", {"changed": False, "back_in_rotation": []})
+    v = s.call("verdict", p)
+    assert v == dict(changed=False, inflight_left=0.0, back_in_rotation=[], outcome="drained")
+
+
+def test_the_slow_path_past_its_deadline_fails_the_host_or_goes_on_as_asked():
+    for on_timeout in ("fail", "proceed"):
+        clock = Clock()
+        s, p = slow(clock, on_timeout=on_timeout)
+        assert isinstance(s.call("reread", p), Call)  # the loop's first item: the deadline is set from here
+        clock.now += 285  # 5 s of the 300 left (10 went to the first slice)
+        assert s.call("slice", p).args["timeout"] == 5
+        s.took("slice", {"failed": True, "msg": "2 request(s) still in flight", "inflight": 2.0, "drained": False,
+                         "gauges": {"sglang:num_running_reqs": 2.0}})
+        clock.now += 5
+        assert s.call("reread", p)["skip_reason"] == "the drain timeout has passed" and s.call("slice", p)["skipped"]
+        v = s.call("verdict", p)
+        said = "2 request(s) still in flight after 300s (sglang:num_running_reqs=2)"
+        if on_timeout == "fail":
+            assert s.call("final", p)["skipped"]
+            assert v["failed"] and v["outcome"] == "timeout" and v["msg"] == said + "; nothing was killed"
+        else:
+            assert isinstance(s.call("final", p), Call)
+            assert v["outcome"] == "proceed" and not v.get("failed") and v["inflight_left"] == 2.0
+            assert v["warnings"] == [said + "; going on (gpufleet_server_drain_on_timeout: proceed)"]
+
+
+def test_a_balancer_back_in_rotation_between_slices_ends_the_rounds_and_the_verdict_drops_its_record():
+    clock = Clock()
+    s, p = slow(clock)
+    r = s.took("reread", {"failed": True, "msg": "lb: host gpu1 is back in rotation (UP)",
+                          "back_in_rotation": [{"name": "lb", "found": "UP"}, {"name": "lb2", "found": "web=UP api=MAINT"}]})
+    assert r["failed"] is False and r["lost"] is True
+    for step in ("reread", "slice", "final"):
+        assert s.call(step, p)["skipped"], step
+    call = s.call("verdict", p)
+    # Only the entry back in every backend loses its record; one still MAINT in a backend is still gpufleet's drain.
+    assert call.module == "gpufleet.serving.rotation_record" and call.args["balancers"] == ["lb"]
+    v = s.took("verdict", {"changed": True})
+    assert v["failed"] and v["outcome"] == "lost" and v["msg"] == "lb: host gpu1 is back in rotation (UP); nothing was killed"
+    assert [b["name"] for b in v["back_in_rotation"]] == ["lb", "lb2"]
+
+
+def test_unreadable_metrics_end_the_slow_path_at_that_slice_and_check_mode_runs_none_of_it():
+    clock = Clock()
+    s, p = slow(clock)
+    r = s.took("slice", {"failed": True, "msg": "http://127.0.0.1:30000/metrics answered HTTP 500; the metrics could not be read"})
+    assert r["failed"] and r["msg"].endswith("; nothing was killed")
+    assert s.call("final", p)["skipped"] and s.call("verdict", p)["outcome"] == "aborted"
+    c = Slow(check_mode=True)
+    assert all(c.call(step, params())["skipped"] for step in ("reread", "slice", "final", "verdict"))
+    with pytest.raises(ValueError):
+        Slow().call("nap", params())

@@ -55,12 +55,23 @@ def test_the_take_out_calls_merge_in_the_entries_order_and_the_settle_drains():
     assert r["drained"] is True and r["inflight_left"] == 0.0 and r["out_of"] == ["lb", "smg"]
 
 
-def test_a_drain_deferred_to_the_slow_path_is_drained_by_its_last_read_only():
+def slow(verdict):
+    """The slow path's register: a round (skipped), the verdict."""
+    return {"results": [{"step": "reread", "skipped": True}, {"step": "slice", "inflight": 0.0, "drained": True},
+                        dict(verdict, step="verdict")], "changed": False}
+
+
+def test_a_drain_deferred_to_the_slow_path_is_drained_by_its_verdict_only():
     d = drain(*OUTS, settle={"outcome": "deferred", "skipped": True})
     assert rotation(start(), NAMES, False, drain=d)["drained"] is False
-    r = rotation(start(), NAMES, False, drain=d, recheck=loop(key="back_in_rotation"),
-                 inflight={"drained": True, "inflight": 0.0, "waited_s": 3.0})
+    assert rotation(start(), NAMES, False, drain=d, slow=SKIPPED)["drained"] is False
+    r = rotation(start(), NAMES, False, drain=d, slow=slow({"outcome": "drained", "inflight_left": 0.0, "back_in_rotation": []}))
     assert r["drained"] is True and r["inflight_left"] == 0.0 and r["out_of"] == ["lb", "smg"]
+    r = rotation(start(), NAMES, False, drain=d, slow=slow({"outcome": "proceed", "inflight_left": 2.0, "back_in_rotation": []}))
+    assert r["drained"] is True and r["inflight_left"] == 2.0 and r["out_of"] == ["lb", "smg"]
+    # Past the timeout under on_timeout fail: not drained, still out of both (the host fails).
+    r = rotation(start(), NAMES, False, drain=d, slow=slow({"outcome": "timeout", "failed": True, "inflight_left": 2.0}))
+    assert r["drained"] is False and r["out_of"] == ["lb", "smg"]
 
 
 def test_a_failed_take_out_keeps_what_its_other_calls_took_out():
@@ -73,9 +84,9 @@ def test_a_failed_take_out_keeps_what_its_other_calls_took_out():
 
 def test_entries_a_re_read_finds_back_in_rotation_are_no_longer_out_of():
     out = {"out_of": ["lb", "smg"], "found": {"lb": "UP", "smg": "listed"}}
-    back = {"results": [{"back_in_rotation": [{"name": "lb", "found": "UP"}], "msg": "lb put the server back"}]}
-    assert rotation(start(), NAMES, False, drain=drain(out), lost=back)["out_of"] == ["smg"]
-    r = rotation(start(), NAMES, False, drain=drain(out), recheck=back)
+    back = {"outcome": "lost", "failed": True, "back_in_rotation": [{"name": "lb", "found": "UP"}]}
+    d = drain(out, settle={"outcome": "deferred", "skipped": True})
+    r = rotation(start(), NAMES, False, drain=d, slow=slow(back))
     assert r["out_of"] == ["smg"] and r["drained"] is True
     lost = {"outcome": "lost", "failed": True, "back_in_rotation": [{"name": "lb", "found": "UP"}]}
     r = rotation(start(), NAMES, False, drain=drain(out, settle=lost))
@@ -83,8 +94,8 @@ def test_entries_a_re_read_finds_back_in_rotation_are_no_longer_out_of():
     # helper-41: put back by hand in one backend only, still MAINT in the other: still out there (the record keeps it).
     lost = {"outcome": "lost", "failed": True, "back_in_rotation": [{"name": "lb", "found": "web=UP api=MAINT"}]}
     assert rotation(start(), NAMES, False, drain=drain(out, settle=lost))["out_of"] == ["lb", "smg"]
-    back = {"results": [{"back_in_rotation": [{"name": "lb", "found": "web=UP api=MAINT"}]}]}
-    assert rotation(start(), NAMES, False, drain=drain(out), lost=back)["out_of"] == ["lb", "smg"]
+    back = {"outcome": "lost", "failed": True, "back_in_rotation": [{"name": "lb", "found": "web=UP api=MAINT"}]}
+    assert rotation(start(), NAMES, False, drain=d, slow=slow(back))["out_of"] == ["lb", "smg"]
 
 
 def test_check_mode_never_drains_and_its_skipped_steps_add_nothing():
