@@ -77,6 +77,35 @@ def before_kill(res: Result, what: str = "nothing was killed") -> Result:
     return res
 
 
+def _read_lost(res: Result, lost: t.List[t.Mapping[str, t.Any]], msgs: t.List[str]) -> bool:
+    """A read before the kill that found the host back in rotation (an HAProxy reload without its server-state-file
+    forgets MAINT), or could not read: noted for the last step, which drops the records of those entries and fails the
+    host with these words; not a failure of the item itself. Whether it was one."""
+    back = [b for b in res.get("back_in_rotation") or [] if isinstance(b, t.Mapping)]
+    if not (res.get("failed") or back):
+        return False
+    lost.extend(back)
+    msgs.append(str(res.get("msg") or "a balancer has the host back in rotation"))
+    res["failed"] = False
+    res["lost"] = True
+    res["note"] = res.pop("msg", "")
+    res.pop("exception", None)
+    return True
+
+
+def _slice_result(res: Result) -> Result:
+    """A slice of the in-flight wait: one that ends with requests in flight (its result has the count) is not a failure
+    yet, its words kept as a note (ansible shows a result's msg beside `failed` as an error); an unreadable metrics URL
+    is, at once (returned failed, saying nothing was killed)."""
+    if res.get("failed") and "inflight" not in res:
+        return before_kill(res)
+    res["failed"] = False
+    if "msg" in res:
+        res["note"] = res.pop("msg")
+    res.pop("exception", None)
+    return res
+
+
 def missing(step: str) -> Result:
     """An item that finds no state of the items before it (a step of the drain or of the return) touches nothing."""
     return dict(failed=True, changed=False, msg=(
@@ -174,30 +203,15 @@ class Drain:
             self.out_failed = self.out_failed or failed
             return before_kill(res)
         if step == "wait":
-            # A slice that ends with requests in flight (its result has the count) is not a failure yet; an unreadable
-            # metrics URL is, at once.
-            if failed and "inflight" not in res:
+            res = _slice_result(res)
+            if res.get("failed"):
                 self.aborted = "the requests in flight could not be read: nothing was killed"
-                return before_kill(res)
-            # Not a failure of the item either (ansible shows a result's msg beside `failed` as an error): its words
-            # stay, as a note.
-            res["failed"] = False
-            if "msg" in res:
-                res["note"] = res.pop("msg")
-            res.pop("exception", None)
+                return res
             self.inflight = res.get("inflight")
             self.deferred = not res.get("drained", True)
             return res
         if step == "recheck":
-            back = [b for b in res.get("back_in_rotation") or [] if isinstance(b, t.Mapping)]
-            if failed or back:
-                self.lost.extend(back)
-                self.lost_msgs.append(str(res.get("msg") or "a balancer has the host back in rotation"))
-                # The host fails at the settle step, after the records of those entries go, with these words.
-                res["failed"] = False
-                res["lost"] = True
-                res["note"] = res.pop("msg", "")
-                res.pop("exception", None)
+            _read_lost(res, self.lost, self.lost_msgs)  # the host fails at the settle step, after those records go
             return res
         if step == "settle":
             return self.settled(res)
@@ -301,26 +315,15 @@ class Slow:
         res = {k: v for k, v in res.items() if k != "invocation"}
         failed = bool(res.get("failed"))
         if step in ("reread", "final"):
-            back = [b for b in res.get("back_in_rotation") or [] if isinstance(b, t.Mapping)]
-            if failed or back:
-                self.lost.extend(back)
-                self.lost_msgs.append(str(res.get("msg") or "a balancer has the host back in rotation"))
+            if _read_lost(res, self.lost, self.lost_msgs):  # the host fails at the verdict, after those records go
                 self.aborted = "a balancer has the host back in rotation (or cannot be read): nothing was killed"
-                # The host fails at the verdict, after the records of those entries go, with these words.
-                res["failed"] = False
-                res["lost"] = True
-                res["note"] = res.pop("msg", "")
-                res.pop("exception", None)
             return res
         if step == "slice":
-            if failed and "inflight" not in res:
+            res = _slice_result(res)
+            if res.get("failed"):
                 self.aborted = "the requests in flight could not be read: nothing was killed"
-                return before_kill(res)
-            # Requests still in flight after a slice are not a failure yet: the next round reads the balancers again.
-            res["failed"] = False
-            if "msg" in res:
-                res["note"] = res.pop("msg")
-            res.pop("exception", None)
+                return res
+            # Requests still in flight after a slice: the next round reads the balancers again.
             self.inflight = res.get("inflight")
             self.gauges = dict(res.get("gauges") or {})
             self.drained = bool(res.get("drained", True))

@@ -377,15 +377,19 @@ def test_a_failed_server_kept_for_debugging_holds_the_next_drain_until_proceed(d
     _wait_in_rotation(df, "host3", timeout=30)
 
 
+def _stuck_request(df, host: str) -> subprocess.Popen:
+    """A request to `host` directly (not through a balancer) that its server answers after 110 s."""
+    return subprocess.Popen(["ip", "netns", "exec", df.fleet.hub, "curl", "-s", "-m", "120", "-XPOST",
+                             "http://%s:30000/generate" % df.fleet.addr(host), "-d", json.dumps({"text": "stuck", "delay": 110})],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def test_never_draining_server_times_out_and_stays_out(df):
     """A request that never ends on host1 (sent to it directly): the drain times out, the host fails before its kill
     and stays out of rotation (gpufleet_server_drain_on_timeout: fail, the default). Last: the server goes on counting
     that request after its client is gone."""
     before = _pids(df)
-    stuck = subprocess.Popen(["ip", "netns", "exec", df.fleet.hub, "curl", "-s", "-m", "120", "-XPOST",
-                              "http://%s:30000/generate" % df.fleet.addr("host1"), "-d",
-                              json.dumps({"text": "stuck", "delay": 110})],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stuck = _stuck_request(df, "host1")
     try:
         time.sleep(0.5)
         r = df.playbook("rollout", "--limit", "host1", extra_vars={"gpufleet_server_force_restart": True},
@@ -412,10 +416,7 @@ def test_drain_on_timeout_proceed_says_so_and_restarts_the_host(df):
     """The same never-ending request with gpufleet_server_drain_on_timeout: proceed: the drain times out, the run says
     so and goes on (the request is cut by the kill), the host is restarted, verified and back in every balancer."""
     before = _pids(df)
-    stuck = subprocess.Popen(["ip", "netns", "exec", df.fleet.hub, "curl", "-s", "-m", "120", "-XPOST",
-                              "http://%s:30000/generate" % df.fleet.addr("host1"), "-d",
-                              json.dumps({"text": "stuck", "delay": 110})],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stuck = _stuck_request(df, "host1")
     try:
         time.sleep(0.5)
         r = df.playbook("rollout", "--limit", "host1", extra_vars={"gpufleet_server_force_restart": True},
