@@ -93,13 +93,13 @@ class ActionModule(ActionBase):
         return res
 
     def _inherited_tags(self) -> t.List[str]:
-        """The tags the task inherits (its blocks', its role's, its import's), less `always`: the role tags the call
-        always (on its import) so that ansible-core runs it whatever the selection, and each step then goes by the tags
-        of its own task."""
-        parent = getattr(self._task, "_parent", None)
+        """The tags the task carries from its blocks, its role, its import or include (`tags:` on an import_role, an
+        include_role's `apply`), less `always`: the role tags the call always (on its import) so that ansible-core runs
+        it whatever the selection, and each step then goes by the tags of its own task. The task's tags, not its
+        parent block's: a block does not carry what the role's import or include gave it (helper-42)."""
         try:
-            return [str(x) for x in (parent.tags if parent is not None else []) if str(x) != "always"]
-        except Exception:  # pylint: disable=broad-exception-caught  # no parent tags to read: none inherited
+            return [str(x) for x in (self._task.tags or []) if str(x) != "always"]
+        except Exception:  # pylint: disable=broad-exception-caught  # no tags to read: none inherited
             return []
 
     def _selected(self, task_vars, own: t.Sequence[t.Any]) -> bool:

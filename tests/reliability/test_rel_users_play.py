@@ -50,6 +50,23 @@ TUNING_ONLY = """
   roles:
     - gpufleet.serving.nccl_tuning
 """
+# The user's own tag on both roles (an import_role's tags, an include_role's apply), the play run with --tags mytag.
+TAGGED_ROLES = """
+- name: My own play, the roles under my own tag
+  hosts: gpufleet_servers
+  gather_facts: false
+  tasks:
+    - name: The NCCL tuning
+      ansible.builtin.import_role:
+        name: gpufleet.serving.nccl_tuning
+      tags: [mytag]
+    - name: The server
+      ansible.builtin.include_role:
+        name: gpufleet.serving.gpu_server
+        apply:
+          tags: [mytag]
+      tags: [mytag]
+"""
 LOCK_TASK = "TASK [gpufleet.serving.gpu_server : Take the host lock before the NCCL layers are written]"
 
 
@@ -188,4 +205,30 @@ def test_the_tuning_roles_lock_is_released_when_a_write_fails(rolled):
     out = cp.stdout
     assert cp.returncode == 2, out[-4000:]
     assert LOCK_TASK in out and "Release the host lock" in out, out[-3000:]
+    assert rf.probe(H)["files"]["lock"] is None
+
+
+@pytest.mark.reliability(
+    section="fault", case="A play of the user's with its own tag on both roles, run with --tags of that tag",
+    provoked="the user's own play imports nccl_tuning and includes gpu_server (apply), both tagged mytag; a changed "
+             "NCCL variable (NCCL_NTHREADS 96); ansible-playbook --tags mytag",
+    outcome="the tag selects every step of both roles, as it selects any task under it: the layers are written, the "
+            "server is checked and restarted onto them (every spawn worker has NCCL_NTHREADS=96), rc 0; never 'NCCL "
+            "layers only, servers not checked' (helper-42: the check's call, tagged always, read the tags of its block "
+            "only, and skipped the check)")
+def test_a_users_own_tag_on_the_roles_selects_every_step_of_them(rolled):
+    rf = rolled
+    before = rf.snapshot()
+    inv = rf.inventory({"gpufleet_nccl_env": {"NCCL_NTHREADS": "96"}})
+
+    cp = run_playbook(_play(rf, "tagged", TAGGED_ROLES), "--tags", "mytag", inventory=str(inv), timeout=300)
+
+    rf.state = "nthreads-96"  # the next case rolls the default definition out again
+    out = " ".join(cp.stdout.split())
+    assert cp.returncode == 0, out[-4000:]
+    assert "NCCL layers only" not in out, out[-3000:]
+    after = rf.snapshot()
+    assert after.identities(H) != before.identities(H), "the server was not restarted onto the new layers"
+    ws = workers(after, H)
+    assert ws and all(w["env"].get("NCCL_NTHREADS") == "96" for w in ws), [w["env"].get("NCCL_NTHREADS") for w in ws]
     assert rf.probe(H)["files"]["lock"] is None
