@@ -33,6 +33,8 @@ description:
     after the table as C(rollout refused before any host was touched), with the setting's name; no host is listed as
     failed for them (the check runs once, on a host of the batch, so ansible's recap counts it there).
   - When O(summary_dir) is set it also writes C(rollout-summary.json) and C(rollout-summary.md) there.
+  - A run of a gpufleet playbook whose tags selected none of the roles' steps (C(--tags preflight)) says so (C(no host
+    was checked, tuned or restarted)) and removes the report files an earlier run left in O(summary_dir).
   - A host whose verified server was kept although its record still cannot be written (a full state filesystem after a
     record that failed; RV(gpufleet.serving.server_state#module:record_missing)) is named after the table (C(record
     still missing, server kept)), with the file and the error, and its row has C(record_missing). A row has C(gate),
@@ -650,6 +652,18 @@ class CallbackModule(CallbackBase):
             })
         return out
 
+    def _nothing_selected(self, rows: t.Sequence[t.Mapping[str, t.Any]]) -> None:
+        """A gpufleet playbook whose --tags/--skip-tags selected none of the roles' steps (--tags preflight): said, and
+        the report files of an earlier run in O(summary_dir) removed, so that no one reads that run's result as this
+        one's (helper-42)."""
+        self._display.banner("GPUFLEET %s SUMMARY" % self.playbook().upper())
+        self._display.display("no host was checked, tuned or restarted: the run's tags selected none of the roles' steps "
+                              "(hosts: %s)" % ", ".join(r["host"] for r in rows))
+        d = self.get_option("summary_dir")
+        for name in ("rollout-summary.json", "rollout-summary.md"):
+            if d and os.path.exists(os.path.join(d, name)):
+                os.unlink(os.path.join(d, name))
+
     def v2_playbook_on_stats(self, stats: t.Any) -> None:
         if not self.hosts and not any(h for h in self.inventory_hosts):
             return
@@ -657,7 +671,9 @@ class CallbackModule(CallbackBase):
         rows = self.rows()
         if not any("restarted" in (self.hosts.get(r["host"]) or {}) or r["nccl_only"] or r["status"] != "ok"
                    for r in rows):
-            return  # not a gpufleet rollout
+            if any(n in PLAYBOOKS for n in self.playbook_names):
+                self._nothing_selected(rows)
+            return  # not a gpufleet rollout, or one whose tags selected none of the roles' steps
         self._display.banner("GPUFLEET %s SUMMARY" % self.playbook().upper())
         self._display.display(markdown_table(rows))
         for note in summary_notes(rows, self.halted):

@@ -309,12 +309,13 @@ class RolloutFleet:
                  extra_vars: t.Optional[t.Mapping[str, t.Any]] = None, check: bool = False,
                  timeout: float = 240, env: t.Optional[t.Mapping[str, str]] = None) -> Run:
         inv = self.inventory(vars_override, host_vars)
-        summary = self.workdir / ("summary-%d" % self.runs)
+        # The run's reports, where the test's env says (GPUFLEET_SUMMARY_DIR) or a fresh directory.
+        summary = Path((env or {}).get("GPUFLEET_SUMMARY_DIR") or self.workdir / ("summary-%d" % self.runs))
         # One batch unless a test asks for more: every batch costs a full pass of the play.
         extra_vars = dict({"gpufleet_rollout_serial": ["100%"]}, **dict(extra_vars or {}))
         # A private copy of the collection: other pytest sessions re-copy collections/ under our feet.
-        env = dict(os.environ, GPUFLEET_SUMMARY_DIR=str(summary), ANSIBLE_COLLECTIONS_PATH=str(private_collections()),
-                   **dict(env or {}))
+        env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(private_collections()),
+                   **dict({"GPUFLEET_SUMMARY_DIR": str(summary)}, **dict(env or {})))
         t0 = time.monotonic()
         cp = run_playbook("gpufleet.serving." + name, *args, inventory=str(inv), env=env,
                           extra_vars=dict(extra_vars or {}), check=check, timeout=timeout)

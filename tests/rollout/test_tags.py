@@ -4,6 +4,8 @@ fingerprint and checks the same worker environment as a full run, so tag runs an
 other's hosts (docs/concepts.md, "Tags")."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rollout_helpers import PCIE_ONLY, nccl, workers
@@ -41,9 +43,20 @@ def _unchanged(rf, before, run):
 def test_a_tag_selection_on_an_up_to_date_fleet_changes_nothing_and_a_plain_rollout_agrees(rolled_out, selection):
     rf = rolled_out("clean")
     before = rf.snapshot()
+    # An earlier run's report where this one writes its own (GPUFLEET_SUMMARY_DIR).
+    reports = rf.workdir / ("reports-%s" % "-".join(selection).strip("-"))
+    reports.mkdir(exist_ok=True)
+    (reports / "rollout-summary.json").write_text('{"hosts": []}')
 
-    run = rf.playbook("rollout", *selection)
+    run = rf.playbook("rollout", *selection, env={"GPUFLEET_SUMMARY_DIR": str(reports)})
     _unchanged(rf, before, run)
+    if selection == ("--tags", "preflight"):
+        # helper-42: no step of the roles ran; the run says so, and the earlier run's report is gone, not left to be
+        # read as this run's.
+        assert "no host was checked, tuned or restarted: the run's tags selected none of the roles' steps" in run.out
+        assert not (reports / "rollout-summary.json").exists()
+    else:
+        assert json.loads((reports / "rollout-summary.json").read_text())["hosts"], run.tail()
     if selection == ("--tags", "nccl_tuning"):
         # Issue 24: no server task ran (nor the untagged fast check, which --skip-tags runs), and the summary still
         # lists every host, saying its server was not checked.
