@@ -175,10 +175,8 @@ def tags_select(tags: t.Iterable[str], only: t.Iterable[str], skip: t.Iterable[s
     for the check), since each of those tasks was a task execution of every host (issue 25)."""
     tagset = set(tags) or {"untagged"}
     only_set, skip_set = set(only or ["all"]), set(skip or [])
-    run = True
-    if only_set:
-        run = ("always" in tagset or ("all" in only_set and "never" not in tagset) or not tagset.isdisjoint(only_set)
-               or ("tagged" in only_set and tagset != {"untagged"} and "never" not in tagset))
+    run = ("always" in tagset or ("all" in only_set and "never" not in tagset) or not tagset.isdisjoint(only_set)
+           or ("tagged" in only_set and tagset != {"untagged"} and "never" not in tagset))
     if run and skip_set:
         if "all" in skip_set:
             run = "always" in tagset and "always" not in skip_set

@@ -346,7 +346,7 @@ class Slow:
             return skipped(self.aborted, outcome="aborted", inflight_left=self.inflight)
         if self.drained:
             return dict(out, outcome="drained")
-        timeout = float((w or self.once.get("wait") or {}).get("timeout") or 0)
+        timeout = float(w.get("timeout") or 0)
         said = "%g request(s) still in flight after %gs (%s)" % (
             float(self.inflight or 0), timeout, ", ".join("%s=%g" % (k, float(v)) for k, v in sorted(self.gauges.items())))
         if (w or {}).get("on_timeout") == "proceed":
