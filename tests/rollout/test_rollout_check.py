@@ -74,7 +74,7 @@ def test_bad_input_fails_each_host_in_its_one_check_with_the_roles_message_and_c
     rf.state = "clean"
 
 
-def test_a_noop_rollout_is_three_task_executions_per_host(rolled_out, tmp_path):
+def test_a_noop_rollout_is_two_task_executions_per_host(rolled_out, tmp_path):
     rf = rolled_out("clean")
     before = rf.snapshot()
     counts = tmp_path / "counts.json"
@@ -83,12 +83,11 @@ def test_a_noop_rollout_is_three_task_executions_per_host(rolled_out, tmp_path):
                                       "ANSIBLE_CALLBACKS_ENABLED": "gpufleet.serving.rollout_summary,task_counts"})
     assert run.rc == 0, run.tail()
     hosts = json.loads(counts.read_text())["hosts"]
-    # host1 also ran the batch's run_once bookkeeping; the others ran only their own three.
+    # host1 also ran the batch's run_once bookkeeping; the others ran only their own two.
     for h in ("host2", "host3"):
         assert [task[0] for task in hosts[h]["tasks"]] == [
-            CHECK, "Check the capacity left in rotation",
-            "Tune NCCL, restart, verify and record the server where needed, under the host lock"], hosts[h]
-        assert [task[1] for task in hosts[h]["tasks"]] == ["ok", "skipped", "skipped"], hosts[h]
+            CHECK, "Tune NCCL, restart, verify and record the server where needed, under the host lock"], hosts[h]
+        assert [task[1] for task in hosts[h]["tasks"]] == ["ok", "skipped"], hosts[h]
     after = rf.snapshot()
     for h in ("host1", "host2", "host3"):
         assert run.summary[h]["restarted"] is False and run.summary[h]["workers_verified"] == 2, run.summary[h]
