@@ -125,15 +125,43 @@ class ActionModule(ActionBase):
         else:  # the role's own test of its input (form and names, not the types), as the layers' arguments take it
             usable = boolean(ntemplar.template(role_vars["_gpufleet_nccl_inputs_valid"]), strict=False)
         profile = ntemplar.template(scope["gpufleet_nccl_profile"])
-        if not usable or profile == "auto":  # auto needs gpu_info on the host: the role's tuning sets them
+        if not usable:
             return None, none
+        resolved: t.Dict[str, t.Any] = {}
+        if profile == "auto":
+            if mode != "check":  # a rollback restores a generation's own layers: no read of the host's GPUs for it
+                return None, none
+            refusal, resolved = self._auto(ntemplar.template(scope["gpufleet_nccl_gpu_backend"]), task_vars)
+            if refusal:
+                return refusal, {}
+            profile = resolved["nccl_profile_resolved"]
         scope.maps.insert(0, {"_gpufleet_nccl_for": profile})
         env = ntemplar.copy_with_new_env(available_variables=scope).template(role_vars["_gpufleet_nccl_env_for"])
         scope.maps.insert(0, {"_gpufleet_nccl_env": env})
         ntemplar = ntemplar.copy_with_new_env(available_variables=scope)
         layers = ntemplar.template(scope["gpufleet_nccl_layers"])
         desired = {k: ntemplar.template(role_vars[v]) for k, v in LAYER_ARGS.items() if k in layers}
-        return None, {"nccl_effective_env": dict(env), "nccl_desired_layers": desired}
+        return None, dict(resolved, nccl_effective_env=dict(env), nccl_desired_layers=desired)
+
+    def _auto(self, backend: str, task_vars: t.Mapping[str, t.Any]) -> t.Tuple[t.Optional[str], t.Dict[str, t.Any]]:
+        """(refusal, the profile auto resolves to on this host): pcie_only when gpu_info reports no active NVLink, else
+        nvlink, as the nccl_tuning role resolves it (its tasks/preflight.yml). Read here, on the host, so that the rollout
+        knows the layers and the fingerprint of an auto host before its lock, as it does for an explicit profile: its
+        roles then write them in the check's own call, and a host already right takes the fast path (issue 25)."""
+        res = self._execute_module(module_name="gpufleet.serving.gpu_info", module_args={"backend": backend},
+                                   task_vars=task_vars)
+        if res.get("failed"):
+            return ("gpufleet_nccl_profile auto: gpu_info could not read this host's GPUs to choose between pcie_only and "
+                    "nvlink (%s); set gpufleet_nccl_profile explicitly, or fix gpufleet_nccl_gpu_backend"
+                    % str(res.get("msg") or "failed")[:300]), {}
+        active = res.get("nvlink_active")
+        out: t.Dict[str, t.Any] = {"nccl_profile_resolved": "pcie_only" if active is False else "nvlink"}
+        if active is None:
+            out["nccl_warning"] = (
+                "gpu_info could not tell whether NVLink is active (backend %s); the auto profile chose nvlink, which "
+                "sets no protocol or algorithm overrides. Set gpufleet_nccl_profile to pcie_only explicitly on PCIe-only "
+                "boxes." % res.get("backend"))
+        return None, out
 
     def _fast_check(self, templar: t.Any, task_vars: t.Mapping[str, t.Any], nccl: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
         """The read-only server_state check, with what this run computed for the NCCL layers in scope."""
@@ -182,10 +210,12 @@ class ActionModule(ActionBase):
                 return dict(result, failed=True, msg="Invalid NCCL tuning input: %s" % _message(e))
             if refusal:
                 return dict(result, failed=True, msg=refusal)
+        warning = nccl.pop("nccl_warning", None)
+        if warning:
+            result["warnings"] = list(result.get("warnings") or []) + [warning]
         result.update(nccl)
 
-        # 3. The fast path: one read-only check. Not for the auto profile (it needs gpu_info on the host), and any
-        # outcome but "already right" leaves the host to the roles, which report it; only a server that cannot be
+        # 3. The fast path: one read-only check (not when the NCCL layers could not be computed), and any outcome but "already right" leaves the host to the roles, which report it; only a server that cannot be
         # launched fails the host here, before anything on it changes.
         if not fast or (nccl_mode != "none" and nccl["nccl_desired_layers"] is None):
             return result

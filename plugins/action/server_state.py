@@ -193,6 +193,14 @@ class ActionModule(ActionBase):
             return merge_hash(result, self._tuned_check(task_vars or {}, args))
         if args.get("decide") is not None and args.get("action", "check") == "check":
             return merge_hash(result, self._check_and_decide(task_vars or {}, args))
+        if args.get("action") == "unlock" and args.get("fail_msg"):
+            # The role's last task: the release, then the host's failure (its flow failed earlier). The failure is the
+            # flow's; a release that failed too is named after it, with the lock it could not release.
+            released = self._module(task_vars, {k: v for k, v in args.items() if k != "fail_msg"})
+            msg = str(args["fail_msg"])
+            if released.get("failed"):
+                msg += "; the host lock could not be released either: %s" % released.get("msg", "failed")
+            return merge_hash(result, dict(released, failed=True, changed=False, msg=msg))
         if args.get("action") == "lock":
             # The lock before the NCCL layers are written (the rollout's tuning, a user's play): a dead run's lock of
             # this controller is taken over here, so the rerun after an interrupted run tunes the host (issue 24: it

@@ -21,14 +21,16 @@ description:
     already right; nothing on the host is read.
   - With O(nccl=check), the NCCL tuning input is validated against the nccl_tuning role's C(validate) argument spec,
     its form and its variable names (the nccl_names_refused filter), and what the NCCL layers should hold is computed
-    (RV(nccl_effective_env), RV(nccl_desired_layers)); null for the auto profile, which needs the GPUs of the host.
-    O(nccl=compute) computes them without refusing anything (an unusable input gives null), as the rollback playbook
-    needs; O(nccl=none) leaves both null.
+    (RV(nccl_effective_env), RV(nccl_desired_layers)). The auto profile is resolved first, on the host, as the
+    nccl_tuning role resolves it (M(gpufleet.serving.gpu_info) with C(gpufleet_nccl_gpu_backend), V(pcie_only) when no
+    NVLink is active, else V(nvlink), with a warning when the NVLink state is unknown), in RV(nccl_profile_resolved);
+    a host whose GPUs gpu_info cannot read fails here, nothing on it changed.
+    O(nccl=compute) computes them without refusing anything (an unusable input, or the auto profile, gives null), as
+    the rollback playbook needs; O(nccl=none) leaves both null.
   - With O(fast_check=true), one read-only M(gpufleet.serving.server_state) check with the arguments the task's
     C(_gpufleet_rollout_check_args) variable gives says whether the host is already right (server, workers'
     environment, NCCL layers, no drain record of gpufleet's naming one of its balancers), in RV(up_to_date). A server
     that cannot be launched fails the host here. Any other outcome leaves the host to the role, which reports it.
-    Not for the auto profile.
   - Nothing is set as a fact. Register the result and pass it to the role's C(rollout) entry point as
     C(_gpufleet_server_checked).
 author: gpufleet contributors (@gpufleet)
@@ -82,6 +84,10 @@ nccl_desired_layers:
   description: The arguments of M(gpufleet.serving.nccl_layers) for each layer; null when not computed.
   returned: always
   type: dict
+nccl_profile_resolved:
+  description: What the auto profile resolved to on the host (V(pcie_only) or V(nvlink)).
+  returned: with O(nccl=check) and the auto profile
+  type: str
 gpufleet_server_result:
   description: The rollout summary's row for a host that is already right.
   returned: when RV(up_to_date) is true

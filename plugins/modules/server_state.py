@@ -237,6 +237,13 @@ options:
         owner id without a start time is waited for as a later run's.
     type: float
     default: 0
+  fail_msg:
+    version_added: 0.3.0
+    description:
+      - With V(unlock), read by the action plugin only (the module ignores it) - after the release, the task fails with
+        this message. The gpu_server role's last task releases a lock its flow still holds and fails the host whose
+        flow failed, in one task execution where it was two (issue 25). A release that fails too is named after it.
+    type: str
   break_owner:
     description:
       - With V(lock) or V(check), break a lock held by this owner (a run known to be dead).
@@ -762,6 +769,8 @@ def main() -> None:
             worker_urls=dict(type="dict", default={}),
             lock_ttl=dict(type="float", default=1800.0),
             lock_wait=dict(type="float", default=0.0),
+            # Read by the action plugin only: the failure to report after the release.
+            fail_msg=dict(type="str"),
             break_owner=dict(type="str"),
             keep_lock=dict(type="bool", default=False),
             # Read by the action plugin only (plugins/action/server_state.py).

@@ -22,7 +22,7 @@ NAME = "relbad"
 ARGSPEC = "Validating arguments against arg spec 'main' - Restart a GPU inference server safely: kill, verify clean, launch, ready, verify env"
 ASSERT_DEF = "Assert the server definition is usable"
 ASSERT_ENV = ASSERT_DEF  # the environment is checked in the same task (one task result per host fewer), its own message
-FAIL_HOST = "Fail the host"  # the role's rescue, re-raising a failure of its lock/check/restart block
+FAIL_HOST = "Release the host lock, and fail the host where its flow failed"  # after the role's rescue: the failure of its lock/check/restart block
 
 # id -> (variables, task that must fail, text the message must contain)
 CASES: t.Dict[str, t.Tuple[t.Dict[str, t.Any], str, str]] = {

@@ -25,6 +25,10 @@ SYSTEM_PY = "/usr/bin/python3"
 TAG = "relgpu"
 
 
+# The gpu_server role's last task, after its rescue: the failure of its lock/check/restart block.
+FAIL_HOST = "Release the host lock, and fail the host where its flow failed"
+
+
 class Server:
     """A running 'server' (tagged sleeper) with the role's pidfile, log and state file, in `base`."""
 
@@ -106,7 +110,7 @@ def _no_backend(tmp_path: Path, server: Server) -> None:
         assert res[k]["failed"] is True, (k, res[k])
         assert res[k]["msg"].startswith(want + ". Failed to import the required Python library (nvidia-ml-py)"), res[k]["msg"]
     assert res["srv"]["failed"] is True and want in res["srv"]["msg"], res["srv"]
-    assert res["srv"]["task"] == "Fail the host", res["srv"]
+    assert res["srv"]["task"] == FAIL_HOST, res["srv"]
     assert res["nccl"]["failed"] is True and want in res["nccl"]["msg"], res["nccl"]
     assert res["nccl"]["task"] == "Read the NVLink state for the auto profile", res["nccl"]
     assert server.state() == before
@@ -154,7 +158,7 @@ def test_host_with_zero_gpus(zero_gpus):
         assert res[k]["failed"] is True and res[k]["msg"] == "gpus: this host has no GPUs, so there is nothing to wait for", res[k]
     assert res["kill"]["failed"] is True
     assert res["kill"]["msg"] == "GPU index 0 does not exist on this host (it has no GPUs)", res["kill"]["msg"]
-    assert res["srv"]["failed"] is True and res["srv"]["task"] == "Fail the host", res["srv"]
+    assert res["srv"]["failed"] is True and res["srv"]["task"] == FAIL_HOST, res["srv"]
     assert "gpus: this host has no GPUs, so no GPU server can run here" in res["srv"]["msg"], res["srv"]
     assert zero_gpus["after"] == zero_gpus["before"]
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from rollout_helpers import RolloutFleet, tasks_run
+from rollout_helpers import PCIE_ONLY, RolloutFleet, nccl, tasks_run, workers
 
 ROOT = Path(__file__).resolve().parents[2]
+ALL = ["host1", "host2", "host3"]
 CHECK = "gpufleet.serving.gpu_server : Validate the host's input and check in one call whether it is already right"
 
 
@@ -92,6 +93,62 @@ def test_a_noop_rollout_is_two_task_executions_per_host(rolled_out, tmp_path):
     for h in ("host1", "host2", "host3"):
         assert run.summary[h]["restarted"] is False and run.summary[h]["workers_verified"] == 2, run.summary[h]
         assert after.identities(h) == before.identities(h)
+    rf.state = "clean"
+
+
+def test_the_auto_profile_resolves_on_the_host_in_the_check_and_an_up_to_date_host_takes_the_fast_path(rolled_out, tmp_path):
+    """profile auto, resolved by the rollout's check on the host (gpu_info: no NVLink on these fake PCIe GPUs, so
+    pcie_only, what the fleet runs): the hosts are already right and skip the roles, two task executions each. A host
+    whose GPUs gpu_info cannot read (a backend it does not have) fails in the same check, nothing on it changed."""
+    rf = rolled_out("clean")
+    before = rf.snapshot()
+    counts = tmp_path / "counts.json"
+    run = rf.playbook("rollout", vars_override={"gpufleet_nccl_profile": "auto"},
+                      env={"GPUFLEET_TASK_COUNTS": str(counts), "ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "bench" / "callback"),
+                           "ANSIBLE_CALLBACKS_ENABLED": "gpufleet.serving.rollout_summary,task_counts"})
+    assert run.rc == 0, run.tail()
+    hosts = json.loads(counts.read_text())["hosts"]
+    for h in ("host2", "host3"):
+        assert [task[1] for task in hosts[h]["tasks"]] == ["ok", "skipped"], hosts[h]
+    for h in ALL:
+        assert run.summary[h]["status"] == "ok" and run.summary[h]["restarted"] is False, run.summary[h]
+
+    run = rf.playbook("rollout", vars_override={"gpufleet_nccl_profile": "auto"},
+                      host_vars={"host3": {"gpufleet_nccl_gpu_backend": "nvidia-smi"}})
+    assert run.rc == 2, run.tail()
+    assert ("gpufleet_nccl_profile auto: gpu_info could not read this host's GPUs to choose between pcie_only and nvlink"
+            in run.summary["host3"]["failure"]), run.summary["host3"]
+    after = rf.snapshot()
+    for h in ALL:
+        assert after.identities(h) == before.identities(h)
+        assert after[h]["files"] == before[h]["files"] and after[h]["sitecustomize_sha"] == before[h]["sitecustomize_sha"]
+    rf.state = "clean"
+
+
+def test_an_auto_rollout_writes_the_profile_it_resolved_under_the_lock_and_restarts_onto_it(rolled_out):
+    """From the nvlink profile (no NCCL overrides in the layers) back to auto on these PCIe-only hosts: the check
+    resolves pcie_only on each host, the roles write its layers in the check's own call, under the lock, and restart
+    onto them; every spawn worker has the pcie_only values, and the layers are byte for byte the explicit profile's."""
+    rf = rolled_out("clean")
+    tuned = rf.snapshot()
+    run = rf.playbook("rollout", vars_override={"gpufleet_nccl_profile": "nvlink"})
+    assert run.rc == 0, run.tail()
+    untuned = rf.snapshot()
+    rf.state = "unknown"
+
+    run = rf.playbook("rollout", vars_override={"gpufleet_nccl_profile": "auto"})
+
+    assert run.rc == 0, run.tail()
+    after = rf.snapshot()
+    for h in ALL:
+        assert run.summary[h]["restarted"] is True and run.summary[h]["nccl_changed"] is True, run.summary[h]
+        assert untuned[h]["sitecustomize_sha"] != tuned[h]["sitecustomize_sha"]
+        assert after[h]["sitecustomize_sha"] == tuned[h]["sitecustomize_sha"], h
+        ws = workers(after, h)
+        assert ws, h
+        for w in ws:
+            assert nccl(w["env"]) == dict(PCIE_ONLY, NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,ENV"), (h, w)
+        assert not after[h]["files"].get("lock"), after[h]["files"]
     rf.state = "clean"
 
 
