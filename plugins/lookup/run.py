@@ -19,6 +19,10 @@ description:
     (its boot time plus its start ticks; the time of the lookup where C(/proc) is not available). It orders runs
     across controllers for the host lock's wait-die rule (see O(gpufleet.serving.server_state#module:lock_wait)); it is
     the same for every batch of one run. Ids without it, from an older gpufleet, are still read.
+  - With V(process), returns an id of the same form made once for the whole ansible-playbook process; every call of
+    the run, in any task and worker, returns it (it is kept in the process's own temporary directory, ansible-core's
+    C(DEFAULT_LOCAL_TMP), removed when the process exits). The gpu_server role names its host lock's owner with it
+    when the play sets no C(gpufleet_run_id).
   - With V(alive) and O(owner), returns V(null) (unknown) unless the run that C(owner) names was started on this very
     controller - the same hostname AND the same boot id; two controllers that share a hostname (CI runners all
     called C(localhost), cloned images) never judge each other's runs. For a run of this controller it returns
@@ -29,7 +33,7 @@ description:
   - Runs on the controller only, in Python (no shell), so the controller may be any OS ansible-core runs on.
 options:
   _terms:
-    description: V(new) or V(alive).
+    description: V(new), V(process) or V(alive).
     type: list
     elements: str
   owner:
@@ -50,16 +54,17 @@ EXAMPLES = r"""
 
 RETURN = r"""
 _raw:
-  description: The run id (V(new)), or V(true), V(false) or V(null) (V(alive)).
+  description: The run id (V(new), V(process)), or V(true), V(false) or V(null) (V(alive)).
   type: list
   elements: raw
 """
 
 import socket
 
+from ansible import constants as C
 from ansible.errors import AnsibleError
 from ansible.plugins.lookup import LookupBase
-from ansible_collections.gpufleet.serving.plugins.plugin_utils._run import new_id, owner_alive, playbook_pid
+from ansible_collections.gpufleet.serving.plugins.plugin_utils._run import new_id, owner_alive, playbook_pid, process_id
 
 
 class LookupModule(LookupBase):
@@ -69,9 +74,11 @@ class LookupModule(LookupBase):
         host = socket.gethostname()
         if what == "new":
             return [new_id(host, playbook_pid())]
+        if what == "process":
+            return [process_id(host, playbook_pid(), C.DEFAULT_LOCAL_TMP)]
         if what == "alive":
             owner = self.get_option("owner")
             if not owner:
                 raise AnsibleError("lookup('gpufleet.serving.run', 'alive') needs owner=<a lock's owner id>")
             return [owner_alive(str(owner), host)]
-        raise AnsibleError("lookup('gpufleet.serving.run', %r): the term must be 'new' or 'alive'" % (what,))
+        raise AnsibleError("lookup('gpufleet.serving.run', %r): the term must be 'new', 'process' or 'alive'" % (what,))

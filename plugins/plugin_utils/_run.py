@@ -68,6 +68,33 @@ def new_id(host: str, pid: int) -> str:
     return _runid.with_start(base, process_started(ticks))
 
 
+def process_id(host: str, pid: int, run_dir: str) -> str:
+    """One id for the whole ansible-playbook process (the lookup's V(process)): made once, by the first worker that asks,
+    and kept in `run_dir`, the process's own temporary directory (ansible-core's DEFAULT_LOCAL_TMP: made when the
+    process starts, inherited by every worker it forks, removed when it exits). Every task of a role then names the
+    same owner for the host lock without a set_fact of its own (issue 25), on any controller (no /proc needed)."""
+    path = os.path.join(run_dir, "gpufleet-run-id")
+    try:
+        with open(path) as f:
+            value = f.read().strip()
+        if value:
+            return value
+    except OSError:
+        pass
+    value = new_id(host, pid)
+    tmp = "%s.%d" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        f.write(value)
+    try:
+        os.link(tmp, path)  # never replaces: two workers that race both keep the first one's id
+    except FileExistsError:
+        with open(path) as f:
+            value = f.read().strip() or value
+    finally:
+        os.unlink(tmp)
+    return value
+
+
 def owner_alive(owner: str, host: str):
     """True, False, or None (unknown: another controller, another boot, no /proc, or an id not of this format)."""
     parts = owner.split(":")

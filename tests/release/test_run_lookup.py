@@ -22,7 +22,7 @@ PLAY = """
     - name: Ask
       ansible.builtin.copy:
         dest: "{{ out }}"
-        content: "{{ {'me': me, 'again': lookup('gpufleet.serving.run'),
+        content: "{{ {'me': me, 'again': lookup('gpufleet.serving.run'), 'process': lookup('gpufleet.serving.run', 'process'),
                   'alive_me': lookup('gpufleet.serving.run', 'alive', owner=me),
                   'alive_dead': lookup('gpufleet.serving.run', 'alive', owner=host ~ ':' ~ dead_pid ~ ':' ~ boot ~ '.1.x'),
                   'alive_reused': lookup('gpufleet.serving.run', 'alive',
@@ -38,6 +38,12 @@ PLAY = """
       vars:
         host: "{{ me.split(':')[0] }}"
         boot: "{{ me.split(':')[2].split('.')[0] }}"
+
+    # Another task, so another worker process of the same run.
+    - name: Ask again
+      ansible.builtin.copy:
+        dest: "{{ out }}.process"
+        content: "{{ lookup('gpufleet.serving.run', 'process') }}"
 """
 
 
@@ -83,6 +89,11 @@ def test_run_ids_name_this_playbook_process_and_liveness_is_known_only_for_this_
     # same hostname, another boot id: a controller that shares the hostname (or this one before a reboot)
     assert msg["alive_other_boot"] is None and msg["alive_other_boot_dead"] is None, msg
     assert msg["alive_old_format"] is None and msg["alive_elsewhere"] is None, msg
+    # V(process): one id for the whole run, whichever worker asks (the gpu_server role's lock owner without a set_fact).
+    process = msg["process"]
+    assert process.split(":")[1] == str(p.pid) and process.split(":")[3] == started, msg
+    assert re.fullmatch(r"[0-9a-f-]{36}", process.split(":")[2].split(".")[2]) and process != msg["me"], msg
+    assert (tmp_path / "out.json.process").read_text() == process, msg
 
 
 def test_no_shell_lookups_in_playbooks_or_roles():

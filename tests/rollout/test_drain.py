@@ -211,15 +211,16 @@ def test_capacity_guard_refuses_a_batch_before_anything_is_touched(df):
     df.all_in_rotation(timeout=5)
     # A minimum on one host of the batch only (its host_vars): the guard still runs there, whatever host comes first
     # in the batch (every host includes the file the batch needs: ansible-core 2.19 gives every host of an
-    # include_role the file templated for one of them). host1 has no minimum of its own and is restarted.
+    # include_role the file templated for one of them). host1 has no minimum of its own; host2's refusal fails the
+    # batch, as any failure does (gpufleet_rollout_max_fail_percentage 0), before either host is touched.
     r = df.playbook("rollout", host_vars={"host2": {"gpufleet_rollout_min_in_service": "75%"}},
                     extra_vars={"gpufleet_rollout_serial": ["50%"], "gpufleet_server_force_restart": True})
     assert r.rc != 0
     assert ("gpufleet_rollout_min_in_service: draining host1, host2 would leave 2 of 4 server(s) in rotation, "
             "fewer than 3; nothing was touched") in r.summary["host2"]["failure"], r.summary["host2"]
-    assert r.summary["host1"]["status"] == "ok" and r.summary["host1"]["restarted"] is True, r.summary["host1"]
-    assert _pids(df)["host2"] == before["host2"]
-    df.all_in_rotation(timeout=30)
+    assert r.summary["host1"]["status"] == "stopped" and r.summary["host1"]["restarted"] is False, r.summary["host1"]
+    assert _pids(df) == before
+    df.all_in_rotation(timeout=5)
 
 
 def test_failing_host_stays_drained_and_the_run_stops(df):
