@@ -68,9 +68,20 @@ def _tasks_from_uses():
     out = set()
     for p in list(ROOT.glob("playbooks/*.yml")) + list(ROOT.glob("roles/*/tasks/*.yml")) + list(ROOT.glob("molecule/*/*.yml")):
         text = p.read_text()
-        for m in re.finditer(r"name:\s*(?:gpufleet\.serving\.)?(\w+)\s*\n(?:\s+\w+:.*\n)*?\s+tasks_from:\s*(\S+)", text):
-            out.add((m.group(1), m.group(2)))
+        for m in re.finditer(r"name:\s*(?:gpufleet\.serving\.)?(\w+)\s*\n(?:\s+\w+:.*\n)*?\s+tasks_from:\s*(.+)", text):
+            value = m.group(2).strip()
+            # A templated entry point (the rollout's: rollout_guarded or rollout, one for the whole batch) names each
+            # file it may pick as a quoted literal.
+            for entry in (re.findall(r"'(\w+)'", value) if "{{" in value else [value]):
+                out.add((m.group(1), entry))
     return sorted(out)
+
+
+def _tasks_from_at(text: str, entry: str) -> int:
+    """Where the first tasks_from naming `entry` (literally or as one of a template's choices) is in `text`."""
+    m = re.search(r"tasks_from:[^\n]*(?:\b|')%s(?:'|\n)" % re.escape(entry), text)
+    assert m, entry
+    return m.start()
 
 
 # The batch bookkeeping of the rollout playbooks (gpu_server tasks/batch_begin.yml, batch_end.yml) takes no role
@@ -87,7 +98,9 @@ VALIDATES_ITSELF = {("gpu_server", "rollout_check")}
 # The rollout and rollback playbooks' entry into the lifecycle (gpu_server tasks/rollout.yml) comes after their
 # pre-tasks validated every host with it: validating again would cost every host a task execution (issue 25). The test
 # below checks that order in each playbook.
-VALIDATED_BEFORE = {("gpu_server", "rollout"): (("playbooks/rollout.yml", "playbooks/rollback.yml"), "tasks_from: rollout_check")}
+# rollout_guarded.yml is the same entry with the capacity guard first (with gpufleet_rollout_min_in_service).
+VALIDATED_BEFORE = {(role, entry): (("playbooks/rollout.yml", "playbooks/rollback.yml"), "tasks_from: rollout_check")
+                    for role, entry in (("gpu_server", "rollout"), ("gpu_server", "rollout_guarded"))}
 
 
 def test_tasks_from_entry_points_are_validated():
@@ -98,7 +111,7 @@ def test_tasks_from_entry_points_are_validated():
         assert entry not in _specs(role)
         for playbook in playbooks:
             text = (ROOT / playbook).read_text()
-            assert validation in text and text.index(validation) < text.index("tasks_from: %s\n" % entry), (playbook, entry)
+            assert validation in text and text.index(validation) < _tasks_from_at(text, entry), (playbook, entry)
         assert _specs(role)["preflight"]["options"] == _specs(role)["main"]["options"]
     for role, entry in uses:
         if (role, entry) in VALIDATED_BEFORE or (role, entry) in VALIDATES_ITSELF:
