@@ -168,11 +168,12 @@ class ActionModule(ActionBase):
         force = boolean(decide.get("force", False), strict=False)
         refused = _check.refusal(res, force, bool(owner), profile)
         if refused:
-            return dict(res, failed=True, msg=refused)
+            # Its only change was the host lock, which the role releases again (helper-42: changed true on a refusal).
+            return dict(res, failed=True, changed=False, msg=refused)
         res["decision"] = _check.decide(res, force, [str(n) for n in decide.get("balancers") or []], bool(owner),
                                         bool(self._task.check_mode), decide.get("idents") or {})
         if res["decision"].get("error"):
-            return dict(res, failed=True, msg=res["decision"]["error"])
+            return dict(res, failed=True, changed=False, msg=res["decision"]["error"])
         stale = _check.stale_records(res, [str(n) for n in decide.get("balancers") or []])
         if stale:
             res["warnings"] = list(res.get("warnings") or []) + stale

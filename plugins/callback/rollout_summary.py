@@ -59,7 +59,8 @@ description:
     each row's and the JSON's C(left_as_found) (balancer name to state).
   - A run whose tags left the gpu_server role's tasks out (C(--tags nccl_tuning)) still lists its hosts; those whose
     NCCL layers were tuned while no server task ran are named after the table (C(NCCL layers only, servers not
-    checked or restarted)), with whether their layers changed, and each row has C(nccl_only) and C(nccl_changed).
+    checked or restarted)), with whether their layers changed (under C(--check), would change), and each row has
+    C(nccl_only), C(nccl_changed) and C(check_mode).
     The other way round (C(--tags gpufleet_server) after the layers changed), a host whose server is right but whose
     layers are not what the inventory asks is named after the table (C(NCCL layers not as the inventory asks, left as
     they are)) with the layers that differ, also in its row's C(nccl_stale).
@@ -404,7 +405,8 @@ def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.
 def nccl_only(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     """The line naming hosts whose NCCL layers were tuned while no server task ran (--tags nccl_tuning; '' when none):
     their servers were neither checked nor restarted, and run on with the environment they were started with."""
-    out = ["%s (%s)" % (r["host"], "layers changed" if r.get("nccl_changed") else "layers already as asked")
+    out = ["%s (%s)" % (r["host"], ("layers would change" if r.get("check_mode") else "layers changed")
+                        if r.get("nccl_changed") else "layers already as asked")
            for r in rows if r.get("nccl_only")]
     return ("NCCL layers only, servers not checked or restarted (the run's tags left the gpu_server tasks out; a "
             "rollout without them restarts a server whose workers lack the tuning): %s" % "; ".join(out)) if out else ""
@@ -540,7 +542,10 @@ class CallbackModule(CallbackBase):
         # The NCCL tuning's fact: a run whose tags left the server's tasks out (--tags nccl_tuning) sets no
         # gpufleet_server_result, and its hosts still get a row (nccl_only).
         if "gpufleet_nccl_changed" in facts:
-            self._host(result.host.get_name())["nccl_changed"] = str(facts["gpufleet_nccl_changed"]).lower() == "true"
+            h = self._host(result.host.get_name())
+            h["nccl_changed"] = str(facts["gpufleet_nccl_changed"]).lower() == "true"
+            # Under --check the layers' write only predicted a change (helper-42: "layers changed" misled).
+            h["check_mode"] = bool(getattr(result.task, "check_mode", False))
         # The drain's view (issue 17): which balancers the host is out of; {} for a host whose balancers were not touched.
         if facts.get("gpufleet_server_rotation"):
             self._host(result.host.get_name())["rotation"] = dict(facts["gpufleet_server_rotation"])
@@ -646,6 +651,7 @@ class CallbackModule(CallbackBase):
                 "rollback_to": dict(h["rollback_to"]) if isinstance(h.get("rollback_to"), dict) else None,
                 "would_return": bool((h.get("rotation") or {}).get("would_return")),
                 "nccl_changed": h.get("nccl_changed"),
+                "check_mode": bool(h.get("check_mode")),
                 "nccl_stale": list(h.get("nccl_stale") or []),
                 # The NCCL layers were tuned but no server task ran on the host (its server was not even checked).
                 "nccl_only": "nccl_changed" in h and "restarted" not in h and h.get("status", "ok") == "ok",

@@ -409,6 +409,12 @@ def test_a_run_that_only_tuned_nccl_still_lists_its_hosts(tmp_path):
     assert [(h["host"], h["status"], h["restart"], h["nccl_only"], h["nccl_changed"]) for h in data["hosts"]] == [
         ("hosta", "ok", "no", True, True), ("hostb", "ok", "no", True, False)], data["hosts"]
     assert "**%s**" % note in (out / "rollout-summary.md").read_text()
+    # Under --check the layers' write only predicts: a change is "would change" (helper-42).
+    r = run([str(BIN / "ansible-playbook"), "-i", "hosta,hostb,", "-c", "local", "-e", "ansible_python_interpreter=%s" % PY,
+             "--check", str(tmp_path / "pb.yml")], cwd=tmp_path, env=env, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert note.replace("hosta (layers changed)", "hosta (layers would change)") in r.stdout, r.stdout[-3000:]
+    assert [h["check_mode"] for h in json.loads((out / "rollout-summary.json").read_text())["hosts"]] == [True, True]
 
 
 def test_the_rollback_says_what_each_host_went_back_to_and_that_the_inventory_is_unchanged(tmp_path):

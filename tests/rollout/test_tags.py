@@ -5,6 +5,7 @@ other's hosts (docs/concepts.md, "Tags")."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -134,6 +135,10 @@ def test_a_run_without_the_tuning_never_restarts_onto_layers_it_did_not_apply(ro
         assert "a restart now would launch workers without the tuning" in failure or run.summary[h]["status"] in (
             "stopped", "not run"), run.summary[h]
     assert "a restart now would launch workers without the tuning" in run.summary["host1"]["failure"]
+    # The refusal's only change was the host lock, released again: nothing is reported changed (helper-42).
+    refused = re.search(r"TASK \[[^]]*Check the running server against the desired state.*?"
+                        r"^fatal: \[host1\]: FAILED! => *\n\s+changed: (\w+)$", run.out, re.M | re.S)
+    assert refused and refused.group(1) == "false", run.tail()
     after = rf.snapshot()
     for h in ALL:
         assert after.identities(h) == before.identities(h), "%s was restarted" % h
