@@ -215,8 +215,9 @@ class ActionModule(ActionBase):
             result["warnings"] = list(result.get("warnings") or []) + [warning]
         result.update(nccl)
 
-        # 3. The fast path: one read-only check (not when the NCCL layers could not be computed), and any outcome but "already right" leaves the host to the roles, which report it; only a server that cannot be
-        # launched fails the host here, before anything on it changes.
+        # 3. The fast path: one read-only check (not when the NCCL layers could not be computed), and any outcome but
+        # "already right" leaves the host to the roles, which report it; only a server that cannot be launched fails the
+        # host here, before anything on it changes.
         if not fast or (nccl_mode != "none" and nccl["nccl_desired_layers"] is None):
             return result
         try:

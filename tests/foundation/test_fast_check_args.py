@@ -37,10 +37,16 @@ def test_the_apply_takes_each_layer_from_the_dict_the_check_passes():
     main = ROLE.parent / "gpu_server" / "tasks" / "lifecycle.yml"
     block = next(t for t in yaml.safe_load(main.read_text()) if "block" in t)["block"]
     check = next(t for t in block if t.get("import_tasks", t.get("ansible.builtin.import_tasks")) == "check.yml")
-    assert check["vars"] == {"_gpufleet_server_check_tune": "{{ _gpufleet_server_tune }}"} and check["tags"] == ["always"]
-    tune = " ".join(yaml.safe_load((ROLE.parent / "gpu_server" / "vars" / "main.yml").read_text())["_gpufleet_server_tune"].split())
-    assert "combine(gpufleet_nccl_desired_layers if _gpufleet_server_nccl_tuning | default(false) | bool" in tune, tune
-    assert "and gpufleet_nccl_desired_layers | default(none) is not none else {})" in tune, tune
+    assert check["vars"] == {"_gpufleet_server_check_tune": "{{ _gpufleet_server_tune }}",
+                             "_gpufleet_server_check_owner": "{{ _gpufleet_server_owner }}"} and check["tags"] == ["always"]
+    role_vars = yaml.safe_load((ROLE.parent / "gpu_server" / "vars" / "main.yml").read_text())
+    tune = " ".join(role_vars["_gpufleet_server_tune"].split())
+    assert "combine(_gpufleet_server_nccl_desired if _gpufleet_server_nccl_tuning | default(false) | bool" in tune, tune
+    assert "and _gpufleet_server_nccl_desired is not none else {})" in tune, tune
+    # ... the dicts the rollout's check computed (its result, handed to the role as _gpufleet_server_checked).
+    desired = " ".join(role_vars["_gpufleet_server_nccl_desired"].split())
+    assert desired == ("{{ _gpufleet_server_checked.nccl_desired_layers if _gpufleet_server_checked is defined "
+                       "else gpufleet_nccl_desired_layers | default(none) }}"), desired
     assert "'backup': gpufleet_nccl_backup | default(false)" in tune and "'keep_previous': _gpufleet_server_layers_previous" in tune
     assert "'tags': ['nccl_tuning', 'configure']" in tune, tune
 
@@ -78,7 +84,9 @@ def test_fast_check_asks_the_server_check_what_the_roles_check_asks():
     assert fast["lock_file"] == "{{ _gpufleet_server_lock_file }}" and "owner" not in fast
     # Both check the layers the rollout computed: the fast check always, the roles' check when this run left the
     # nccl_tuning role out.
-    assert "gpufleet_nccl_desired_layers" in fast["nccl_layers"] and "gpufleet_nccl_desired_layers" in full["nccl_layers"]
+    # The fast check templates gpufleet_nccl_desired_layers as its action computed it; the roles' check reads the same
+    # value from that action's result (vars/main.yml's _gpufleet_server_nccl_desired, checked above).
+    assert "gpufleet_nccl_desired_layers" in fast["nccl_layers"] and "_gpufleet_server_nccl_desired" in full["nccl_layers"]
     # Both read the drain record (it makes a host drained by an earlier run not up to date; the roles' check only in a
     # run that may drain, with an owner). Nothing is the fast check's alone.
     assert set(fast) - set(full) == set(), set(fast) - set(full)

@@ -298,7 +298,9 @@ def test_a_bad_gate_is_refused_before_the_drain_naming_every_rule(rf):
 # The rollback playbook (issue 26 item 4): two definitions that differ in a variable the probe shows and in their NCCL
 # layers (B's custom profile sets NCCL_ALGO only, A's pcie_only six variables), both gated.
 def _defn(rf, name, http=None):
-    v = _vars(rf, GPUFLEET_TEST_DEFINITION=name)
+    # FAST: without a stand-in delay the gate's measurement is all CPU, and a busy 2-core box failed a same-speed
+    # restart (0.21 of its baseline, under a full suite beside a sandbox fleet).
+    v = _vars(rf, GPUFLEET_TEST_DEFINITION=name, **FAST)
     if name == "B":
         v.update(gpufleet_nccl_profile="custom", gpufleet_nccl_env={"NCCL_ALGO": "Tree"})
     return dict(v, gpufleet_server_balancers=[http] if http else [])

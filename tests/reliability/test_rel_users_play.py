@@ -232,3 +232,50 @@ def test_a_users_own_tag_on_the_roles_selects_every_step_of_them(rolled):
     ws = workers(after, H)
     assert ws and all(w["env"].get("NCCL_NTHREADS") == "96" for w in ws), [w["env"].get("NCCL_NTHREADS") for w in ws]
     assert rf.probe(H)["files"]["lock"] is None
+
+
+# The user's own play with both roles under ignore_errors (two services on a host go on past a failed one).
+IGNORED_ROLES = """
+- name: My own play, the roles under ignore_errors
+  hosts: gpufleet_servers
+  gather_facts: false
+  tasks:
+    - name: The service, whatever happens to it
+      ignore_errors: true
+      block:
+        - name: The NCCL tuning
+          ansible.builtin.import_role:
+            name: gpufleet.serving.nccl_tuning
+        - name: The server
+          ansible.builtin.include_role:
+            name: gpufleet.serving.gpu_server
+    - name: After the role
+      ansible.builtin.debug:
+        msg: the play went on
+"""
+
+
+@pytest.mark.reliability(
+    section="fault", case="A play of the user's that includes the roles under ignore_errors, whose new server fails",
+    provoked="the user's own play lists nccl_tuning and gpu_server in a block with ignore_errors: true; a forced "
+             "restart onto a server that exits at startup (gpufleet_server_rollback false)",
+    outcome="the role's rescue still runs (the failure is recorded, the host lock released: no lock file is left) and "
+            "only its last task, which fails the host, is ignored: the play goes on, the summary says the host failed "
+            "with its server killed (helper-44: every task of the role was ignored, the rescue never ran, and the "
+            "summary said ok)")
+def test_a_users_play_under_ignore_errors_still_runs_the_roles_rescue(rolled):
+    rf = rolled
+    cmd = list(rf.server_vars()["gpufleet_server_command"]) + ["--fail-at-startup"]
+    inv = rf.inventory({"gpufleet_server_command": cmd, "gpufleet_server_force_restart": True})
+
+    cp = run_playbook(_play(rf, "ignored", IGNORED_ROLES), inventory=str(inv), timeout=300)
+
+    rf.state = "failed"  # killed, not serving: the next case rolls out again
+    out = cp.stdout
+    assert cp.returncode == 0, out[-4000:]
+    assert "TASK [gpufleet.serving.gpu_server : Record the failure for the rollout summary]" in out, out[-4000:]
+    last = out.index("TASK [gpufleet.serving.gpu_server : Release the host lock, and fail the host where its flow failed]")
+    assert "...ignoring" in out[last:] and "the play went on" in out[last:], out[last:][-3000:]
+    row = next(ln for ln in out.splitlines() if ln.startswith("| %s |" % H))
+    assert "| failed |" in row, row
+    assert rf.probe(H)["files"]["lock"] is None
