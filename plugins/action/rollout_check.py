@@ -35,6 +35,7 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
+from ansible_collections.gpufleet.serving.plugins.module_utils import _ncclvars
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _check
 from ansible_collections.gpufleet.serving.plugins.plugin_utils._preflight import definition_refusal
 
@@ -154,13 +155,10 @@ class ActionModule(ActionBase):
             return ("gpufleet_nccl_profile auto: gpu_info could not read this host's GPUs to choose between pcie_only and "
                     "nvlink (%s); set gpufleet_nccl_profile explicitly, or fix gpufleet_nccl_gpu_backend"
                     % str(res.get("msg") or "failed")[:300]), {}
-        active = res.get("nvlink_active")
-        out: t.Dict[str, t.Any] = {"nccl_profile_resolved": "pcie_only" if active is False else "nvlink"}
-        if active is None:
-            out["nccl_warning"] = (
-                "gpu_info could not tell whether NVLink is active (backend %s); the auto profile chose nvlink, which "
-                "sets no protocol or algorithm overrides. Set gpufleet_nccl_profile to pcie_only explicitly on PCIe-only "
-                "boxes." % res.get("backend"))
+        auto = _ncclvars.auto_profile(res)
+        out: t.Dict[str, t.Any] = {"nccl_profile_resolved": auto["profile"]}
+        if auto["warning"]:
+            out["nccl_warning"] = auto["warning"]
         return None, out
 
     def _fast_check(self, templar: t.Any, task_vars: t.Mapping[str, t.Any], nccl: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:

@@ -171,7 +171,8 @@ class ActionModule(ActionBase):
             # Its only change was the host lock, which the role releases again (helper-42: changed true on a refusal).
             return dict(res, failed=True, changed=False, msg=refused)
         res["decision"] = _check.decide(res, force, [str(n) for n in decide.get("balancers") or []], bool(owner),
-                                        bool(self._task.check_mode), decide.get("idents") or {})
+                                        bool(self._task.check_mode), decide.get("idents") or {},
+                                        service=str(args.get("name") or ""))
         if res["decision"].get("error"):
             return dict(res, failed=True, changed=False, msg=res["decision"]["error"])
         stale = _check.stale_records(res, [str(n) for n in decide.get("balancers") or []])
@@ -180,6 +181,14 @@ class ActionModule(ActionBase):
         return res
 
     def run(self, tmp=None, task_vars=None):
+        result = self._run(tmp, task_vars)
+        # Which service of the host this call was for (O(name)), failed or not: a host can run several, each with a
+        # flow of its own in one play, and the rollout summary keeps a row per service (helper-44).
+        if isinstance(result, dict) and self._task.args.get("name") not in (None, ""):
+            result.setdefault("service", str(self._task.args["name"]))
+        return result
+
+    def _run(self, tmp=None, task_vars=None):
         result = super(ActionModule, self).run(tmp, task_vars)
         del tmp  # tmp no longer has any effect
 

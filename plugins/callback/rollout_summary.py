@@ -14,6 +14,11 @@ description:
   - Collects the C(gpufleet_server_result) fact that the C(gpufleet.serving.gpu_server) role sets on each host,
     plus failures and unreachable hosts, and prints one table at the end of the run.
   - It prints even when a failed batch stops the rollout, so the hosts left untouched are listed too.
+  - One row per host and service. A host whose play ran several services (a play of the user's that includes the
+    C(gpu_server) role once per service) has a row for each, named C(HOST/SERVICE) in the table, in the notes after it
+    and in the JSON's C(out_of_rotation) and C(left_as_found) keys; every row has C(service) (the server's
+    C(gpufleet_server_name)) and C(name). A playbook that imports two of the collection's playbooks for the same
+    service (C(clean), then C(rollout)) shows what the last play that handled it left, not a mix of both.
   - The table is titled after the collection's playbook that ran (C(GPUFLEET AUDIT SUMMARY) for
     C(gpufleet.serving.audit), also when a C(site.yml) imports it); a playbook of the user's gets C(ROLLOUT).
   - "A host whose old server was killed counts as restarted, also when it failed afterwards; the C(restarted) column
@@ -134,10 +139,23 @@ BEFORE_LAUNCH = ("kill", "strays", "clean", "launch")
 NOT_READY = ("startup", "ready")
 # The task whose host going unreachable leaves the restart's outcome unknown: it runs to its end on the host.
 RESTART_ACTIONS = ("gpufleet.serving.server_restart", "server_restart")
+# The calls whose result names the host's service they were for (`service`).
+STATE_ACTIONS = ("gpufleet.serving.server_state", "server_state")
 UNKNOWN_RESTART = "unknown (unreachable during the restart)"
 # The rollout's check of its batch settings (gpu_server tasks/batch_begin.yml): it runs once, on the batch's first
 # host, and its failure is the run's settings refused, not that host failing.
 SETTINGS_TASK = "Check the batch settings"
+
+
+def _outcome(h: t.Mapping[str, t.Any]) -> bool:
+    """Whether a row says what happened to its service (restarted or not, stopped, failed)."""
+    return "restarted" in h or "stopped" in h or h.get("status", "ok") != "ok"
+
+
+def _name(r: t.Mapping[str, t.Any]) -> str:
+    """A row's name in the table and the notes: the host's, HOST/SERVICE where the host has several rows (rows from
+    tools/gpufleet_ci have no `name`)."""
+    return str(r.get("name") or r["host"])
 
 
 def _count(v: t.Any) -> int:
@@ -290,7 +308,8 @@ def markdown_table(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     """The per-host Markdown table of rows as CallbackModule.rows() builds them (a missing value shows '-')."""
     table = [list(COLUMNS)]
     for r in rows:
-        vals = [(r.get("restart") or "-") if c == "restarted" else _fmt(r.get(c)) for c in COLUMNS]
+        vals = [(r.get("restart") or "-") if c == "restarted" else _name(r) if c == "host" else _fmt(r.get(c))
+                for c in COLUMNS]
         table.append([v.replace("|", "/").replace("\n", " ") for v in vals])
     # Padded columns, so the table reads in a terminal and stays valid Markdown; the last (failure) is not padded.
     widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS) - 1)] + [0]
@@ -303,10 +322,10 @@ def out_of_rotation(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     """The line naming hosts this run left out of their load balancers ('' when none)."""
     # A host this run puts back (or, under --check, would) is not left out: returned() names it.
     left = [r for r in rows if r.get("out_of_rotation") and not _put_back(r)]
-    failed = ["%s (%s)" % (r["host"], ", ".join(r["out_of_rotation"])) for r in left if r.get("status") != "ok"]
+    failed = ["%s (%s)" % (_name(r), ", ".join(r["out_of_rotation"])) for r in left if r.get("status") != "ok"]
     # A host that did not fail was left out on purpose (the clean playbook stops its server): no cause to fix
     # (helper-39).
-    kept = ["%s (%s)" % (r["host"], ", ".join(r["out_of_rotation"])) for r in left if r.get("status") == "ok"]
+    kept = ["%s (%s)" % (_name(r), ", ".join(r["out_of_rotation"])) for r in left if r.get("status") == "ok"]
     lines = []
     if failed:
         lines.append("left out of rotation: %s; the next rollout puts it back once the cause is fixed (docs/runbook.md)"
@@ -318,7 +337,7 @@ def out_of_rotation(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
 
 def left_as_found(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     """The line naming servers found out of rotation (or in DRAIN) by someone else and left so ('' when none)."""
-    out = ["%s (%s)" % (r["host"], ", ".join("%s %s" % kv for kv in sorted(r["left_as_found"].items())))
+    out = ["%s (%s)" % (_name(r), ", ".join("%s %s" % kv for kv in sorted(r["left_as_found"].items())))
            for r in rows if r.get("left_as_found")]
     return ("left as found, taken out by someone else, not by gpufleet: %s" % "; ".join(out)) if out else ""
 
@@ -331,8 +350,8 @@ def _returned_entries(r: t.Mapping[str, t.Any]) -> str:
 
 def returned(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     """The line naming hosts an earlier run left drained (its drain record) that this run put back ('' when none)."""
-    done = ["%s (%s)" % (r["host"], _returned_entries(r)) for r in rows if _put_back(r) and not r.get("would_return")]
-    would = ["%s (%s)" % (r["host"], _returned_entries(r)) for r in rows if _put_back(r) and r.get("would_return")]
+    done = ["%s (%s)" % (_name(r), _returned_entries(r)) for r in rows if _put_back(r) and not r.get("would_return")]
+    would = ["%s (%s)" % (_name(r), _returned_entries(r)) for r in rows if _put_back(r) and r.get("would_return")]
     notes = []
     if done:
         notes.append("put back into rotation, left out by an earlier run (drain record): %s" % "; ".join(done))
@@ -365,7 +384,7 @@ def rolled_back(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
              and r["rollback_to"].get("inventory_fingerprint") not in (None, "", r["rollback_to"].get("fingerprint"))]
     if not hosts:
         return ""
-    named = ["%s (to %s, the inventory says %s)" % (r["host"], str(r["rollback_to"].get("fingerprint"))[:12],
+    named = ["%s (to %s, the inventory says %s)" % (_name(r), str(r["rollback_to"].get("fingerprint"))[:12],
                                                     str(r["rollback_to"].get("inventory_fingerprint"))[:12]) for r in hosts]
     return ("%s: %s; the inventory is unchanged, so the next rollout restarts these hosts to the inventory's definition "
             "again: change the inventory first (docs/runbook.md)"
@@ -381,7 +400,7 @@ def auto_rolled_back(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
         return ""
     return ("rolled back to the last known good: %s; the inventory still describes the definition that failed, so the "
             "next rollout restarts these hosts to it again: fix or revert it first (docs/runbook.md)"
-            % "; ".join("%s (to %s)" % (r["host"], str(r["rolled_back"].get("fingerprint") or "")[:12]) for r in hosts))
+            % "; ".join("%s (to %s)" % (_name(r), str(r["rolled_back"].get("fingerprint") or "")[:12]) for r in hosts))
 
 
 def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.Mapping[str, t.Any]]) -> t.List[str]:
@@ -405,7 +424,7 @@ def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.
 def nccl_only(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     """The line naming hosts whose NCCL layers were tuned while no server task ran (--tags nccl_tuning; '' when none):
     their servers were neither checked nor restarted, and run on with the environment they were started with."""
-    out = ["%s (%s)" % (r["host"], ("layers would change" if r.get("check_mode") else "layers changed")
+    out = ["%s (%s)" % (_name(r), ("layers would change" if r.get("check_mode") else "layers changed")
                         if r.get("nccl_changed") else "layers already as asked")
            for r in rows if r.get("nccl_only")]
     return ("NCCL layers only, servers not checked or restarted (the run's tags left the gpu_server tasks out; a "
@@ -415,7 +434,7 @@ def nccl_only(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
 def nccl_stale(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     """The line naming hosts whose server was right but whose NCCL layers are not what the inventory asks, left as they
     are because the run's tags left the nccl_tuning role out ('' when none)."""
-    out = ["%s (%s)" % (r["host"], ", ".join(r["nccl_stale"])) for r in rows if r.get("nccl_stale")]
+    out = ["%s (%s)" % (_name(r), ", ".join(r["nccl_stale"])) for r in rows if r.get("nccl_stale")]
     return ("NCCL layers not as the inventory asks, left as they are (the run's tags left the nccl_tuning role out; "
             "the servers run on as checked; a run with the nccl_tuning tag writes them): %s" % "; ".join(out)) if out else ""
 
@@ -433,14 +452,14 @@ def gate_cell(g: t.Any) -> t.Optional[t.Dict[str, t.Any]]:
 
 def gate_plans(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     """Under --check, what each host's performance gate would measure and against what ('' when none)."""
-    out = ["%s %s" % (r["host"], r["gate"]["msg"]) for r in rows
+    out = ["%s %s" % (_name(r), r["gate"]["msg"]) for r in rows
            if isinstance(r.get("gate"), t.Mapping) and r["gate"].get("would_measure")]
     return ("performance gate (check mode, no request sent): %s" % "; ".join(out)) if out else ""
 
 
 def record_missing(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     """The line naming hosts whose kept server still has no record (server_state's record_missing; '' when none)."""
-    out = ["%s (%s)" % (r["host"], r["record_missing"]) for r in rows if r.get("record_missing")]
+    out = ["%s (%s)" % (_name(r), r["record_missing"]) for r in rows if r.get("record_missing")]
     return ("record still missing, server kept: %s" % "; ".join(out)) if out else ""
 
 
@@ -457,7 +476,14 @@ class CallbackModule(CallbackBase):
 
     def __init__(self) -> None:
         super().__init__()
-        self.hosts: t.Dict[str, t.Dict[str, t.Any]] = {}
+        # Host, then service, to its row: a host may run several services, each with a flow of its own in one play
+        # (helper-44: they merged into one row, fields from both). "" is a row begun before its service was known.
+        self.hosts: t.Dict[str, t.Dict[str, t.Dict[str, t.Any]]] = {}
+        # The service each host's tasks are for now: the last server_state call's (its `service`) or row's.
+        self.current: t.Dict[str, str] = {}
+        # Plays seen, for a playbook that imports two of the collection's (clean, then rollout): a service's row from an
+        # earlier play is replaced by this play's, not merged with it.
+        self.play_no = 0
         # Stems of the playbook files that ran (the command line's first, then each play's), for the title.
         self.playbook_names: t.List[str] = []
         self.inventory_hosts: t.List[str] = []
@@ -496,6 +522,7 @@ class CallbackModule(CallbackBase):
         return next((n for n in self.playbook_names if n in PLAYBOOKS), "rollout")
 
     def v2_playbook_on_play_start(self, play: t.Any) -> None:
+        self.play_no += 1
         try:
             # A site.yml importing gpufleet.serving.audit: the play's own file names the playbook.
             self._note_playbook(play.get_path())
@@ -517,13 +544,44 @@ class CallbackModule(CallbackBase):
         # The play ended for this batch (max_fail_percentage exceeded, or every host failed). A host of the
         # batch that is still "ok" but never reached the gpu_server decision may still run its old server.
         for n in self.batch:
-            h = self.hosts.get(n)
-            if h and h.get("status") == "ok" and "restarted" not in h:
-                h["status"] = "stopped"
-                h["failure"] = "stopped before the server step: the rollout ended for this host's batch"
+            for h in (self.hosts.get(n) or {}).values():
+                if h.get("status") == "ok" and "restarted" not in h:
+                    h["status"] = "stopped"
+                    h["failure"] = "stopped before the server step: the rollout ended for this host's batch"
 
-    def _host(self, name: str) -> t.Dict[str, t.Any]:
-        return self.hosts.setdefault(name, {"host": name, "status": "ok"})
+    def _host(self, name: str, service: t.Optional[str] = None) -> t.Dict[str, t.Any]:
+        """The row of `name`'s service: `service` where the event says which (it becomes the host's current one), else
+        the host's current service's."""
+        rows = self.hosts.setdefault(name, {})
+        if service is None:
+            service = self.current.get(name, "")
+        else:
+            self.current[name] = service
+            if service not in rows and "" in rows and service and not _outcome(rows[""]):
+                # Begun before its service was known (the rollout's check of a host it leaves to the roles, the NCCL
+                # tuning's fact): this service's row.
+                rows[service] = dict(rows.pop(""), service=service)
+            elif service in rows and rows[service].get("_play") != self.play_no and _outcome(rows[service]):
+                # An earlier play handled this service (clean, then rollout): this play's outcome is the row.
+                del rows[service]
+        if service not in rows:
+            rows[service] = {"host": name, "service": service, "status": "ok", "_play": self.play_no}
+        return rows[service]
+
+    @staticmethod
+    def _service(result: t.Any, facts: t.Mapping[str, t.Any]) -> t.Optional[str]:
+        """The service an event is for, where it says: a row's `service`, or a server_state call's (its O(name))."""
+        row = facts.get("gpufleet_server_result")
+        if isinstance(row, t.Mapping) and row.get("service") not in (None, ""):
+            return str(row["service"])
+        try:
+            task = result.task
+            action = getattr(task, "resolved_action", None) or task.action
+        except Exception:  # the summary must never break a run
+            return None
+        if action in STATE_ACTIONS and result.result.get("service") not in (None, ""):
+            return str(result.result["service"])
+        return None
 
     # result.result/.host/.task: the public CallbackTaskResult API, in every core we support (2.19+); core
     # marks _result/_host/_task for deprecation (2.23).
@@ -534,6 +592,9 @@ class CallbackModule(CallbackBase):
                          gpufleet_nccl_changed=result.result.get("gpufleet_nccl_changed", False))
         if facts.get("gpufleet_rollout_halted"):  # {} at the start of each batch
             self.halted = dict(facts["gpufleet_rollout_halted"])
+        service = self._service(result, facts)
+        if service is not None:
+            self._host(result.host.get_name(), service)
         if "gpufleet_server_result" in facts:
             h = self._host(result.host.get_name())
             h.update(facts["gpufleet_server_result"])
@@ -562,7 +623,7 @@ class CallbackModule(CallbackBase):
             for n in self.batch:  # nothing ran on them but this check: listed as not run
                 self.hosts.pop(n, None)
             return
-        h = self._host(result.host.get_name())
+        h = self._host(result.host.get_name(), self._service(result, {}))
         h["status"] = "failed"
         h.setdefault("failure", failure_text(result.result))
         h.setdefault("failed_task", result.task.get_name())
@@ -590,7 +651,8 @@ class CallbackModule(CallbackBase):
         """A batch in which every host failed ends the play inside ansible-core, before the batch gate can run:
         say it the gate's way when hosts of later batches were not started."""
         not_run = [n for n in self.inventory_hosts if n not in self.hosts]
-        failed = [n for n in self.batch if (self.hosts.get(n) or {}).get("status") in ("failed", "unreachable")]
+        failed = [n for n in self.batch
+                  if any(h.get("status") in ("failed", "unreachable") for h in (self.hosts.get(n) or {}).values())]
         if self.halted is not None or not not_run or not failed:
             return
         self.halted = {
@@ -602,8 +664,8 @@ class CallbackModule(CallbackBase):
     def rows(self) -> t.List[t.Dict[str, t.Any]]:
         out = []
         names = list(self.inventory_hosts) + [n for n in self.hosts if n not in self.inventory_hosts]
-        for n in names:
-            h = dict(self.hosts.get(n) or {"host": n, "status": "not run"})
+        for n, service, h in ((n, s, dict(h)) for n in names
+                              for s, h in (self.hosts.get(n) or {"": {"host": n, "status": "not run"}}).items()):
             tm = h.get("timings") or {}
             killed, would = _count(h.get("killed")), bool(h.get("would_restart"))
             # Restarted whenever the old server was killed, also on a host that failed before a new one was ready;
@@ -625,6 +687,9 @@ class CallbackModule(CallbackBase):
                 restarted, cell = None, UNKNOWN_RESTART
             out.append({
                 "host": n,
+                "service": service or None,
+                # The row's name: the host's, with the service where the host has several rows.
+                "name": "%s/%s" % (n, service) if service and len(self.hosts.get(n) or {}) > 1 else n,
                 "status": h.get("status"),
                 "restarted": restarted,
                 "stopped": stopped,
@@ -675,8 +740,8 @@ class CallbackModule(CallbackBase):
             return
         self._halted_by_ansible()
         rows = self.rows()
-        if not any("restarted" in (self.hosts.get(r["host"]) or {}) or r["nccl_only"] or r["status"] != "ok"
-                   for r in rows):
+        if not any("restarted" in h for hs in self.hosts.values() for h in hs.values()) \
+                and not any(r["nccl_only"] or r["status"] != "ok" for r in rows):
             if any(n in PLAYBOOKS for n in self.playbook_names):
                 self._nothing_selected(rows)
             return  # not a gpufleet rollout, or one whose tags selected none of the roles' steps
@@ -689,8 +754,8 @@ class CallbackModule(CallbackBase):
             os.makedirs(d, exist_ok=True)
             with open(os.path.join(d, "rollout-summary.json"), "w") as f:
                 json.dump({"playbook": self.playbook(), "hosts": rows, "halted": self.halted,
-                           "out_of_rotation": {r["host"]: r["out_of_rotation"] for r in rows if r["out_of_rotation"]},
-                           "left_as_found": {r["host"]: r["left_as_found"] for r in rows if r["left_as_found"]}},
+                           "out_of_rotation": {_name(r): r["out_of_rotation"] for r in rows if r["out_of_rotation"]},
+                           "left_as_found": {_name(r): r["left_as_found"] for r in rows if r["left_as_found"]}},
                           f, indent=1)
             with open(os.path.join(d, "rollout-summary.md"), "w") as f:
                 f.write(render_markdown(rows, self.halted))

@@ -250,3 +250,16 @@ def role_names_refused(env: t.Any, profile: t.Any, allow_vars: t.Any, unknown_va
             parts.append("unknown NCCL variable name(s) with gpufleet_nccl_unknown_vars=fail: %s" % "; ".join(
                 unknown_message(n, c) for n, c in sorted(unknown.items())))
     return "; ".join(parts)
+
+
+def auto_profile(gpu_info: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
+    """What gpufleet_nccl_profile auto resolves to from a host's gpu_info result: `profile`, pcie_only when no NVLink is
+    active, else nvlink; `warning`, why nvlink was chosen when the NVLink state is unknown (None otherwise). The one
+    rule, for the nccl_tuning role (the nccl_auto_profile filter) and the rollout's check (the rollout_check action)."""
+    active = gpu_info.get("nvlink_active")
+    warning = None
+    if active is None:
+        warning = ("gpu_info could not tell whether NVLink is active (backend %s); the auto profile chose nvlink, which "
+                   "sets no protocol or algorithm overrides. Set gpufleet_nccl_profile to pcie_only explicitly on "
+                   "PCIe-only boxes." % gpu_info.get("backend"))
+    return {"profile": "pcie_only" if active is False else "nvlink", "warning": warning}

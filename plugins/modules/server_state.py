@@ -488,11 +488,20 @@ decision:
     - C(do_restart) (bool); C(result), the host's summary row so far (C(restarted) V(false), C(reasons), C(workers),
       C(workers_verified) - the GPU-holding workers whose environment is as expected, V(0) when the server is not
       running - and C(record_missing)); C(return_only), true for an up-to-date host an earlier run left out of
-      rotation on gpufleet's drain record, with C(rotation), the entries it goes back into.
+      rotation on gpufleet's drain record, with C(rotation), the entries it goes back into. C(result.service) is
+      O(name).
   returned: when action is check and decide is set
   type: dict
   sample: {do_restart: false, return_only: false,
-           result: {restarted: false, reasons: [], workers: 3, workers_verified: 2, record_missing: ""}}
+           result: {service: sglang, restarted: false, reasons: [], workers: 3, workers_verified: 2, record_missing: ""}}
+service:
+  version_added: 0.3.0
+  description:
+    - O(name), the service of the host this call was for, also on a failure (the action plugin adds it). The rollout
+      summary keeps one row per host and service by it.
+  returned: always
+  type: str
+  sample: sglang
 took_over_from:
   version_added: 0.2.0
   description: With O(decide), the owner id of the dead run whose host lock this call took over.

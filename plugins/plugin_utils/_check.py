@@ -76,7 +76,7 @@ def refusal(check: t.Mapping[str, t.Any], force: bool, locked_run: bool, profile
 
 
 def decide(check: t.Mapping[str, t.Any], force: bool, balancers: t.Sequence[str], locked_run: bool,
-           check_mode: bool, idents: t.Optional[t.Mapping[str, t.Any]] = None) -> Result:
+           check_mode: bool, idents: t.Optional[t.Mapping[str, t.Any]] = None, service: str = "") -> Result:
     """What the role does with the host: `do_restart`, the summary row it starts (`result`), and its place in the
     balancers (`rotation`, the gpufleet_server_rotation fact, {} for a host whose balancers are not touched):
     - a restart with balancers starts its drain from here (in rotation, nothing drained yet); the drain reads the
@@ -84,10 +84,11 @@ def decide(check: t.Mapping[str, t.Any], force: bool, balancers: t.Sequence[str]
     - an up-to-date host that an earlier run left out of rotation on gpufleet's drain record (`return_only`) goes
       back into the entries the record names, no others.
     `error` fails the host: a drain record that cannot be read when the drain or the return would need it, or a
-    record of another server (`idents`, entry name to the server it names for this host) that the return would act on."""
+    record of another server (`idents`, entry name to the server it names for this host) that the return would act on.
+    `service` (the server's name) names the row: a host may run several services (the summary keeps a row each)."""
     idents = idents or {}
     do_restart = bool(force or check.get("needs_restart"))
-    result: Result = dict(restarted=False, reasons=["forced"] if force else list(check.get("reasons") or []),
+    result: Result = dict(service=service, restarted=False, reasons=["forced"] if force else list(check.get("reasons") or []),
                           workers=len(check.get("workers") or []), workers_verified=workers_verified(check),
                           record_missing=str(check.get("record_missing") or ""))
     if isinstance(check.get("rollback"), t.Mapping):
@@ -161,7 +162,7 @@ def fast_verdict(check: t.Mapping[str, t.Any], balancers: t.Sequence[t.Any], nam
         return {"up_to_date": False}
     workers = check.get("workers") or []
     return {"up_to_date": True,
-            "gpufleet_server_result": {"restarted": False, "reasons": [], "workers": len(workers),
+            "gpufleet_server_result": {"service": name, "restarted": False, "reasons": [], "workers": len(workers),
                                        "workers_verified": len([w for w in workers if w.get("holds_gpu")])},
             "gpufleet_nccl_changed": False}
 

@@ -29,6 +29,8 @@ RUNS = [
     ("fleet-rollout-bench-8-ab6c5c1.json",),
     ("fleet-rollout-bench-8-9cbec0b.json",),
     ("fleet-rollout-bench-8-575f844.json",),
+    ("fleet-rollout-bench-8-f8e29dd.json",),
+    ("fleet-rollout-bench-2-32-f8e29dd.json",),
 ]
 
 

@@ -468,8 +468,8 @@ def test_a_rollback_where_no_server_ran_before_does_not_say_killed():
     g = {"fingerprint": "0123456789abcdef", "pid": 7, "workers_verified": 2}
     cb = r.CallbackModule()
     for name, killed in (("h1", 2), ("h2", 0)):  # server_restart's `killed`: how many processes it ended
-        cb.hosts[name] = {"host": name, "status": "failed", "restarted": True, "killed": killed, "phase": "startup",
-                          "timings": {"kill_s": 0.0}, "rolled_back": g}
+        cb.hosts[name] = {"": {"host": name, "status": "failed", "restarted": True, "killed": killed, "phase": "startup",
+                               "timings": {"kill_s": 0.0}, "rolled_back": g}}
     cells = {row["host"]: row["restart"] for row in cb.rows()}
     assert cells == {"h1": "killed, rolled back to 0123456789ab", "h2": "rolled back to 0123456789ab"}, cells
 

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -160,6 +161,63 @@ def test_a_second_service_with_other_nccl_values_is_refused_and_the_same_values_
 
 
 CLEAN_SITE = "- name: gpufleet clean\n  ansible.builtin.import_playbook: gpufleet.serving.clean\n"
+# A play of the user's that runs both services of the host (helper-44): the tuning, sglang (the inventory's), then sgb
+# (the include's vars), forced.
+BOTH_SERVICES = """
+- name: Both services of the host in my own play
+  hosts: gpufleet_servers
+  gather_facts: false
+  tasks:
+    - name: The NCCL tuning
+      ansible.builtin.include_role:
+        name: gpufleet.serving.nccl_tuning
+    - name: sglang
+      ansible.builtin.include_role:
+        name: gpufleet.serving.gpu_server
+    - name: sgb, restarted
+      ansible.builtin.include_role:
+        name: gpufleet.serving.gpu_server
+      vars: %s
+"""
+CLEAN_THEN_ROLLOUT = CLEAN_SITE + ROLLOUT_SITE
+
+
+def _summary_rows(run):
+    return json.loads((run.artifacts.parent.parent / "summary" / "rollout-summary.json").read_text())
+
+
+@pytest.mark.reliability(
+    section="input", case="Two services of one host in one play, and clean then rollout in one playbook",
+    provoked="the user's own play includes gpu_server for sglang (up to date) and then for sgb (forced restart) on one "
+             "host; then one playbook that imports gpufleet.serving.clean and gpufleet.serving.rollout for sgb",
+    outcome="the summary has a row per service, named host1/sglang (not restarted) and host1/sgb (restarted), in the "
+            "table and the JSON (each with its `service`); the clean-then-rollout row says what the last play left "
+            "(restarted, not stopped) (helper-44: both merged into one host row, its fields from both)")
+def test_the_summary_keeps_a_row_per_service_and_the_last_plays_outcome(two):
+    fleet = two["fleet"]
+    sgb = dict(_service(fleet.python, "sgb", 1, 30001), gpufleet_server_force_restart=True)
+    before = _tree(fleet, "sglang")
+    run = runner_play(two["work"], BOTH_SERVICES % json.dumps(sgb), [fleet.inventory, two["invs"]["sglang"]],
+                      ident="both-services")
+    _ok(run)
+    data = _summary_rows(run)
+    rows = {r["name"]: r for r in data["hosts"]}
+    assert sorted(rows) == ["%s/sgb" % H, "%s/sglang" % H], data["hosts"]
+    assert (rows["%s/sglang" % H]["service"], rows["%s/sglang" % H]["restarted"]) == ("sglang", False), rows
+    assert (rows["%s/sgb" % H]["service"], rows["%s/sgb" % H]["restarted"]) == ("sgb", True), rows
+    assert rows["%s/sgb" % H]["reasons"] == ["forced"] and rows["%s/sglang" % H]["reasons"] == [], rows
+    assert _tree(fleet, "sglang") == before
+    table = run.stdout[run.stdout.index("GPUFLEET ROLLOUT SUMMARY"):]
+    assert "| %s/sglang " % H in table and "| %s/sgb " % H in table, table
+
+    both = runner_play(two["work"], CLEAN_THEN_ROLLOUT, [fleet.inventory, two["invs"]["sgb"]], ident="sgb-clean-rollout")
+    _ok(both)
+    (row,) = _summary_rows(both)["hosts"]
+    assert (row["name"], row["service"], row["restarted"], row["stopped"], row["restart"]) == (
+        H, "sgb", True, False, "yes"), row
+    assert _tree(fleet, "sgb"), "sgb runs again"
+
+
 
 
 @pytest.mark.reliability(

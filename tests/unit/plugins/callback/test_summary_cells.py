@@ -8,7 +8,7 @@ from ansible_collections.gpufleet.serving.plugins.callback.rollout_summary impor
 def _cell(**host) -> str:
     cb = CallbackModule()
     cb.inventory_hosts = ["h"]
-    cb.hosts = {"h": dict({"host": "h", "status": "ok", "stopped": True}, **host)}
+    cb.hosts = {"h": {"": dict({"host": "h", "status": "ok", "stopped": True}, **host)}}
     return cb.rows()[0]["restart"]
 
 

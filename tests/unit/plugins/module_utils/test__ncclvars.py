@@ -203,3 +203,11 @@ def test_role_refuses_unknown_names_as_the_modules_do_with_fail(env, allow, poli
     if refused:
         assert "NCCL_PROTOCOL is not a known NCCL environment variable (did you mean NCCL_PROTO?)" in refused \
             or "NCCL_A is not a known" in refused, refused
+
+
+def test_auto_resolves_pcie_only_only_where_no_nvlink_is_active_and_says_why_when_unknown():
+    assert _ncclvars.auto_profile({"nvlink_active": False, "backend": "nvml"}) == {"profile": "pcie_only", "warning": None}
+    assert _ncclvars.auto_profile({"nvlink_active": True, "backend": "nvml"}) == {"profile": "nvlink", "warning": None}
+    unknown = _ncclvars.auto_profile({"nvlink_active": None, "backend": "nvidia-smi"})
+    assert unknown["profile"] == "nvlink"
+    assert unknown["warning"].startswith("gpu_info could not tell whether NVLink is active (backend nvidia-smi)")

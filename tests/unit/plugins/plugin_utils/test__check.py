@@ -17,9 +17,10 @@ def check(**over):
 
 
 def test_an_up_to_date_host_is_kept_and_its_gpu_holding_workers_count():
-    d = _check.decide(check(), force=False, balancers=[], locked_run=True, check_mode=False)
+    d = _check.decide(check(), force=False, balancers=[], locked_run=True, check_mode=False, service="sglang")
     assert d == dict(do_restart=False, return_only=False, rotation={},
-                     result=dict(restarted=False, reasons=[], workers=3, workers_verified=2, record_missing=""))
+                     result=dict(service="sglang", restarted=False, reasons=[], workers=3, workers_verified=2,
+                                 record_missing=""))
 
 
 def test_a_worker_with_an_env_problem_is_not_verified_and_a_stopped_server_verifies_none():
@@ -154,7 +155,7 @@ def test_the_fast_path_ends_only_a_host_the_check_calls_up_to_date_and_no_drain_
     up = check(up_to_date=True)
     assert _check.fast_verdict(up, ["lb"], "demo") == {
         "up_to_date": True, "gpufleet_nccl_changed": False,
-        "gpufleet_server_result": dict(restarted=False, reasons=[], workers=3, workers_verified=2)}
+        "gpufleet_server_result": dict(service="demo", restarted=False, reasons=[], workers=3, workers_verified=2)}
     # An earlier run died after its drain: the roles put the host back, however right its server.
     assert _check.fast_verdict(dict(up, drain_records={"lb": {}}), ["lb"], "demo") == {"up_to_date": False}
     # A record of a balancer the host no longer has is not this host's business here.
