@@ -463,6 +463,15 @@ def record_missing(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     return ("record still missing, server kept: %s" % "; ".join(out)) if out else ""
 
 
+def summary_json(playbook: str, rows: t.Sequence[t.Mapping[str, t.Any]],
+                 halted: t.Optional[t.Mapping[str, t.Any]] = None) -> t.Dict[str, t.Any]:
+    """rollout-summary.json: the rows, the halt, and by row name the balancers each host was left out of (as the note
+    after the table: not a host this run put back, or under --check would) and the entries left as found."""
+    return {"playbook": playbook, "hosts": list(rows), "halted": halted,
+            "out_of_rotation": {_name(r): r["out_of_rotation"] for r in rows if r.get("out_of_rotation") and not _put_back(r)},
+            "left_as_found": {_name(r): r["left_as_found"] for r in rows if r.get("left_as_found")}}
+
+
 def render_markdown(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.Mapping[str, t.Any]] = None) -> str:
     """The summary as Markdown: the table, then each note in bold (rollout-summary.md; tools/gpufleet_ci's report)."""
     return markdown_table(rows) + "".join("\n**%s**\n" % n for n in summary_notes(rows, halted))
@@ -753,9 +762,6 @@ class CallbackModule(CallbackBase):
         if d:
             os.makedirs(d, exist_ok=True)
             with open(os.path.join(d, "rollout-summary.json"), "w") as f:
-                json.dump({"playbook": self.playbook(), "hosts": rows, "halted": self.halted,
-                           "out_of_rotation": {_name(r): r["out_of_rotation"] for r in rows if r["out_of_rotation"]},
-                           "left_as_found": {_name(r): r["left_as_found"] for r in rows if r["left_as_found"]}},
-                          f, indent=1)
+                json.dump(summary_json(self.playbook(), rows, self.halted), f, indent=1)
             with open(os.path.join(d, "rollout-summary.md"), "w") as f:
                 f.write(render_markdown(rows, self.halted))

@@ -323,6 +323,8 @@ def test_a_host_that_is_or_would_be_put_back_is_not_called_left_out():
     assert "would put back into rotation, left out by an earlier run (drain record): h1 (haproxy)" in md, md
     assert "put back into rotation, left out by an earlier run (drain record): h2 (haproxy)" in md, md
     assert "left out of rotation: h3 (haproxy);" in md and "h1 (haproxy); the next" not in md, md
+    # The JSON says the same: a host the run puts back (under --check, would) is not left out (it listed h1 there).
+    assert r.summary_json("rollout", rows, None)["out_of_rotation"] == {"h3": ["haproxy"]}
     # A host left out without a failure (the clean playbook's stop) has no cause to fix (helper-39).
     rows = [{"host": "h4", "status": "ok", "restarted": False, "stopped": True, "out_of_rotation": ["haproxy"]}]
     md = r.render_markdown(rows, None)
