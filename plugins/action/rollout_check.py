@@ -226,7 +226,9 @@ class ActionModule(ActionBase):
         names = check.pop("_balancer_names")
         verdict = _check.fast_verdict(check, names, str(server.get("gpufleet_server_name")))
         if verdict.get("failed"):
-            return dict(result, **verdict)
+            # A host an earlier run left out of rotation (its drain record) stays out: said in the summary (helper-45).
+            left = _check.recorded_drains(check, names)
+            return dict(result, **verdict, **({"left_out_of_rotation": left} if left else {}))
         result.update(verdict)
         stale = _check.stale_records(check, names)
         if stale and verdict.get("up_to_date"):  # otherwise the roles' check says it

@@ -164,6 +164,9 @@ class ActionModule(ActionBase):
         res = self._locked_module(task_vars, args)
         owner = args.get("owner")
         if res.get("failed"):
+            left = _check.recorded_drains(res, [str(n) for n in decide.get("balancers") or []], decide.get("idents") or {})
+            if left:
+                res["left_out_of_rotation"] = left
             return res
         force = boolean(decide.get("force", False), strict=False)
         refused = _check.refusal(res, force, bool(owner), profile)

@@ -71,7 +71,10 @@ description:
     they are)) with the layers that differ, also in its row's C(nccl_stale).
   - A host an earlier run left out of rotation (its drain record) whose server needs no restart is put back without
     one; such hosts are named after the table (C(put back into rotation), under C(--check) C(would put back into
-    rotation), and not as left out) and in each row's C(returned_to_service) (and C(would_return) in check mode).
+    rotation), and not as left out) and in each row's C(returned_to_service) (and C(would_return) in check mode). So
+    are the entries a restart's put-back returns that an earlier run left out (the clean playbook's, a failed run's).
+    Until then they count as left out of rotation, also when the restart is refused before anything is touched
+    (C(left_out_of_rotation) of the refusal).
 requirements:
   - enable in ansible.cfg with C(callbacks_enabled = gpufleet.serving.rollout_summary)
 options:
@@ -156,6 +159,13 @@ def _name(r: t.Mapping[str, t.Any]) -> str:
     """A row's name in the table and the notes: the host's, HOST/SERVICE where the host has several rows (rows from
     tools/gpufleet_ci have no `name`)."""
     return str(r.get("name") or r["host"])
+
+
+def _union(*lists: t.Any) -> t.List[str]:
+    out: t.List[str] = []
+    for items in lists:
+        out.extend(str(x) for x in items or [] if str(x) not in out)
+    return out
 
 
 def _count(v: t.Any) -> int:
@@ -403,7 +413,8 @@ def auto_rolled_back(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
             % "; ".join("%s (to %s)" % (_name(r), str(r["rolled_back"].get("fingerprint") or "")[:12]) for r in hosts))
 
 
-def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.Mapping[str, t.Any]]) -> t.List[str]:
+def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.Mapping[str, t.Any]],
+                  playbook: t.Optional[str] = None) -> t.List[str]:
     """The lines said after the table, each a sentence about the whole run: why the rollout halted, which hosts it
     left out of rotation. A new line about the run goes here, and every output (terminal, files, gpufleet_ci) says it."""
     notes = []
@@ -414,7 +425,7 @@ def summary_notes(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.
     notes.append(returned(rows))
     notes.append(record_missing(rows))
     notes.append(nccl_only(rows))
-    notes.append(nccl_stale(rows))
+    notes.append(nccl_stale(rows, playbook))
     notes.append(gate_plans(rows))
     notes.append(rolled_back(rows))
     notes.append(auto_rolled_back(rows))
@@ -431,12 +442,18 @@ def nccl_only(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
             "rollout without them restarts a server whose workers lack the tuning): %s" % "; ".join(out)) if out else ""
 
 
-def nccl_stale(rows: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+def nccl_stale(rows: t.Sequence[t.Mapping[str, t.Any]], playbook: t.Optional[str] = None) -> str:
     """The line naming hosts whose server was right but whose NCCL layers are not what the inventory asks, left as they
-    are because the run's tags left the nccl_tuning role out ('' when none)."""
+    are because the run's tags left the nccl_tuning role out, or because the run is the read-only audit ('' when
+    none)."""
     out = ["%s (%s)" % (_name(r), ", ".join(r["nccl_stale"])) for r in rows if r.get("nccl_stale")]
+    if not out:
+        return ""
+    if playbook == "audit":  # it changes nothing, whatever the tags (helper-45: it blamed tags never given)
+        return ("NCCL layers not as the inventory asks (the audit changes nothing; the next rollout writes them and "
+                "restarts the servers onto them): %s" % "; ".join(out))
     return ("NCCL layers not as the inventory asks, left as they are (the run's tags left the nccl_tuning role out; "
-            "the servers run on as checked; a run with the nccl_tuning tag writes them): %s" % "; ".join(out)) if out else ""
+            "the servers run on as checked; a run with the nccl_tuning tag writes them): %s" % "; ".join(out))
 
 
 def gate_cell(g: t.Any) -> t.Optional[t.Dict[str, t.Any]]:
@@ -472,9 +489,10 @@ def summary_json(playbook: str, rows: t.Sequence[t.Mapping[str, t.Any]],
             "left_as_found": {_name(r): r["left_as_found"] for r in rows if r.get("left_as_found")}}
 
 
-def render_markdown(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.Mapping[str, t.Any]] = None) -> str:
+def render_markdown(rows: t.Sequence[t.Mapping[str, t.Any]], halted: t.Optional[t.Mapping[str, t.Any]] = None,
+                    playbook: t.Optional[str] = None) -> str:
     """The summary as Markdown: the table, then each note in bold (rollout-summary.md; tools/gpufleet_ci's report)."""
-    return markdown_table(rows) + "".join("\n**%s**\n" % n for n in summary_notes(rows, halted))
+    return markdown_table(rows) + "".join("\n**%s**\n" % n for n in summary_notes(rows, halted, playbook))
 
 
 class CallbackModule(CallbackBase):
@@ -495,6 +513,7 @@ class CallbackModule(CallbackBase):
         self.play_no = 0
         # Stems of the playbook files that ran (the command line's first, then each play's), for the title.
         self.playbook_names: t.List[str] = []
+        self.cli_playbooks: t.List[str] = []
         self.inventory_hosts: t.List[str] = []
         self.batch: t.List[str] = []
         # Set by the rollout's batch gate (gpu_server tasks/batch_end.yml) when a batch failed beyond
@@ -519,6 +538,7 @@ class CallbackModule(CallbackBase):
                 arg = str(arg)
                 fqcn = re.match(r"^[a-z0-9_]+\.[a-z0-9_]+\.([a-z0-9_]+)$", arg)
                 self._note_playbook(fqcn.group(1) if fqcn and not os.path.exists(arg) else arg)
+                self.cli_playbooks.append(self.playbook_names[-1] if self.playbook_names else "")
         except Exception:  # the summary must never break a run
             pass
 
@@ -528,7 +548,10 @@ class CallbackModule(CallbackBase):
             self.playbook_names.append(name)
 
     def playbook(self) -> str:
-        return next((n for n in self.playbook_names if n in PLAYBOOKS), "rollout")
+        """The collection's playbook named on the command line (restart, which imports rollout), else the last of them
+        whose play ran (a site.yml importing audit; one importing clean, then rollout, is a rollout: helper-45)."""
+        return next((n for n in self.cli_playbooks if n in PLAYBOOKS), None) \
+            or next((n for n in reversed(self.playbook_names) if n in PLAYBOOKS), "rollout")
 
     def v2_playbook_on_play_start(self, play: t.Any) -> None:
         self.play_no += 1
@@ -637,6 +660,10 @@ class CallbackModule(CallbackBase):
         h.setdefault("failure", failure_text(result.result))
         h.setdefault("failed_task", result.task.get_name())
         res = result.result
+        # A refused restart of a host an earlier run left out of rotation (its drain record): it stays out (helper-45).
+        if isinstance(res.get("left_out_of_rotation"), list) and res["left_out_of_rotation"]:
+            rot = h.setdefault("rotation", {})
+            rot["left_out"] = [str(n) for n in res["left_out_of_rotation"]]
         # A failed server_restart says what it did before the failing step: processes killed mean the old server
         # is gone, whatever the role's rescue records afterwards.
         if "killed" in res and "timings" in res:
@@ -714,7 +741,8 @@ class CallbackModule(CallbackBase):
                 "workers_verified": h.get("workers_verified"),
                 "reasons": h.get("reasons") or [],
                 "failure": h.get("failure"),
-                "out_of_rotation": list((h.get("rotation") or {}).get("out_of") or []),
+                # What this run took out, and what an earlier run left out that it did not put back (`left_out`).
+                "out_of_rotation": _union((h.get("rotation") or {}).get("out_of"), (h.get("rotation") or {}).get("left_out")),
                 "would_drain": bool((h.get("rotation") or {}).get("would_drain")),
                 "left_as_found": dict((h.get("rotation") or {}).get("left_as_found") or {}),
                 "returned_to_service": list((h.get("rotation") or {}).get("returned") or []),
@@ -756,7 +784,7 @@ class CallbackModule(CallbackBase):
             return  # not a gpufleet rollout, or one whose tags selected none of the roles' steps
         self._display.banner("GPUFLEET %s SUMMARY" % self.playbook().upper())
         self._display.display(markdown_table(rows))
-        for note in summary_notes(rows, self.halted):
+        for note in summary_notes(rows, self.halted, self.playbook()):
             self._display.display(note, color="red", stderr=False)
         d = self.get_option("summary_dir")
         if d:
@@ -764,4 +792,4 @@ class CallbackModule(CallbackBase):
             with open(os.path.join(d, "rollout-summary.json"), "w") as f:
                 json.dump(summary_json(self.playbook(), rows, self.halted), f, indent=1)
             with open(os.path.join(d, "rollout-summary.md"), "w") as f:
-                f.write(render_markdown(rows, self.halted))
+                f.write(render_markdown(rows, self.halted, self.playbook()))

@@ -246,13 +246,26 @@ def check(p: t.Dict[str, t.Any], step: Step) -> dict:
         if p["nccl_layers"]:
             res["nccl_layers"] = _layercheck.up_to_date(p["nccl_layers"], step.warn)
             res["up_to_date"] = res["up_to_date"] and res["nccl_layers"]["up_to_date"]
+        if p["rotation_file"]:
+            try:
+                res["drain_records"] = _rotation.read(p["rotation_file"])
+            except (_rotation.RecordError, OSError) as e:
+                res["drain_record_error"] = "drain record %s: %s" % (p["rotation_file"], e)
+                res["up_to_date"] = False
         if p["launchable"] and (res["needs_restart"] or p["keep_lock"]):
-            problems = restart_problems(p)
-            if problems:
-                raise StepError("cannot run this server, nothing was stopped: %s" % "; ".join(problems),
-                                phase="preflight", launch_problems=problems)
-            if p["owner"]:
-                restart_preflight(p, step)
+            try:
+                problems = restart_problems(p)
+                if problems:
+                    raise StepError("cannot run this server, nothing was stopped: %s" % "; ".join(problems),
+                                    phase="preflight", launch_problems=problems)
+                if p["owner"]:
+                    restart_preflight(p, step)
+            except StepError as e:
+                # A host an earlier run left out of rotation stays out: its records go with the refusal, for the
+                # summary (helper-45: it did not say so).
+                if "drain_records" in res:
+                    e.details.setdefault("drain_records", res["drain_records"])
+                raise
         if choice is not None:
             res["reasons"] = rollback_reasons(res, choice)
             res["rollback"] = choice
@@ -264,12 +277,6 @@ def check(p: t.Dict[str, t.Any], step: Step) -> dict:
                           % (p["name"], str(choice["fingerprint"])[:12], inv[:12]))
         if lock_res.get("waited"):
             res["lock_waited"] = lock_res["waited"]
-        if p["rotation_file"]:
-            try:
-                res["drain_records"] = _rotation.read(p["rotation_file"])
-            except (_rotation.RecordError, OSError) as e:
-                res["drain_record_error"] = "drain record %s: %s" % (p["rotation_file"], e)
-                res["up_to_date"] = False
         # Before any balancer call of a run: a drain (a restart) or a put-back (an earlier run's drain record). An entry
         # copied from another host's variables would take that host out, or put it back over an operator's MAINT.
         if p["owner"] and (res["needs_restart"] or p["keep_lock"] or res.get("drain_records")):

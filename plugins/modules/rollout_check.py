@@ -101,4 +101,12 @@ launch_problems:
   returned: on that failure
   type: list
   elements: str
+left_out_of_rotation:
+  description:
+    - With RV(launch_problems), the host's balancer entries whose drain record says an earlier run of gpufleet took
+      the host out of them. It stays out of them; the rollout summary lists them.
+  returned: on that failure, when there are such entries
+  type: list
+  elements: str
+  version_added: 0.3.0
 """

@@ -657,9 +657,20 @@ launch_problems:
   elements: str
 drain_records:
   version_added: 0.2.0
-  description: With V(check) and O(rotation_file), the drain record's records (balancer name to its drain), empty when there is none.
+  description:
+    - With V(check) and O(rotation_file), the drain record's records (balancer name to its drain), empty when there is
+      none; also with a refusal of the restart (RV(launch_problems)).
   returned: with rotation_file, when it could be read
   type: dict
+left_out_of_rotation:
+  version_added: 0.3.0
+  description:
+    - With O(decide), when the check refused the restart (RV(launch_problems)), the host's entries (O(decide.balancers))
+      whose drain record says an earlier run of gpufleet took the host out of them (a record of another server under
+      an entry's name excluded). The host stays out of those; the rollout summary lists them.
+  returned: failure
+  type: list
+  elements: str
 drain_record_error:
   version_added: 0.2.0
   description: With V(check) and O(rotation_file), why the drain record could not be read (RV(up_to_date) is then false).

@@ -108,8 +108,11 @@ def decide(check: t.Mapping[str, t.Any], force: bool, balancers: t.Sequence[str]
         # read: so does --check (helper-40).
         if check.get("drain_record_error"):
             out["error"] = str(check["drain_record_error"])
+        # The entries an earlier run's drain record (this host's own) says gpufleet took the host out of (a clean, a
+        # failed run): still out if this run fails before its put-back, and put back by it otherwise (helper-45: the
+        # summary said neither).
         out["rotation"] = dict(out_of=[], balancers=list(balancers), would_drain=check_mode, drained=False, found={},
-                               left_as_found={}, renamed={})
+                               left_as_found={}, renamed={}, recorded=recorded_drains(check, balancers, idents))
         return out
     if check.get("drain_record_error"):
         out["error"] = str(check["drain_record_error"])
@@ -134,6 +137,18 @@ def decide(check: t.Mapping[str, t.Any], force: bool, balancers: t.Sequence[str]
         would_return=check_mode,
         found={n: (records[n].get("found", "UP") if isinstance(records[n], t.Mapping) else "UP") for n in names})
     return out
+
+
+def recorded_drains(check: t.Mapping[str, t.Any], balancers: t.Sequence[t.Any],
+                    idents: t.Optional[t.Mapping[str, t.Any]] = None) -> t.List[str]:
+    """The host's entries (in their order) that its drain record says gpufleet took it out of: the check's
+    `drain_records`, a record of another server under an entry's name excluded (`idents`: not this host's drain)."""
+    records = check.get("drain_records")
+    if not isinstance(records, t.Mapping):
+        return []
+    idents = idents or {}
+    return [str(n) for n in balancers if isinstance(records.get(str(n)), t.Mapping)
+            and not (str(n) in idents and foreign_text(str(n), records[str(n)], str(idents[str(n)])))]
 
 
 def stale_records(check: t.Mapping[str, t.Any], balancers: t.Sequence[t.Any]) -> t.List[str]:

@@ -126,6 +126,17 @@ def rotation(start: t.Any, names: t.Sequence[str], check_mode: bool, drain: t.An
     retaken = _rotations(retake)
     if retaken:
         rot["out_of"] = ordered(list(rot.get("out_of") or []) + _flat(retaken, "out_of"))
+    # A restart of a host an earlier run left out (its drain record, the check's decision): the entries its put-back
+    # put back are returned to service; until then (a failure before it) the host is still out of them (`left_out`).
+    # Under --check the put-back is what the run would do.
+    recorded = [str(n) for n in rot.get("recorded") or []]
+    if recorded:
+        if check_mode:
+            rot.update(returned=ordered(recorded), would_return=True)
+        else:
+            done = set(_flat(_rotations(back), "back_in")) - set(rot.get("out_of") or [])
+            rot["returned"] = ordered(n for n in recorded if n in done)
+            rot["left_out"] = ordered(n for n in recorded if n not in done)
     return rot
 
 

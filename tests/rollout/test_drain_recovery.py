@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -124,6 +125,17 @@ def test_a_drain_record_of_another_server_is_not_this_hosts_drain(df):
     df.all_in_rotation(timeout=30)
 
 
+# Another process on the server's port (run by the host's system python, 200 to every request).
+FOREIGN = (
+    "import http.server, sys\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def log_message(self, *a):\n"
+    "        pass\n"
+    "    def do_GET(self):\n"
+    "        self.send_response(200); self.send_header('Content-Length', '2'); self.end_headers(); self.wfile.write(b'ok')\n"
+    "http.server.ThreadingHTTPServer(('0.0.0.0', int(sys.argv[1])), H).serve_forever()\n")
+
+
 def test_clean_drains_the_host_stops_it_and_the_next_rollout_puts_it_back(df):
     """The clean playbook behind balancers: out of both (its drain record kept), the server stopped, GPUs clean; the next
     rollout relaunches it and puts it back into both. It used to fail after taking the host out of HAProxy, its server
@@ -139,9 +151,26 @@ def test_clean_drains_the_host_stops_it_and_the_next_rollout_puts_it_back(df):
     assert not _pids(df)["host1"]  # stopped
     rec = df.drain_record("host1")
     assert rec is not None and sorted(rec[1]) == ["haproxy", "sglang_router"], rec
+    # A rollout refused before anything is touched (another process listens on the server's port) leaves the host out,
+    # and says so (helper-45: the summary listed it nowhere, its row had out_of_rotation []).
+    df.fleet.ssh("host1", "setsid python3 -c %s 30000 </dev/null >/dev/null 2>&1 &" % shlex.quote(FOREIGN), check=True)
+    try:
+        r = df.playbook("rollout", "--limit", "host1")
+        assert r.rc != 0, r.tail()
+        assert r.summary["host1"]["out_of_rotation"] == ["haproxy", "sglang_router"], r.summary["host1"]
+        assert "left out of rotation: host1 (haproxy, sglang_router); the next rollout puts it back once the cause is " \
+            "fixed" in " ".join(r.out.split()), r.tail()
+        assert df.haproxy_states()["host1"] == "MAINT" and df.drain_record("host1") is not None
+    finally:
+        df.fleet.ssh("host1", "pkill -9 -f 'http.server' || true", check=False)
     r = df.playbook("rollout", "--limit", "host1")
     assert r.rc == 0, r.tail()
     assert r.summary["host1"]["restarted"], r.summary["host1"]
+    # The restart puts back what the clean left out, and says so.
+    assert r.summary["host1"]["returned_to_service"] == ["haproxy", "sglang_router"], r.summary["host1"]
+    assert r.summary["host1"]["out_of_rotation"] == [], r.summary["host1"]
+    assert "put back into rotation, left out by an earlier run (drain record): host1 (haproxy, sglang_router)" in " ".join(
+        r.out.split()), r.tail()
     df.all_in_rotation(timeout=30)
     assert df.drain_record("host1") is None
 

@@ -40,12 +40,13 @@ def test_a_forced_restart_says_forced_whatever_the_check_found():
 
 @pytest.mark.parametrize("check_mode", [False, True])
 def test_a_restart_behind_balancers_starts_its_drain_in_rotation_whatever_the_record_says(check_mode):
-    # The drain (drain.yml) reads the check's records itself: the entries the record names are not "out" yet.
+    # The drain (drain.yml) reads the check's records itself: the entries the record names are not "out" of this
+    # run's drain yet, they are `recorded` (an earlier run's: the summary's left out until the put-back).
     d = _check.decide(check(needs_restart=True, reasons=["r"], drain_records=RECORDS), False, ["lb-a", "lb-c"], True,
                       check_mode)
     assert d["do_restart"] is True and d["return_only"] is False and "error" not in d
     assert d["rotation"] == dict(out_of=[], balancers=["lb-a", "lb-c"], would_drain=check_mode, drained=False, found={},
-                                 left_as_found={}, renamed={})
+                                 left_as_found={}, renamed={}, recorded=[n for n in ["lb-a", "lb-c"] if n in RECORDS])
 
 
 def test_the_record_of_a_kept_server_that_cannot_be_written_is_in_the_row():
@@ -235,3 +236,13 @@ def test_tags_select_is_what_ansible_core_does_with_a_task_of_these_tags(own, in
         for skip in SKIPS:
             assert _check.tags_select(list(inherited) + list(own), only, skip) is task.evaluate_tags(only, skip, {}), \
                 (own, inherited, only, skip)
+
+
+def test_a_restart_starts_from_the_entries_the_hosts_own_drain_record_names():
+    """helper-45: the decision says which entries an earlier run left the host out of, its own drains only."""
+    records = {"lb-a": {"server": "h1", "found": "UP"}, "lb-b": {"server": "other", "found": "UP"}, "gone": {}}
+    d = _check.decide(check(needs_restart=True, reasons=["r"], drain_records=records), False, ["lb-a", "lb-b", "lb-c"],
+                      True, False, {"lb-a": "h1", "lb-b": "h1"})
+    assert d["rotation"]["recorded"] == ["lb-a"] and d["rotation"]["out_of"] == []
+    assert _check.recorded_drains({"drain_records": records}, ["lb-b", "lb-a"]) == ["lb-b", "lb-a"]
+    assert _check.recorded_drains({"drain_record_error": "x"}, ["lb-a"]) == []

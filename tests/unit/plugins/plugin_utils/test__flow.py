@@ -130,6 +130,24 @@ def test_a_return_only_host_goes_back_into_the_entries_its_record_names():
     assert r["out_of"] == [] and r["returned"] == ["smg"]
 
 
+def test_a_restart_puts_back_what_an_earlier_run_left_out_and_until_then_it_is_still_out():
+    """helper-45: a host the clean playbook left out (its drain record) was not said to be out when its next restart
+    failed before the put-back, nor put back when the restart put it back."""
+    s = dict(start(), recorded=["lb", "smg"])
+    out = drain({"out_of": ["hook"], "found": {"hook": "UP"}}, settle={"outcome": "drained", "back_in_rotation": []})
+    r = rotation(s, NAMES, False, drain=out)  # failed before the put-back
+    assert r["out_of"] == ["hook"] and r["left_out"] == ["lb", "smg"] and r["returned"] == []
+    r = rotation(s, NAMES, False, drain=out, back=loop({"back_in": ["lb", "smg", "hook"], "left_as_found": {}}))
+    assert r["out_of"] == [] and r["left_out"] == [] and r["returned"] == ["lb", "smg"]
+    # A put-back that failed after lb, taken out of lb again: lb and smg are still out.
+    failed = loop({"back_in": ["lb"]}, failed=True)
+    r = rotation(s, NAMES, False, drain=out, back=failed, retake=loop({"out_of": ["lb", "hook"]}))
+    assert r["out_of"] == ["lb", "hook"] and r["left_out"] == ["lb", "smg"] and r["returned"] == []
+    # --check: the run would put them back.
+    r = rotation(dict(s, would_drain=True), NAMES, True)
+    assert r["returned"] == ["lb", "smg"] and r["would_return"] is True and "left_out" not in r
+
+
 def test_the_start_is_not_changed_in_place():
     s = start()
     rotation(s, NAMES, False, drain=drain({"out_of": ["lb"], "found": {"lb": "UP"}}))
