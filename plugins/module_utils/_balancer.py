@@ -249,10 +249,16 @@ class HAProxy:
     def read(self, server: str, backend: str = "") -> t.Dict[str, t.Dict[str, str]]:
         """{states, addrs, weights} of `server`, each by backend, from one show stat (addrs: show stat's addr,
         "IP:PORT", HAProxy 1.7 and later; empty where not shown)."""
-        rows = [r for r in self.rows() if r.get("svname") == server and (not backend or r.get("pxname") == backend)]
+        every = self.rows()
+        rows = [r for r in every if r.get("svname") == server and (not backend or r.get("pxname") == backend)]
+        # The other servers in rotation in each of those backends (UP or no check, weight not 0).
+        others = {be: sum(1 for r in every if r.get("pxname") == be and r.get("svname") != server
+                          and word(r.get("status", "")) in ("UP", "no") and r.get("weight") != "0")
+                  for be in {r["pxname"] for r in rows}}
         return {"states": {r["pxname"]: r.get("status", "") for r in rows},
                 "addrs": {r["pxname"]: r.get("addr", "") for r in rows},
-                "weights": {r["pxname"]: r.get("weight", "") for r in rows}}
+                "weights": {r["pxname"]: r.get("weight", "") for r in rows},
+                "others_in_rotation": others}
 
     def set_state(self, backends: t.Iterable[str], server: str, state: str) -> None:
         for b in sorted(backends):
@@ -379,6 +385,8 @@ class Balancers:
         self.sleep = sleep
         # Seconds a balancer gets to show the server out (MAINT; the router no longer listing it).
         self.out_timeout = out_timeout
+        # What the caller should say (module.warn): the plan's "the last server in rotation" (helper-45).
+        self.warnings: t.List[str] = []
 
     # helpers
     def ident(self, b: Entry) -> str:
@@ -399,7 +407,8 @@ class Balancers:
             ws = self.router(b).workers()
             mine = [w for w in ws if w.get("url") == self.ident(b)]
             return {"found": "listed" if mine else "absent", "workers": [str(w.get("url")) for w in ws],
-                    "healthy": any(w.get("is_healthy") for w in mine)}
+                    "healthy": any(w.get("is_healthy") for w in mine),
+                    "others_healthy": sum(1 for w in ws if w.get("url") != self.ident(b) and w.get("is_healthy"))}
         return {"found": "unknown"}
 
     # out -------------------------------------------------------------------------------------------------------------
@@ -444,8 +453,30 @@ class Balancers:
                 step["back"] = back
                 step["drain"] = {"balancer": b["name"], "found": back, "server": self.ident(b),
                                  "keep": found in ("MAINT", "unknown")}
+                alone = self.last_in_rotation(b, now)
+                if alone:
+                    self.warnings.append(alone)
             plan.append(step)
         return plan
+
+    def last_in_rotation(self, b: Entry, now: t.Mapping[str, t.Any]) -> t.Optional[str]:
+        """Why taking the server out leaves a balancer with no server in rotation (None when another one serves): with
+        gpufleet_rollout_min_in_service unset (0) the drain goes on, so a fleet whose other servers an operator took
+        out loses every request while this one restarts (helper-45: 4847 of 5000 failed, with no word)."""
+        ident = self.ident(b)
+        if b["type"] == "haproxy":
+            serving = [be for be, st in (now.get("states") or {}).items()
+                       if word(st) in ("UP", "no") and (now.get("weights") or {}).get(be) != "0"]
+            alone = sorted(be for be in serving if not (now.get("others_in_rotation") or {}).get(be))
+            if alone:
+                return ("haproxy %s: %s is the only server in rotation in backend %s: while it is out (drain, restart, "
+                        "put-back) no server there takes requests; gpufleet_rollout_min_in_service refuses such a batch"
+                        % (b["name"], ident, ", ".join(alone)))
+        elif b["type"] == "sglang_router" and now.get("healthy") and not now.get("others_healthy"):
+            return ("sglang_router %s: %s is the only healthy worker the router lists: while it is out (drain, restart, "
+                    "put-back) the router has no worker to send requests to; gpufleet_rollout_min_in_service refuses "
+                    "such a batch" % (b["name"], ident))
+        return None
 
     def read_each(self, entries: t.Sequence[Entry]) -> t.Dict[str, t.Dict[str, t.Any]]:
         """read_one of each entry by name, before any is touched; every entry that cannot be read is named."""

@@ -149,7 +149,10 @@ options:
             elements: int
             default: [200, 201, 202, 204]
   state:
-    description: V(out) and V(in) change the balancers; V(read) only reads (see O(report)).
+    description:
+      - V(out) and V(in) change the balancers; V(read) only reads (see O(report)).
+      - V(out) warns when the server is the last one in rotation of an HAProxy backend (the others not UP, or at weight
+        0) or the last healthy worker the router lists, and takes it out all the same.
     type: str
     choices: [out, in, read]
     required: true
@@ -330,8 +333,8 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def run(p: t.Mapping[str, t.Any], check_mode: bool) -> t.Dict[str, t.Any]:
-    """The call's result; raises BalancerError."""
+def run(p: t.Mapping[str, t.Any], check_mode: bool, warn: t.Callable[[str], None] = lambda msg: None) -> t.Dict[str, t.Any]:
+    """The call's result (`warn`: module.warn); raises BalancerError."""
     # Capacity reads many hosts' entries (names repeat across hosts); the others are one host's.
     errs = _balancer.input_errors(p["balancers"]) if p["report"] != "capacity" or p["state"] != "read" else []
     if errs:
@@ -342,6 +345,8 @@ def run(p: t.Mapping[str, t.Any], check_mode: bool) -> t.Dict[str, t.Any]:
                                       out_hosts=[], unread=[])
     if p["state"] == "out":
         plan = bs.plan_out()
+        for w in bs.warnings:
+            warn(w)
         result["drains"] = [s["drain"] for s in plan if "drain" in s]
         if check_mode:
             result["rotation"] = {"out_of": [s["name"] for s in plan if "back" in s],
@@ -376,7 +381,7 @@ def main() -> None:
             if req:
                 module.no_log_values.update(_balancer.url_secrets(req["url"]))
     try:
-        result = run(module.params, module.check_mode)
+        result = run(module.params, module.check_mode, module.warn)
     except _balancer.BalancerError as e:
         module.fail_json(msg=str(e), **e.result)
     module.exit_json(**result)

@@ -218,8 +218,6 @@ def test_the_summary_keeps_a_row_per_service_and_the_last_plays_outcome(two):
     assert _tree(fleet, "sgb"), "sgb runs again"
 
 
-
-
 @pytest.mark.reliability(
     section="input", case="A service launched while another service's run has changed the NCCL layers",
     provoked="sgb stopped (gpufleet.serving.clean), sglang running; a GPU holder no kill ends on sglang's GPU; "

@@ -242,11 +242,20 @@ def test_servers_taken_out_by_hand_are_left_as_found(df):
         a = df.playbook("audit", "--limit", "host3", check=True)
         assert a.rc != 0
         assert "out of rotation on haproxy (MAINT in backend gpufleet), not by gpufleet" in " ".join(a.out.split()), a.tail()
+        # host2 too in MAINT by hand: host1 is the last server in rotation. Without a capacity minimum its drain goes
+        # on, and says so (helper-45: every request failed during its restart, without a word).
+        cmd("set server %s/host2 state maint" % _balancer.BACKEND)
+        r = df.playbook("rollout", "--limit", "host1", extra_vars={"gpufleet_server_force_restart": True})
+        assert r.rc == 0, r.tail()
+        assert "haproxy: host1 is the only server in rotation in backend %s: while it is out (drain, restart, put-back) " \
+            "no server there takes requests; gpufleet_rollout_min_in_service refuses such a batch" % _balancer.BACKEND \
+            in " ".join(r.out.split()), r.tail()
     finally:
+        df.put_back("host2")
         df.put_back("host3")
         df.put_back("host4")
-    _wait_in_rotation(df, "host3")
-    _wait_in_rotation(df, "host4")
+    for h in ("host2", "host3", "host4"):
+        _wait_in_rotation(df, h)
 
 
 def test_an_entry_without_backend_restores_each_backend_as_found(df):

@@ -161,8 +161,8 @@ def summary_renderer(collections_path: t.Optional[str] = None) -> types.ModuleTy
 def render_markdown(report: t.Dict[str, t.Any], collections_path: t.Optional[str] = None) -> str:
     """The report's title line, then the callback's summary (table and notes) of report["hosts"]."""
     title = "### gpufleet %s: %s (rc %s)" % (report["playbook"], "OK" if report["ok"] else "FAILED", report["rc"])
-    return title + "\n\n" + summary_renderer(collections_path).render_markdown(report["hosts"], report.get("halted"),
-                                                                              report.get("playbook"))
+    renderer = summary_renderer(collections_path)
+    return title + "\n\n" + renderer.render_markdown(report["hosts"], report.get("halted"), report.get("playbook"))
 
 
 def main(argv: t.Optional[t.List[str]] = None) -> int:

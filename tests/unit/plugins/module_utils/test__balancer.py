@@ -501,3 +501,35 @@ def test_the_put_back_waits_for_a_check_to_pass_not_the_up_a_server_leaves_maint
     _leaves_maint_pending(hp, "UP")
     r = b.put_back(r["rotation"]["found"], {}, up_timeout=5)
     assert r["rotation"]["back_in"] == ["haproxy"] and hp.status("web", "host1") == "UP"
+
+
+def test_the_plan_warns_when_the_server_is_the_last_in_rotation_and_still_drains(hp, smg):
+    """helper-45: with no capacity minimum, the canary drained while its peers were in an operator's MAINT/DRAIN, and
+    4847 of 5000 requests failed with no word. The drain goes on (the minimum is the guard); the plan says it."""
+    b = bal([haproxy_entry(hp)])
+    assert "drain" in b.plan_out()[0]
+    # host1 is alone in backend api (web has host2 UP).
+    assert b.warnings == ["haproxy haproxy: host1 is the only server in rotation in backend api: while it is out (drain, "
+                          "restart, put-back) no server there takes requests; gpufleet_rollout_min_in_service refuses "
+                          "such a batch"]
+    hp.servers[("web", "host2")]["status"] = "MAINT"
+    hp.servers[("api", "host9")] = {"status": "UP", "weight": "0"}  # weight 0 takes no request either
+    b = bal([haproxy_entry(hp)])
+    b.plan_out()
+    assert len(b.warnings) == 1 and "in backend api, web:" in b.warnings[0], b.warnings
+    hp.servers[("api", "host9")]["weight"] = "1"
+    hp.servers[("web", "host2")]["status"] = "no check"
+    b = bal([haproxy_entry(hp)])
+    b.plan_out()
+    assert b.warnings == []
+    # The router: the other worker unhealthy leaves host1's the only one.
+    e = {"type": "sglang_router", "name": "smg", "url": smg.url}
+    b = bal([e])
+    b.plan_out()
+    assert b.warnings == []
+    smg.workers["w1"]["is_healthy"] = False
+    b = bal([e])
+    b.plan_out()
+    assert b.warnings == ["sglang_router smg: http://10.0.0.1:30000 is the only healthy worker the router lists: while "
+                          "it is out (drain, restart, put-back) the router has no worker to send requests to; "
+                          "gpufleet_rollout_min_in_service refuses such a batch"]
