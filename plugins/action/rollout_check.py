@@ -227,6 +227,7 @@ class ActionModule(ActionBase):
         verdict = _check.fast_verdict(check, names, str(server.get("gpufleet_server_name")))
         if verdict.get("failed"):
             # A host an earlier run left out of rotation (its drain record) stays out: said in the summary (helper-45).
+            # The entries' idents are the roles' (balancer_idents): here every record under an entry's name counts.
             left = _check.recorded_drains(check, names)
             return dict(result, **verdict, **({"left_out_of_rotation": left} if left else {}))
         result.update(verdict)

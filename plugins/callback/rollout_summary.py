@@ -168,6 +168,11 @@ def _union(*lists: t.Any) -> t.List[str]:
     return out
 
 
+def _stem(path: str) -> str:
+    """A playbook's name: its file's stem (a play's path ends with :LINE)."""
+    return os.path.splitext(os.path.basename(re.sub(r":\d+$", "", path)))[0]
+
+
 def _count(v: t.Any) -> int:
     try:
         return int(v or 0)
@@ -537,13 +542,14 @@ class CallbackModule(CallbackBase):
             for arg in context.CLIARGS.get("args") or ():
                 arg = str(arg)
                 fqcn = re.match(r"^[a-z0-9_]+\.[a-z0-9_]+\.([a-z0-9_]+)$", arg)
-                self._note_playbook(fqcn.group(1) if fqcn and not os.path.exists(arg) else arg)
-                self.cli_playbooks.append(self.playbook_names[-1] if self.playbook_names else "")
+                name = fqcn.group(1) if fqcn and not os.path.exists(arg) else arg
+                self._note_playbook(name)
+                self.cli_playbooks.append(_stem(name))
         except Exception:  # the summary must never break a run
             pass
 
     def _note_playbook(self, path: str) -> None:
-        name = os.path.splitext(os.path.basename(re.sub(r":\d+$", "", path)))[0]  # a play's path ends with :LINE
+        name = _stem(path)
         if name and name not in self.playbook_names:
             self.playbook_names.append(name)
 
@@ -697,11 +703,16 @@ class CallbackModule(CallbackBase):
             "batch": list(self.batch), "failed": failed, "not_started": not_run,
         }
 
+    def _each_row(self, names: t.Sequence[str]) -> t.Iterator[t.Tuple[str, str, t.Dict[str, t.Any]]]:
+        """(host, service, a copy of its row) for every row of each host, a "not run" row for a host without one."""
+        for n in names:
+            for service, h in (self.hosts.get(n) or {"": {"host": n, "status": "not run"}}).items():
+                yield n, service, dict(h)
+
     def rows(self) -> t.List[t.Dict[str, t.Any]]:
         out = []
         names = list(self.inventory_hosts) + [n for n in self.hosts if n not in self.inventory_hosts]
-        for n, service, h in ((n, s, dict(h)) for n in names
-                              for s, h in (self.hosts.get(n) or {"": {"host": n, "status": "not run"}}).items()):
+        for n, service, h in self._each_row(names):
             tm = h.get("timings") or {}
             killed, would = _count(h.get("killed")), bool(h.get("would_restart"))
             # Restarted whenever the old server was killed, also on a host that failed before a new one was ready;

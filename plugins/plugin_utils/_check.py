@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import typing as t
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._balancer import foreign_text
+from ansible_collections.gpufleet.serving.plugins.module_utils._balancer import foreign_text, other_server
 from ansible_collections.gpufleet.serving.plugins.module_utils._rotation import stale
 
 Result = t.Dict[str, t.Any]
@@ -148,7 +148,7 @@ def recorded_drains(check: t.Mapping[str, t.Any], balancers: t.Sequence[t.Any],
         return []
     idents = idents or {}
     return [str(n) for n in balancers if isinstance(records.get(str(n)), t.Mapping)
-            and not (str(n) in idents and foreign_text(str(n), records[str(n)], str(idents[str(n)])))]
+            and not (str(n) in idents and other_server(records[str(n)], str(idents[str(n)])))]
 
 
 def stale_records(check: t.Mapping[str, t.Any], balancers: t.Sequence[t.Any]) -> t.List[str]:
