@@ -15,7 +15,7 @@ controller CPU whether it ran or was skipped (issue 25, STYLE.md item 21). The r
 - the rules the specs cannot say are the server_problems and nccl_names_refused filters' Python
   (plugin_utils/_preflight.py, module_utils/_ncclvars.py), and nccl_tuning's vars/main.yml for the input's form and
   the layers' arguments, templated here as the role templates them;
-- the up-to-date check is one gpufleet.serving.server_state call with the arguments the task's
+- the up-to-date check is one gpufleet.serving.server_info call (read-only) with the arguments the task's
   C(_gpufleet_rollout_check_args) variable wires (roles/gpu_server/tasks/rollout_check.yml).
 
 The results are returned, not set as facts: an action's C(ansible_facts) are host facts, below set_fact's precedence
@@ -162,13 +162,13 @@ class ActionModule(ActionBase):
         return None, out
 
     def _fast_check(self, templar: t.Any, task_vars: t.Mapping[str, t.Any], nccl: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
-        """The read-only server_state check, with what this run computed for the NCCL layers in scope."""
+        """The read-only check (gpufleet.serving.server_info), with what this run computed for the NCCL layers in scope."""
         scope = ChainMap({"gpufleet_nccl_effective_env": nccl.get("nccl_effective_env"),
                           "gpufleet_nccl_desired_layers": nccl.get("nccl_desired_layers")}, dict(task_vars))
         ctemplar = templar.copy_with_new_env(available_variables=scope)
         args = dict(ctemplar.template(task_vars[CHECK_ARGS]))  # an omitted value is no key (ansible-core 2.19+)
         balancers = [b.get("name") for b in ctemplar.template(task_vars["_gpufleet_server_balancers"]) or []]
-        res = self._execute_module(module_name="gpufleet.serving.server_state", module_args=args, task_vars=task_vars)
+        res = self._execute_module(module_name="gpufleet.serving.server_info", module_args=args, task_vars=task_vars)
         return dict(res, _balancer_names=balancers)
 
     def run(self, tmp=None, task_vars=None):

@@ -6,9 +6,11 @@
 # This module_utils is PRIVATE and should only be used by this collection.
 # Breaking changes can happen without notice.
 
-"""What gpufleet.serving.server_state does, by its O(action): the check of a running server against its desired state
-(read-only but for the host lock it may take, and the record of an up-to-date server the record lost), the record, and
-the host lock. Errors are raised as StepError; only the module's main() turns one into fail_json (issue 25)."""
+"""What gpufleet.serving.server_info and gpufleet.serving.server_state do: the read-only check of a running server
+against its desired state (server_info, `info`), and server_state's jobs by its O(action) - the same check under the
+host lock it may take (with the record of an up-to-date server the record lost), the record, and the host lock. Both
+modules take the check's options from `check_argument_spec`. Errors are raised as StepError; only a module's main()
+turns one into fail_json (issue 25)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,87 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import (
     _select, _server, _statefile, _systemd)
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import StepError
 from ansible_collections.gpufleet.serving.plugins.module_utils._step import Step
+
+
+def check_argument_spec() -> t.Dict[str, t.Any]:
+    """The check's options, the same in gpufleet.serving.server_info and server_state (documented once, in the
+    gpufleet.serving._server_check doc fragment; O(lock_file) is each module's own, as it means more in server_state)."""
+    return dict(
+        name=dict(type="str", required=True),
+        tag_name=dict(type="str", default="GPUFLEET_SERVICE"),
+        state_file=dict(type="path", required=True),
+        pidfile=dict(type="path"),
+        fingerprint=dict(type="str"),
+        launchable=dict(type="dict", options=dict(
+            command=dict(type="str", required=True),
+            user=dict(type="str", default="root"),
+            workdir=dict(type="path", default="/"),
+            # From the server's env, whose values are secret (server_restart's env is no_log, and so its PATH).
+            path=dict(type="str", no_log=True),
+            log_path=dict(type="path"),
+            drain_record=dict(type="path"),
+            urls=dict(type="list", elements="str", default=[]),
+            clean_timeout=dict(type="float", default=30.0),
+            kill=dict(type="dict", default={}, options=dict(
+                cmdline_regex=dict(type="str"),
+                gpu_strays=dict(type="bool", default=False),
+            )),
+        )),
+        gpus=dict(type="list", elements="int", default=[]),
+        require_gpu_holders=dict(type="bool", default=True),
+        expected_env=dict(type="dict", default={}),
+        lock_file=dict(type="path"),
+        rotation_file=dict(type="path"),
+        worker_urls=dict(type="dict", default={}),
+        # Read by the action plugins only (plugins/action/server_state.py, server_info.py).
+        decide=dict(type="dict", options=dict(
+            force=dict(type="bool", default=False),
+            balancers=dict(type="list", elements="str", default=[]),
+            idents=dict(type="dict", default={}),
+            nccl_profile=dict(type="str"),
+            nccl_known=dict(type="bool", default=True),
+            tags=dict(type="list", elements="str", default=[]),
+        )),
+        nccl_layers=dict(type="dict", options=_layercheck.argument_spec()),
+        rollback=dict(type="dict", options=dict(to=dict(type="str", default=""))),
+        # Top-level, not in systemd: the module's journal entry masks a no_log value only where it is the whole
+        # argument, and a dict option is logged as its text (a multi-line secret in it was not masked).
+        systemd_env_content=dict(type="str", no_log=True),
+        systemd=dict(type="dict", options=dict(
+            unit=dict(type="str", required=True),
+            unit_path=dict(type="path", required=True),
+            unit_content=dict(type="str"),
+            env_file=dict(type="path"),
+            enabled=dict(type="bool"),
+            loaded=dict(type="dict"),
+            dropins=dict(type="str", choices=["warn", "remove", "fail"], default="warn"),
+        )),
+        backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),
+    )
+
+
+def argument_spec() -> t.Dict[str, t.Any]:
+    """server_state's options: the check's, and those of its writes (the lock, the record) and of its action plugin."""
+    return dict(
+        check_argument_spec(),
+        action=dict(type="str", choices=["check", "record", "lock", "unlock"], default="check"),
+        timings=dict(type="dict", default={}),
+        owner=dict(type="str"),
+        lock_ttl=dict(type="float", default=1800.0),
+        lock_wait=dict(type="float", default=0.0),
+        # Read by the action plugin only: the failure to report after the release.
+        fail_msg=dict(type="str"),
+        break_owner=dict(type="str"),
+        keep_lock=dict(type="bool", default=False),
+        # Read by the action plugin only: the lock and the NCCL layers' write before the check.
+        tune=dict(type="dict", options=dict(
+            sitecustomize=dict(type="dict"),
+            nccl_conf=dict(type="dict"),
+            backup=dict(type="bool", default=False),
+            keep_previous=dict(type="path"),
+            tags=dict(type="list", elements="str", default=[]),
+        )),
+    )
 
 
 def record_input_error(p: t.Mapping[str, t.Any]) -> t.Optional[str]:
@@ -617,8 +700,17 @@ ACTIONS: t.Dict[str, t.Callable[[t.Dict[str, t.Any], Step], t.Dict[str, t.Any]]]
     "check": check, "record": record, "lock": lock, "unlock": unlock}
 
 
+def info(p: t.Dict[str, t.Any], step: Step) -> t.Dict[str, t.Any]:
+    """gpufleet.serving.server_info: the check without a lock owner, which never writes (O(lock_file) only looked at).
+    The same code as server_state's check, so both say the same of a host."""
+    res = check(dict(p, action="check", owner=None, break_owner=None, keep_lock=False, lock_ttl=1800.0, lock_wait=0.0,
+                     timings={}), step)
+    res["changed"] = False
+    return res
+
+
 def run(p: t.Dict[str, t.Any], step: Step) -> t.Dict[str, t.Any]:
-    """The module's result for its O(action); raises StepError, nothing changed by the failing step."""
+    """server_state's result for its O(action); raises StepError, nothing changed by the failing step."""
     err = lock_input_error(p)
     if err:
         raise StepError(err)

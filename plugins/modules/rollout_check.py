@@ -14,7 +14,7 @@ short_description: Validate a host's server definition and NCCL tuning input, an
 version_added: 0.3.0
 description:
   - The pre-flight of the gpufleet.serving rollout and rollback playbooks, for one host, in one task (an action plugin
-    on the controller plus at most one M(gpufleet.serving.server_state) call on the host). It must run in the
+    on the controller plus at most one M(gpufleet.serving.server_info) call on the host). It must run in the
     C(gpufleet.serving.gpu_server) role (its C(tasks_from) entry point C(rollout_check)), whose variables it reads.
   - First the server definition is validated against the gpu_server role's C(preflight) argument spec and the rules
     the spec cannot say (the server_problems filter). A definition with an error fails the host, also a host that is
@@ -27,7 +27,7 @@ description:
     a host whose GPUs gpu_info cannot read fails here, nothing on it changed.
     O(nccl=compute) computes them without refusing anything (an unusable input, or the auto profile, gives null), as
     the rollback playbook needs; O(nccl=none) leaves both null.
-  - With O(fast_check=true), one read-only M(gpufleet.serving.server_state) check with the arguments the task's
+  - With O(fast_check=true), one M(gpufleet.serving.server_info) check (read-only) with the arguments the task's
     C(_gpufleet_rollout_check_args) variable gives says whether the host is already right (server, workers'
     environment, NCCL layers, no drain record of gpufleet's naming one of its balancers), in RV(up_to_date). A server
     that cannot be launched fails the host here. Any other outcome leaves the host to the role, which reports it.
@@ -57,7 +57,7 @@ options:
 notes:
   - Runs on the controller, with the play's variables for the host; the check runs on the host.
 seealso:
-  - module: gpufleet.serving.server_state
+  - module: gpufleet.serving.server_info
 """
 
 EXAMPLES = r"""

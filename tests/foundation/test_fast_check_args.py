@@ -64,7 +64,8 @@ def test_the_layer_arguments_set_every_option_of_the_modules_but_backup():
 
 def test_fast_check_asks_the_server_check_what_the_roles_check_asks():
     """The rollout's one-call check (gpu_server tasks/rollout_check.yml) ends a host only when the roles' own check
-    (tasks/check.yml) would say no restart: it must pass the same server_state arguments with the same values."""
+    (tasks/check.yml) would say no restart: it must pass server_info the same arguments as server_state gets there, with
+    the same values (server_info's action is the check)."""
     tasks = Path(__file__).resolve().parents[2] / "roles" / "gpu_server" / "tasks"
 
     def state_call(name: str) -> dict:  # the file's first server_state task
@@ -76,11 +77,12 @@ def test_fast_check_asks_the_server_check_what_the_roles_check_asks():
     # What only the roles' check needs: it takes the lock for the restart to come (owner, ttl, keep_lock, lock_wait),
     # and decides what the role does (decide, read by the action); the fast check only looks at the lock. The rollback
     # playbook's choice of a last known good (rollback) is the roles' check's alone: that playbook has no fast path.
-    full_only = {"owner", "lock_ttl", "keep_lock", "lock_wait", "decide", "rollback", "tune",
+    full_only = {"action", "owner", "lock_ttl", "keep_lock", "lock_wait", "decide", "rollback", "tune",
                  "worker_urls"}  # checked before a drain, which only the roles' check can lead to
     assert set(full) - full_only <= set(fast), set(full) - full_only - set(fast)
     differ = {k: (full[k], fast[k]) for k in set(full) - full_only if full[k] != fast[k]}
-    assert set(differ) == {"lock_file", "nccl_layers", "rotation_file"}, differ
+    # The lock file is the same, taken there and only looked at here; the drain record is read by both.
+    assert set(differ) == {"nccl_layers"}, differ
     assert fast["lock_file"] == "{{ _gpufleet_server_lock_file }}" and "owner" not in fast
     # Both check the layers the rollout computed: the fast check always, the roles' check when this run left the
     # nccl_tuning role out.
@@ -91,3 +93,29 @@ def test_fast_check_asks_the_server_check_what_the_roles_check_asks():
     # run that may drain, with an owner). Nothing is the fast check's alone.
     assert set(fast) - set(full) == set(), set(fast) - set(full)
     assert "_gpufleet_server_rotation_file" in fast["rotation_file"] and "_gpufleet_server_rotation_file" in full["rotation_file"]
+
+
+def test_the_audit_asks_server_info_what_the_roles_check_asks():
+    """The audit (gpu_server tasks/audit.yml) checks with server_info, read-only, and reports what the lifecycle's check
+    (tasks/check.yml, server_state under the lock) would decide: the same check arguments with the same values, less
+    the lock, the drain record (the audit reads it with a task of its own), the layers' write and the rollback."""
+    tasks = Path(__file__).resolve().parents[2] / "roles" / "gpu_server" / "tasks"
+
+    def call(name: str, module: str) -> dict:
+        return next(t[module] for t in yaml.safe_load((tasks / name).read_text()) if module in t)
+
+    full = call("check.yml", "gpufleet.serving.server_state")
+    audit = call("audit.yml", "gpufleet.serving.server_info")
+    assert "gpufleet.serving.server_state" not in (tasks / "audit.yml").read_text()
+    lock_only = {"action", "lock_file", "owner", "lock_ttl", "lock_wait", "keep_lock", "rotation_file", "tune", "rollback"}
+    assert set(audit) == set(full) - lock_only, set(audit) ^ (set(full) - lock_only)
+    differ = {k: (full[k], audit[k]) for k in audit if full[k] != audit[k]}
+    assert set(differ) == {"nccl_layers", "decide"}, differ
+    # The layers as this run left them, never a rollback's (the audit has none).
+    assert audit["nccl_layers"].replace(" ", "") in full["nccl_layers"].replace(" ", "").replace(
+        "\n", "").replace("andnot_gpufleet_server_restore|default(false)", ""), (audit["nccl_layers"], full["nccl_layers"])
+    # The decision's inputs are the lifecycle's, less the tune's tag and the rollback's exception.
+    assert set(full["decide"]) - set(audit["decide"]) == {"tags"}
+    for k in ("force", "balancers", "idents", "nccl_known"):
+        assert audit["decide"][k] == full["decide"][k], k
+    assert "gpufleet_nccl_profile" in audit["decide"]["nccl_profile"] and "_gpufleet_server_restore" not in audit["decide"]["nccl_profile"]
