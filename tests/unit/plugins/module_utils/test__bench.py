@@ -190,9 +190,13 @@ def test_a_failed_request_fails_the_measurement_with_what_failed(answer, metric,
     with pytest.raises(StepError) as e:
         _bench.measure(lambda: answer, params(metric=metric, warmup=0, requests=2, concurrency=1, rounds=2),
                        "http://h:1/generate")
+    # The round's second request fails too when the pool's thread took it before the first failure was seen (a loaded
+    # machine: it was seen as 2 failed once); the counts say which.
+    failed = e.value.details["failed_requests"]
+    assert failed in (1, 2)
     assert str(e.value) == ("a request to http://h:1/generate failed in round 1 of 2: %s; 0 request(s) succeeded, "
-                            "1 failed" % error)
-    assert e.value.details == {"phase": "round 1 of 2", "status": answer[0], "succeeded": 0, "failed_requests": 1,
+                            "%d failed" % (error, failed))
+    assert e.value.details == {"phase": "round 1 of 2", "status": answer[0], "succeeded": 0, "failed_requests": failed,
                                "rounds": []}
 
 
