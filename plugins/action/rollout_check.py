@@ -35,7 +35,7 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
-from ansible_collections.gpufleet.serving.plugins.module_utils import _ncclvars
+from ansible_collections.gpufleet.serving.plugins.module_utils import _balancer, _ncclvars
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _check
 from ansible_collections.gpufleet.serving.plugins.plugin_utils._preflight import definition_refusal
 
@@ -167,9 +167,21 @@ class ActionModule(ActionBase):
                           "gpufleet_nccl_desired_layers": nccl.get("nccl_desired_layers")}, dict(task_vars))
         ctemplar = templar.copy_with_new_env(available_variables=scope)
         args = dict(ctemplar.template(task_vars[CHECK_ARGS]))  # an omitted value is no key (ansible-core 2.19+)
-        balancers = [b.get("name") for b in ctemplar.template(task_vars["_gpufleet_server_balancers"]) or []]
+        entries = ctemplar.template(task_vars["_gpufleet_server_balancers"]) or []
+        balancers = [b.get("name") for b in entries]
         res = self._execute_module(module_name="gpufleet.serving.server_info", module_args=args, task_vars=task_vars)
-        return dict(res, _balancer_names=balancers)
+        return dict(res, _balancer_names=balancers, _balancer_entries=entries)
+
+    def _idents(self, templar: t.Any, task_vars: t.Mapping[str, t.Any], entries: t.Sequence[t.Any]) -> t.Dict[str, t.Any]:
+        """The server each entry names for this host, as the roles' check has them (balancer_idents): a record under an
+        entry's name of another server is not this host's drain. Only read for a refusal of a host with records."""
+        if not entries:
+            return {}
+        try:
+            url = templar.template(task_vars["_gpufleet_server_worker_url"])
+        except (AnsibleError, KeyError):
+            return {}  # the roles' check names it; here every record under an entry's name counts
+        return _balancer.identity_map(entries, str(task_vars.get("inventory_hostname")), str(url))
 
     def run(self, tmp=None, task_vars=None):
         result = super(ActionModule, self).run(tmp, task_vars)
@@ -224,11 +236,13 @@ class ActionModule(ActionBase):
             result["check_error"] = _message(e)
             return result
         names = check.pop("_balancer_names")
+        entries = check.pop("_balancer_entries")
         verdict = _check.fast_verdict(check, names, str(server.get("gpufleet_server_name")))
         if verdict.get("failed"):
-            # A host an earlier run left out of rotation (its drain record) stays out: said in the summary (helper-45).
-            # The entries' idents are the roles' (balancer_idents): here every record under an entry's name counts.
-            left = _check.recorded_drains(check, names)
+            # A host an earlier run left out of rotation (its drain record) stays out: said in the summary (helper-45),
+            # less a record of another server under an entry's name (not this host's drain), as the roles' check says.
+            left = _check.recorded_drains(check, names, self._idents(templar, task_vars, entries)
+                                          if check.get("drain_records") else {})
             return dict(result, **verdict, **({"left_out_of_rotation": left} if left else {}))
         result.update(verdict)
         stale = _check.stale_records(check, names)

@@ -44,12 +44,11 @@ _value:
   type: dict
 """
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._balancer import identity
+from ansible_collections.gpufleet.serving.plugins.module_utils._balancer import identity_map
 
 
 def balancer_idents(entries, server, worker_url):
-    return {str(b["name"]): identity(b, server, worker_url)
-            for b in entries or [] if isinstance(b, dict) and b.get("name")}
+    return identity_map(entries, server, worker_url)
 
 
 class FilterModule:

@@ -93,6 +93,12 @@ def identity(b: Entry, server: str, worker_url: str) -> str:
     return public_url(b["remove"]["url"])
 
 
+def identity_map(entries: t.Optional[t.Sequence[t.Any]], server: str, worker_url: str) -> t.Dict[str, str]:
+    """Entry name to the server that entry names for the host (the balancer_idents filter, the fast path's refusal)."""
+    return {str(b["name"]): identity(b, server, worker_url)
+            for b in entries or [] if isinstance(b, t.Mapping) and b.get("name")}
+
+
 def other_server(rec: t.Any, ident: str) -> t.Optional[str]:
     """The server a drain record names when it is not `ident` (the entry's server as this host has it), else None."""
     server = rec.get("server") if isinstance(rec, t.Mapping) else None

@@ -104,7 +104,8 @@ launch_problems:
 left_out_of_rotation:
   description:
     - With RV(launch_problems), the host's balancer entries whose drain record says an earlier run of gpufleet took
-      the host out of them. It stays out of them; the rollout summary lists them.
+      the host out of them. It stays out of them; the rollout summary lists them. A record under an entry's name that
+      names another server than the one the entry names for this host is not this host's drain, and is not listed.
   returned: on that failure, when there are such entries
   type: list
   elements: str

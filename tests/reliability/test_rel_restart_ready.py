@@ -29,20 +29,9 @@ from rel_helpers import local_play, role_cases
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 
-from rollout_helpers import BalancerRecorder  # noqa: E402
+from rollout_helpers import FOREIGN_LISTENER, BalancerRecorder  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[1] / "sandbox" / "demo_server.py"
-# Another user's HTTP server answering 200 to everything (run by the system python: nobody cannot reach the venv).
-FOREIGN = r"""
-import http.server, sys
-class H(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-    def do_GET(self):
-        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"ok")
-    do_POST = do_GET
-http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-"""
 
 
 def _free_port() -> int:
@@ -145,11 +134,11 @@ def host(tmp_path):
 
 
 def _foreign(port: int) -> subprocess.Popen:
-    """FOREIGN as user nobody on `port`, once it answers."""
+    """FOREIGN_LISTENER as user nobody on 127.0.0.1:`port`, once it answers."""
     def demote():
         os.setgid(65534)
         os.setuid(65534)
-    foreign = subprocess.Popen(["/usr/bin/python3", "-c", FOREIGN, str(port)], preexec_fn=demote, cwd="/",
+    foreign = subprocess.Popen(["/usr/bin/python3", "-c", FOREIGN_LISTENER, str(port), "127.0.0.1"], preexec_fn=demote, cwd="/",
                                start_new_session=True)
     wait_for(lambda: subprocess.run(["curl", "-sf", "http://127.0.0.1:%d/health" % port],
                                     capture_output=True, check=False).returncode == 0, 30, "the foreign listener",

@@ -348,6 +348,20 @@ def nccl(env: t.Mapping[str, str]) -> t.Dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith("NCCL_")}
 
 
+# Another process on a server's port, answering 200 to every GET and POST: `python3 -c FOREIGN_LISTENER PORT [ADDRESS]`
+# (default all addresses). Run by the system python, as another user can run it (nobody cannot reach the venv).
+FOREIGN_LISTENER = r"""
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"ok")
+    do_POST = do_GET
+http.server.ThreadingHTTPServer((sys.argv[2] if len(sys.argv) > 2 else "0.0.0.0", int(sys.argv[1])), H).serve_forever()
+"""
+
+
 class BalancerRecorder:
     """An HTTP balancer API on the controller (127.0.0.1), for an `http` balancer entry without delegate_to: records
     each call (method, path); answers `add_status` to PUT, 204 to DELETE."""

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from drain_helpers import RECORD  # noqa: E402
 from drain_helpers import pids as _pids  # noqa: E402
 from drain_helpers import wait_in_rotation as _wait_in_rotation  # noqa: E402
-from rollout_helpers import ROLE_DEFAULT, ROOT, BalancerRecorder  # noqa: E402
+from rollout_helpers import FOREIGN_LISTENER, ROLE_DEFAULT, ROOT, BalancerRecorder  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests" / "sandbox"))
 import balancer as _balancer  # noqa: E402
@@ -103,6 +103,13 @@ def test_a_drain_record_of_another_server_is_not_this_hosts_drain(df):
             assert "taken out again" not in out and r.summary["host4"]["out_of_rotation"] == [], r.tail()
         assert df.haproxy_states()["host4"] == "MAINT" and df.haproxy_states()["host3"] == "UP"
         assert df.drain_record("host4")[1] == rec["drains"]
+        # Refused on the fast path (a command on no directory of the server's PATH, found once a restart is needed,
+        # with the record read): host3's record is not host4 left out (the fast path counted every record under an
+        # entry's name as the host's own drain).
+        r = df.playbook("rollout", "--limit", "host4", vars_override=dict(
+            df.server_vars(), gpufleet_server_command=["no-such-gpufleet-server"]))
+        assert r.rc != 0 and "is not found on the server's PATH" in r.out, r.tail()
+        assert r.summary["host4"]["out_of_rotation"] == [], r.summary["host4"]
         # A forced restart leaves the operator's MAINT as found, and keeps the record (the review of 8cb3ef1: its clear
         # removed it, the only trace that gpufleet took host3 out).
         r = df.playbook("rollout", "--limit", "host4", extra_vars={"gpufleet_server_force_restart": True})
@@ -125,17 +132,6 @@ def test_a_drain_record_of_another_server_is_not_this_hosts_drain(df):
     df.all_in_rotation(timeout=30)
 
 
-# Another process on the server's port (run by the host's system python, 200 to every request).
-FOREIGN = (
-    "import http.server, sys\n"
-    "class H(http.server.BaseHTTPRequestHandler):\n"
-    "    def log_message(self, *a):\n"
-    "        pass\n"
-    "    def do_GET(self):\n"
-    "        self.send_response(200); self.send_header('Content-Length', '2'); self.end_headers(); self.wfile.write(b'ok')\n"
-    "http.server.ThreadingHTTPServer(('0.0.0.0', int(sys.argv[1])), H).serve_forever()\n")
-
-
 def test_clean_drains_the_host_stops_it_and_the_next_rollout_puts_it_back(df):
     """The clean playbook behind balancers: out of both (its drain record kept), the server stopped, GPUs clean; the next
     rollout relaunches it and puts it back into both. It used to fail after taking the host out of HAProxy, its server
@@ -153,7 +149,7 @@ def test_clean_drains_the_host_stops_it_and_the_next_rollout_puts_it_back(df):
     assert rec is not None and sorted(rec[1]) == ["haproxy", "sglang_router"], rec
     # A rollout refused before anything is touched (another process listens on the server's port) leaves the host out,
     # and says so (helper-45: the summary listed it nowhere, its row had out_of_rotation []).
-    df.fleet.ssh("host1", "setsid python3 -c %s 30000 </dev/null >/dev/null 2>&1 &" % shlex.quote(FOREIGN), check=True)
+    df.fleet.ssh("host1", "setsid python3 -c %s 30000 </dev/null >/dev/null 2>&1 &" % shlex.quote(FOREIGN_LISTENER), check=True)
     try:
         r = df.playbook("rollout", "--limit", "host1")
         assert r.rc != 0, r.tail()

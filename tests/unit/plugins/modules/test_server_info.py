@@ -13,10 +13,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_server_state import NAME, check_args, paths, running, servers  # noqa: E402,F401  # fixtures
+import test_server_state as _st  # noqa: E402
+from test_server_state import NAME, check_args, running  # noqa: E402
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _hostlock  # noqa: E402
 from ansible_collections.gpufleet.serving.plugins.modules import server_info, server_state  # noqa: E402
+
+
+# server_state's fixtures, used here by name: a tagged server holding fake GPUs, and the state, pid and lock paths.
+servers = _st.servers
+paths = _st.paths
 
 
 def info_args(paths, **kw):
