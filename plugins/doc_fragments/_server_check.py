@@ -175,12 +175,13 @@ options:
     version_added: 0.2.0
     description:
       - The action plugin also decides what the gpu_server role does with the host
-        (RV(gpufleet.serving.server_info#module:decision)), on
-        the controller, in the same task. The module itself ignores this option.
-      - When the check fails because a run of this controller that is gone (Ctrl-C, SIGTERM; the
-        P(gpufleet.serving.run#lookup) lookup's V(alive) is V(false)) holds the host lock, the action takes the lock
-        over (the check again with O(gpufleet.serving.server_state#module:break_owner)) and says so in the run's output
-        and in RV(gpufleet.serving.server_state#module:took_over_from).
+        (RV(gpufleet.serving.server_info#module:decision)), on the controller, in the same task, by the same code for
+        both modules (with M(gpufleet.serving.server_info), what a run would do; the audit shows it). The module itself
+        ignores this option.
+      - With M(gpufleet.serving.server_state) and its owner, when the check fails because a run of this controller
+        that is gone (Ctrl-C, SIGTERM; the P(gpufleet.serving.run#lookup) lookup's V(alive) is V(false)) holds the host
+        lock, the action takes the lock over (the check again with O(gpufleet.serving.server_state#module:break_owner))
+        and says so in the run's output and in RV(gpufleet.serving.server_state#module:took_over_from).
       - It refuses (fails the host, nothing changed) when O(decide.nccl_profile) is set but O(decide.nccl_known) is
         false, and, for a run with O(gpufleet.serving.server_state#module:owner), a restart onto NCCL layers
         O(nccl_layers) found not as asked.
