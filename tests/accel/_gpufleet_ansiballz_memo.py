@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Test-only: remember across ansible-playbook runs what compiling the same Python files again would give.
+"""Test-only: remember across ansible-playbook runs what compiling the same Python files (and parsing the same YAML)
+again would give.
 
-Why: the suite runs ansible-playbook hundreds of times over the same files, and three places compile them anew each time:
+Why: the suite runs ansible-playbook hundreds of times over the same files, and these places compile or parse them anew
+each time:
 - ansible-core's AnsiballZ builder: `module_common.recursive_finder` compiles the AST of every module_util a module
   pulls in (about 80 per gpufleet module, 3 ms each) only to list its imports (about 15 % of the suite's CPU, by py-spy
   and cProfile on tests/reliability/test_rel_two_services.py);
@@ -11,7 +13,11 @@ Why: the suite runs ansible-playbook hundreds of times over the same files, and 
 - the collection loader on the controller, which keeps no bytecode either: each forked worker that loads an action
   plugin compiles it and its module_utils again;
 - ansible-core's cache of built payloads lives in the run's own temp dir: each ansible-playbook builds (and deflates,
-  ~2 MB with the bytecode) each module's payload again, ~0.13 s each.
+  ~2 MB with the bytecode) each module's payload again, ~0.13 s each;
+- PyYAML, constructing what ansible-core parses (each value tagged with its Origin, strings with TrustedAsTemplate):
+  config/ansible_builtin_runtime.yml for the collection loader, every plugin's DOCUMENTATION for its config
+  definitions, config/base.yml, and in real runs the playbook, its roles' files and vars files: ~0.55 of a no-op
+  ansible-playbook's ~0.75 CPU-s under cProfile, ~0.2 s of it without the profiler on this machine.
 
 What:
 - a memo of `ModuleDepFinder`'s two outputs (`submodules`, `optional_imports`) keyed by the sha256 of the file's source,
@@ -27,12 +33,25 @@ What:
 - ansible-core's own cache of built payloads (its file format and lock), in a directory named by what the payload is
   made of: the module's source, ansible-core's and Python's versions and, for a gpufleet module, every file of the
   collection's plugins/module_utils and meta/runtime.yml; an ansible-core module's by ansible-core's install. Other
-  collections' modules are built as ansible-core builds them (their module_utils may come from a third collection).
+  collections' modules are built as ansible-core builds them (their module_utils may come from a third collection);
+- what `yaml.load` returns for ansible-core's loaders (AnsibleLoader, AnsibleInstrumentedLoader) and PyYAML's
+  (C)BaseLoader and (C)SafeLoader, pickled (ansible-core's tagged types pickle: task results cross process queues with
+  them), keyed by the sha256 of the exact text, the loader's class and, for ansible-core's loaders, the state their
+  constructor takes from the stream (the Origin its tags start from: path, line, column; whether strings are trusted as
+  templates; what a duplicate key does), with the versions of ansible-core, PyYAML and Python. Each call unpickles a
+  new object. The first parse of a key only marks it (a test's own playbook in its temp dir is parsed once per run: no
+  pickling for it); the second pickles it, and stores it only where unpickling gives back the same types, values and
+  tags (Origin, TrustedAsTemplate) all the way down, shared containers alike. A file given to a plain loader
+  (ansible-core reads config/base.yml so) is read and parsed from a buffer of its name. Never memoised: a text under
+  200 characters, a file given to ansible-core's loaders, a stream with other tags (a decrypted vault file), a result
+  with anything else in it (an !vault EncryptedString, a set), a parse that warned (a duplicate key: a later run must
+  warn again), a parse that failed. This one patch sits on PyYAML's `load` rather than on ansible-core's entry points
+  (`from_yaml`, `_meta_yml_to_dict`, `_load_config_defs`, DataLoader): all of them, and `yaml_load`, call it.
 tests/foundation/test_ansiballz_memo.py checks each.
 
 How it attaches: scripts/setup puts a .pth file into .venv that imports this file; it does nothing unless
 GPUFLEET_ANSIBALLZ_MEMO names a directory (tests/conftest.py sets it for the suite), and then only patches
-`ansible.executor.module_common` and the collection loader when a controller process imports them. Product code never
+`ansible.executor.module_common`, the collection loader and `yaml.load` when a process imports them. Product code never
 sees it. Unset the variable (or set it empty) to run the suite without it.
 """
 from __future__ import annotations
@@ -310,15 +329,187 @@ def patch_collection_loader(finder: t.Any, memo_dir: str) -> None:
     base.get_code = get_code
 
 
+_YAML_MIN_CHARS = 200  # a shorter document parses faster than its memo file is found and read
+_YAML_TAG_TYPES = ("Origin", "TrustedAsTemplate")  # the tags ansible-core's YAML constructor puts on what it builds
+_YAML_LOADERS = {
+    # type(loader) -> whether its results carry ansible-core's data tags; any other loader: parsed as without the memo
+    ("ansible._internal._yaml._loader", "AnsibleLoader"): True,
+    ("ansible._internal._yaml._loader", "AnsibleInstrumentedLoader"): True,
+    ("yaml.cyaml", "CBaseLoader"): False,
+    ("yaml.cyaml", "CSafeLoader"): False,
+    ("yaml.loader", "BaseLoader"): False,
+    ("yaml.loader", "SafeLoader"): False,
+}
+
+
+class _CountingDisplay:
+    """ansible-core's YAML constructor's `display`, counting what it reports (a duplicate key, a deprecated tag): a
+    parse that reported anything is not memoised, as a later run would not see it."""
+
+    reported = 0
+
+    def __init__(self, display: t.Any) -> None:
+        self._display = display
+
+    def __getattr__(self, name: str) -> t.Any:
+        attr = getattr(self._display, name)
+        if not callable(attr):
+            return attr
+
+        def reporting(*args: t.Any, **kwargs: t.Any) -> t.Any:
+            _CountingDisplay.reported += 1
+            return attr(*args, **kwargs)
+
+        return reporting
+
+
+def _yaml_key(loader: t.Any, stream: t.Union[str, bytes], salt: str) -> t.Optional[str]:
+    """What a memoised parse is keyed by: the loader's class, the exact text, and for ansible-core's loaders the state its
+    constructor builds from the stream (the Origin tags start from, whether strings are trusted as templates, what a
+    duplicate key does). None for a loader or state this memo does not know."""
+    import dataclasses
+    import hashlib
+    cls = type(loader)
+    tagged = _YAML_LOADERS.get((cls.__module__, cls.__qualname__))
+    if tagged is None:
+        return None
+    h = hashlib.sha256(stream.encode("utf-8", "surrogatepass") if isinstance(stream, str) else bytes(stream))
+    parts = [salt, _MEMO_FORMAT, cls.__module__, cls.__qualname__, "str" if isinstance(stream, str) else "bytes"]
+    if tagged:
+        try:
+            origin = loader._origin
+            fields = [(f.name, getattr(origin, f.name)) for f in dataclasses.fields(origin)]
+            parts += [type(origin).__name__, repr(fields), repr(bool(loader._trusted_as_template)),
+                      repr(loader._duplicate_key_mode), repr(getattr(loader, "_unsafe_depth", None))]
+        except (AttributeError, TypeError):
+            return None
+        if any(n not in ("path", "description", "line_num", "col_num") for n, _v in fields):
+            return None
+    h.update(("\0" + "\0".join(parts)).encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
+_YAML_SCALARS = None
+
+
+def _same_yaml(a: t.Any, b: t.Any, tags: t.Any, seen: t.Dict[int, t.Any]) -> bool:
+    """Whether `b` (unpickled) is `a` (parsed) again: the same types, values and (`tags` given) data tags all the way
+    down, shared containers shared alike. Only what YAML loaders build: anything else (an encrypted string, a set) is
+    not memoised."""
+    global _YAML_SCALARS
+    if _YAML_SCALARS is None:
+        import datetime
+        _YAML_SCALARS = (str, int, float, bool, type(None), bytes, datetime.date, datetime.datetime)
+    if type(a) is not type(b):
+        return False
+    native = type(a)
+    if tags is not None:
+        tag_set = tags.tags(a)
+        if tag_set != tags.tags(b) or any(type(tg).__name__ not in _YAML_TAG_TYPES for tg in tag_set):
+            return False
+        native = tags.base_type(a)
+        if not isinstance(a, native):
+            return False
+    if native in (dict, list):
+        if id(a) in seen:
+            return seen[id(a)] is b
+        seen[id(a)] = b
+        if len(a) != len(b):
+            return False
+        if native is dict:
+            return all(_same_yaml(ka, kb, tags, seen) and _same_yaml(va, vb, tags, seen)
+                       for (ka, va), (kb, vb) in zip(a.items(), b.items()))
+        return all(_same_yaml(x, y, tags, seen) for x, y in zip(a, b))
+    return native in _YAML_SCALARS and a == b
+
+
+def patch_yaml(yaml: t.Any, memo_dir: str) -> None:
+    """PyYAML's `load`, for the loaders ansible-core parses with: a parse already seen twice (same loader, text, origin
+    and trust) is unpickled from the memo, a fresh object on every call; what ansible-core's loaders build carries its
+    data tags (Origin with path, line and column, TrustedAsTemplate), which pickle keeps (task results cross process
+    queues with them). Anything unexpected: parsed as without the memo."""
+    orig_load = getattr(yaml, "load", None)
+    code = getattr(orig_load, "__code__", None)
+    if code is None or code.co_varnames[:2] != ("stream", "Loader") or not hasattr(yaml, "__version__"):
+        return
+    salt = "%s/%s/%s" % (sys.version.split()[0], yaml.__version__, getattr(yaml, "__with_libyaml__", None))
+
+    def load(stream: t.Any, Loader: t.Any) -> t.Any:
+        import io
+        text = stream
+        if isinstance(stream, (io.BufferedReader, io.TextIOWrapper)) and isinstance(getattr(stream, "name", None), str) \
+                and _YAML_LOADERS.get((getattr(Loader, "__module__", None), getattr(Loader, "__qualname__", None))) is False:
+            # A plain loader given a file (ansible-core's config/base.yml): its text, in a buffer of the file's name (the
+            # name a parse error shows); an ansible-core loader takes its Origin from a file: parsed as without the memo.
+            name, text = stream.name, stream.read()
+            stream = io.BytesIO(text) if isinstance(text, bytes) else io.StringIO(text)
+            stream.name = name
+        if not isinstance(text, (str, bytes)) or len(text) < _YAML_MIN_CHARS:
+            return orig_load(stream, Loader)
+        loader = Loader(stream)  # what yaml.load does, with the loader's state at hand
+        try:
+            return load_with(loader, text)
+        finally:
+            loader.dispose()
+
+    def load_with(loader: t.Any, stream: t.Union[str, bytes]) -> t.Any:
+        import pickle
+        tagged = _YAML_LOADERS.get((type(loader).__module__, type(loader).__qualname__))
+        tags = constructor = None
+        if tagged:
+            core = sys.modules.get("ansible.release")
+            datatag = sys.modules.get("ansible.module_utils._internal._datatag")
+            constructor = sys.modules.get("ansible._internal._yaml._constructor")
+            if core is None or datatag is None or constructor is None or not hasattr(constructor, "display"):
+                return loader.get_single_data()
+            tags = datatag.AnsibleTagHelper
+            if any(type(tg).__name__ not in _YAML_TAG_TYPES for tg in tags.tags(stream)):
+                return loader.get_single_data()  # a decrypted vault file (SourceWasEncrypted) never goes to disk
+            if not isinstance(constructor.display, _CountingDisplay):
+                constructor.display = _CountingDisplay(constructor.display)
+            key = _yaml_key(loader, stream, "%s/%s" % (salt, core.__version__))
+        else:
+            key = _yaml_key(loader, stream, salt)
+        if key is None:
+            return loader.get_single_data()
+        path = os.path.join(memo_dir, key + ".yaml.pickle")
+        try:
+            with open(path, "rb") as f:
+                return pickle.loads(f.read())
+        except Exception:  # none yet, or one pickle cannot read back: parsed as without it
+            pass
+        reported = _CountingDisplay.reported
+        data = loader.get_single_data()
+        seen = path[:-len(".pickle")] + ".seen"
+        if _CountingDisplay.reported != reported:
+            return data  # it warned: a later run must warn again
+        if not os.path.exists(seen):
+            # The first parse of this key only marks it: a file parsed once per run (a test's own playbook in its temp
+            # dir) costs no pickling; one parsed again (a role, a plugin's DOCUMENTATION) is memoised on its second parse.
+            _write_atomic(seen, b"")
+            return data
+        try:
+            blob = pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
+            same = _same_yaml(data, pickle.loads(blob), tags, {})
+        except Exception:  # RecursionError, an object pickle refuses: not memoised
+            return data
+        if same:
+            _write_atomic(path, blob)
+        return data
+
+    yaml.load = load
+
+
 _PATCHES = {
     _TARGET: "patch",
     "ansible.utils.collection_loader._collection_finder": "patch_collection_loader",
+    "yaml": "patch_yaml",
 }
 
 
 class _Hook:
-    """Patches module_common and the collection loader right after each is first imported; every other import passes
-    through untouched."""
+    """Patches module_common, the collection loader and PyYAML right after each is first imported; every other import
+    passes through untouched."""
 
     def __init__(self, memo_dir: str) -> None:
         self.memo_dir = memo_dir

@@ -4,7 +4,10 @@ builds a payload and how fast its modules start, never what they run: every gpuf
 sources, byte for byte, with the memo cold, warm and off, and with it a checked .pyc beside each; a warm memo compiles
 only the modules themselves; an edited module_util is parsed again (its new import reaches the payload); the target's
 interpreter loads the bytecode, and the source where the .pyc does not match it; the collection loader gets the code
-compile() gives for the file; a built payload is reused by later runs until what it is made of changes."""
+compile() gives for the file; a built payload is reused by later runs until what it is made of changes; a memoised YAML
+parse gives the types, values and data tags (Origin, TrustedAsTemplate) of a real one, a new object each call, an
+edited file is parsed again, what it cannot give back whole (a vault value, a parse that warns) is parsed every time,
+and ansible-playbook prints the same with it cold, warm and off."""
 from __future__ import annotations
 
 import json
@@ -203,3 +206,281 @@ def test_setup_attaches_the_memo_to_the_venv_only_when_asked():
                         capture_output=True, text=True, check=True).stdout.split()
     assert off[0] == "True" and on[0] == "True"  # the .pth that scripts/setup writes
     assert int(on[1]) == int(off[1]) + 1  # its import hook only where the variable names a directory
+
+
+_YAML_PROBE = r"""
+import json, sys, yaml
+from yaml.constructor import BaseConstructor
+from ansible.module_utils._internal._datatag import AnsibleTagHelper
+from ansible.module_utils.common.yaml import yaml_load
+from ansible.parsing.dataloader import DataLoader
+from ansible.parsing.yaml.loader import AnsibleLoader
+from ansible.utils.collection_loader._collection_meta import _meta_yml_to_dict
+from ansible._internal._datatag._tags import Origin, TrustedAsTemplate
+
+parsed = []
+real_get_single_data = BaseConstructor.get_single_data
+
+
+def counting(self):
+    parsed.append(1)
+    return real_get_single_data(self)
+
+
+BaseConstructor.get_single_data = counting
+
+
+def real(stream, loader_type):  # yaml.load's own body, past the memo
+    loader = loader_type(stream)
+    try:
+        return real_get_single_data(loader)
+    finally:
+        loader.dispose()
+
+
+def shape(x, seen):
+    # Type, data tags and value all the way down; a container met again is named by the order it was first met in.
+    if isinstance(x, (dict, list)):
+        if id(x) in seen:
+            return ["shared", seen[id(x)]]
+        seen[id(x)] = len(seen)
+    tags = sorted(repr(tg) for tg in AnsibleTagHelper.tags(x))
+    name = type(x).__module__ + "." + type(x).__qualname__
+    if isinstance(x, dict):
+        return [name, tags, [[shape(k, seen), shape(v, seen)] for k, v in x.items()]]
+    if isinstance(x, list):
+        return [name, tags, [shape(v, seen) for v in x]]
+    return [name, tags, repr(x)]
+
+
+path, runtime = sys.argv[1], sys.argv[2]
+text = open(path).read()
+plain = text.replace("!unsafe ", "")  # a tag only ansible-core's loaders know
+plain_path = path + ".plain.yml"
+with open(plain_path, "w") as f:
+    f.write(plain)
+
+
+def from_file():  # as ansible-core reads config/base.yml
+    with open(plain_path, "rb") as f:
+        return yaml_load(f)
+
+
+with open(runtime, "rb") as f:
+    runtime_bytes = f.read()
+cases = {
+    # DataLoader.load_from_file -> from_yaml: a role's or a playbook's file, its strings trusted as templates
+    "dataloader": (lambda: DataLoader().load_from_file(path, trusted_as_template=True),
+                   lambda: real(TrustedAsTemplate().tag(Origin(path=path).tag(text)), AnsibleLoader)),
+    # the collection loader's meta/runtime.yml (CBaseLoader: every scalar a str)
+    "meta": (lambda: _meta_yml_to_dict(runtime_bytes, ("x", runtime)),
+             lambda: real(runtime_bytes, getattr(yaml, "CBaseLoader", yaml.BaseLoader))),
+    # ansible-core's config definitions and module metadata (CSafeLoader)
+    "safe": (lambda: yaml_load(plain), lambda: real(plain, getattr(yaml, "CSafeLoader", yaml.SafeLoader))),
+    "safe-file": (from_file, lambda: real(plain, getattr(yaml, "CSafeLoader", yaml.SafeLoader))),
+    # a plugin's DOCUMENTATION, its Origin a path alone (line numbers start at 1)
+    "docs": (lambda: yaml.load(Origin(path=path).tag(text), Loader=AnsibleLoader),
+             lambda: real(Origin(path=path).tag(text), AnsibleLoader)),
+}
+out = {}
+for name, (entry, fresh) in cases.items():
+    calls = []
+    for _call in range(4):
+        del parsed[:]
+        got = entry()
+        calls.append({"parsed": len(parsed), "same": shape(got, {}) == shape(fresh(), {}), "obj": got})
+    first, last = calls[-2]["obj"], calls[-1]["obj"]
+    kids = [(list(x.values()) if isinstance(x, dict) else list(x)) for x in (first, last)]
+    out[name] = {"parsed": [c["parsed"] for c in calls], "same": [c["same"] for c in calls],
+                 "fresh": first is not last and all(a is not b for a, b in zip(*kids) if isinstance(a, (dict, list)))}
+print(json.dumps({"patched": yaml.load.__module__, "cases": out}))
+"""
+
+_YAML_DOC = """\
+# A role's tasks: every kind of value the loaders build, a few of them shared through an anchor, with enough text
+# that the memo keeps it (a short document parses faster than its memo file is read).
+- name: Anchored defaults
+  vars: &defaults
+    port: 8080
+    ratio: 0.25
+    enabled: true
+    nothing: null
+    when_built: 2024-05-01
+    stamp: 2024-05-01 12:30:00
+    greeting: "{{ 'hel' ~ 'lo' }}"
+    raw: !unsafe "{{ not a template }}"
+    hosts: [a, b, c]
+  ansible.builtin.debug:
+    msg: "{{ greeting }}"
+- name: The same defaults again
+  vars: *defaults
+  ansible.builtin.debug:
+    msg: |
+      several
+      lines
+"""
+
+
+def _yaml_probe(path: Path, memo, runtime: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "GPUFLEET_ANSIBALLZ_MEMO"}
+    if memo is not None:
+        env["GPUFLEET_ANSIBALLZ_MEMO"] = str(memo)
+    env["ANSIBLE_CONFIG"] = str(helpers.ROOT / "ansible.cfg")
+    out = subprocess.run([str(VENV_PY), "-c", _YAML_PROBE, str(path), str(runtime)], env=env, capture_output=True,
+                         text=True, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _runtime_yml() -> Path:
+    import ansible
+    return Path(ansible.__file__).parent / "config" / "ansible_builtin_runtime.yml"
+
+
+def test_a_memoised_yaml_parse_is_the_real_one_with_its_tags_and_a_fresh_object(tmp_path):
+    """Each entry point ansible-core parses YAML through: the first parse of a text marks it, the second stores it, the
+    later ones unpickle it; each result has the types, values and data tags (Origin with path, line and column;
+    TrustedAsTemplate, not on an !unsafe string) of a real parse, shared where the document shares, and is a new
+    object on every call."""
+    doc = tmp_path / "tasks.yml"
+    doc.write_text(_YAML_DOC)
+    memo = tmp_path / "memo"
+    memo.mkdir()
+    off = _yaml_probe(doc, None, _runtime_yml())
+    assert off["patched"] == "yaml"
+    assert all(c["parsed"] == [1, 1, 1, 1] and all(c["same"]) for c in off["cases"].values()), off
+    on = _yaml_probe(doc, memo, _runtime_yml())
+    assert on["patched"] == "_gpufleet_ansiballz_memo"
+    for name, case in on["cases"].items():
+        assert case["same"] == [True] * 4, (name, case)
+        assert case["parsed"] == [1, 1, 0, 0], (name, case)  # marked, stored, then read from the memo
+        assert case["fresh"], (name, case)
+    again = _yaml_probe(doc, memo, _runtime_yml())  # another process: read from the first call on
+    assert all(c["parsed"] == [0, 0, 0, 0] and all(c["same"]) for c in again["cases"].values()), again
+
+
+def test_an_edited_yaml_file_is_parsed_again(tmp_path):
+    doc = tmp_path / "tasks.yml"
+    doc.write_text(_YAML_DOC)
+    memo = tmp_path / "memo"
+    memo.mkdir()
+    _yaml_probe(doc, memo, _runtime_yml())
+    doc.write_text(_YAML_DOC.replace("port: 8080", "port: 8081"))
+    got = _yaml_probe(doc, memo, _runtime_yml())
+    # the changed text is parsed (marked, stored, read back) and equals its real parse; runtime.yml is read as before
+    for name in ("dataloader", "safe", "safe-file", "docs"):
+        assert got["cases"][name]["parsed"] == [1, 1, 0, 0] and all(got["cases"][name]["same"]), (name, got)
+    assert got["cases"]["meta"]["parsed"] == [0, 0, 0, 0], got
+
+
+_YAML_NOT_KEPT = r"""
+import json, sys, warnings
+warnings.simplefilter("ignore")
+from yaml.constructor import BaseConstructor
+from ansible.parsing.dataloader import DataLoader
+parsed = []
+real_get_single_data = BaseConstructor.get_single_data
+BaseConstructor.get_single_data = lambda self: parsed.append(1) or real_get_single_data(self)
+for _call in range(3):
+    data = DataLoader().load_from_file(sys.argv[1])
+print(json.dumps({"parsed": len(parsed), "type": type(data[0]["x"]).__name__}))
+"""
+
+_VAULTED = """\
+# An encrypted value (its ciphertext is the text of an EncryptedString), and padding enough for the memo to consider it
+- x: !vault |
+    $ANSIBLE_VAULT;1.1;AES256
+    62313365396662343061393464336163383764373764613633653634306231386433626436623361
+    6134333665353966363534333632666535333761666131620a663537646436643839616531643561
+    63396265333966386166373632626539326166353965363262633030333739313335336463353663
+    6166383436653135640a396164643261323231383566376236346532363530303131386135613433
+    3465
+"""
+
+_DUPLICATE_KEY = """\
+# A duplicate key: ansible-core warns about it on each parse (DUPLICATE_YAML_DICT_KEY), so it is never memoised
+- x: 1
+  x: 2
+  padding: "enough text that the memo would otherwise keep this document, as it does any of two hundred characters"
+"""
+
+
+@pytest.mark.parametrize("text, kind, warns", [(_VAULTED, "EncryptedString", False), (_DUPLICATE_KEY, "_AnsibleTaggedInt", True)],
+                         ids=["vault", "duplicate-key"])
+def test_yaml_the_memo_cannot_give_back_whole_is_parsed_every_time(tmp_path, text, kind, warns):
+    doc = tmp_path / "vars.yml"
+    doc.write_text(text)
+    memo = tmp_path / "memo"
+    memo.mkdir()
+    env = dict(os.environ, GPUFLEET_ANSIBALLZ_MEMO=str(memo), ANSIBLE_CONFIG=str(helpers.ROOT / "ansible.cfg"))
+    for _run in range(2):
+        out = subprocess.run([str(VENV_PY), "-c", _YAML_NOT_KEPT, str(doc)], env=env, capture_output=True, text=True,
+                             timeout=120, check=True)
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == {"parsed": 3, "type": kind}, out.stdout
+        assert ("duplicate mapping key" in out.stdout + out.stderr) == warns, out.stderr
+    assert not list(memo.glob("*.yaml.pickle"))
+
+
+_YAML_PLAY = """\
+# A play whose output shows what the parse gave: values, a template its trusted strings render, an !unsafe string
+# left as it is, and an error that names the file, line and column of the task (the Origin tags).
+- hosts: localhost
+  gather_facts: false
+  vars_files: [vars.yml]
+  roles: [memo_role]
+  tasks:
+    - name: Values and templates
+      ansible.builtin.debug:
+        msg: "{{ greeting }} {{ port + 1 }} {{ ratio }} {{ when_built }} {{ hosts | join(',') }} {{ raw }}"
+    - name: An error naming where it comes from
+      ansible.builtin.debug:
+        msg: "{{ no_such_variable }}"
+      ignore_errors: true
+"""
+
+_YAML_VARS = """\
+# Variables the play reads, long enough for the memo to keep them (a short document parses faster than its memo file
+# is read); the same text the role's defaults hold would be keyed apart by its path (each value's Origin).
+greeting: "{{ 'hel' ~ 'lo' }}"
+port: 8080
+ratio: 0.25
+when_built: 2024-05-01
+hosts: [a, b, c]
+raw: !unsafe "{{ not a template }}"
+"""
+
+_YAML_ROLE_TASKS = """\
+# The role's tasks, as a role of the collection has them; the loop shows the loop values parsed from the file.
+- name: A role task
+  ansible.builtin.debug:
+    msg: "{{ item.name }} listens on {{ item.port }} ({{ role_greeting }})"
+  loop:
+    - {name: first, port: 1}
+    - {name: second, port: 2}
+"""
+
+
+def test_ansible_playbook_prints_the_same_with_the_yaml_memo_cold_warm_and_off(tmp_path):
+    play = tmp_path / "play.yml"
+    play.write_text(_YAML_PLAY)
+    (tmp_path / "vars.yml").write_text(_YAML_VARS)
+    role = tmp_path / "roles" / "memo_role"
+    (role / "tasks").mkdir(parents=True)
+    (role / "defaults").mkdir()
+    (role / "tasks" / "main.yml").write_text(_YAML_ROLE_TASKS)
+    (role / "defaults" / "main.yml").write_text(_YAML_VARS.replace("greeting:", "role_greeting:"))
+    memo = tmp_path / "memo"
+    memo.mkdir()
+
+    def run(memo_dir: str) -> str:
+        r = helpers.run_playbook(play, env=dict(os.environ, GPUFLEET_ANSIBALLZ_MEMO=memo_dir), timeout=120)
+        assert r.returncode == 0, r.stdout[-3000:]
+        return r.stdout
+
+    off = run("")
+    assert "hello 8081 0.25 2024-05-01 a,b,c {{ not a template }}" in off, off
+    assert "first listens on 1 (hello)" in off and "second listens on 2 (hello)" in off, off
+    assert "Origin: %s:13:14" % play in off, off  # the failing task's msg, by its Origin
+    runs = [run(str(memo)) for _run in range(3)]  # marked, stored, read
+    kept = sorted(p.name for p in memo.glob("*.yaml.pickle"))
+    assert len(kept) >= 4, kept  # the play, its vars file, the role's tasks and defaults (and ansible-core's own)
+    assert runs == [off] * 3
