@@ -113,11 +113,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: t.List[pytest.It
 # reports arrive (the controlling pytest under xdist): printed with --durations, so that LONGEST_FIRST and
 # CONTRIBUTING.md's times come from a run, not a guess.
 _FILE_SECONDS: t.Dict[str, float] = {}
+# CPU seconds per test file: the worker's own and its reaped children's (ansible-playbook, ansible-test, molecule; not
+# what the sandbox hosts' sshd runs), measured where the test runs and carried in the report. The suite is CPU-bound on
+# 2 cores: this, not the wall time each file spends sharing them, is what a file costs CI.
+_FILE_CPU: t.Dict[str, float] = {}
+_CPU_LAST: t.List[float] = []
+
+
+def _cpu_now() -> float:
+    import resource
+    usage = (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    return sum(r.ru_utime + r.ru_stime for r in usage)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: t.Any) -> t.Generator[None, t.Any, None]:
+    outcome = yield
+    now = _cpu_now()
+    if _CPU_LAST:
+        outcome.get_result().user_properties.append(("cpu_s", now - _CPU_LAST[0]))
+        _CPU_LAST[0] = now
+    else:
+        _CPU_LAST.append(now)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     f = report.nodeid.split("::")[0]
     _FILE_SECONDS[f] = _FILE_SECONDS.get(f, 0.0) + float(getattr(report, "duration", 0.0) or 0.0)
+    _FILE_CPU[f] = _FILE_CPU.get(f, 0.0) + sum(float(v) for k, v in getattr(report, "user_properties", ()) if k == "cpu_s")
 
 
 def pytest_terminal_summary(terminalreporter: t.Any, exitstatus: int, config: pytest.Config) -> None:
@@ -127,6 +150,10 @@ def pytest_terminal_summary(terminalreporter: t.Any, exitstatus: int, config: py
     for f, s in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:25]:
         terminalreporter.write_line("%8.1fs %s" % (s, f))
     terminalreporter.write_line("%8.1fs in all (%d files)" % (sum(_FILE_SECONDS.values()), len(_FILE_SECONDS)))
+    terminalreporter.write_sep("=", "25 test files using the most CPU (the test process and its reaped children)")
+    for f, s in sorted(_FILE_CPU.items(), key=lambda kv: -kv[1])[:25]:
+        terminalreporter.write_line("%8.1fs %s" % (s, f))
+    terminalreporter.write_line("%8.1fs in all" % sum(_FILE_CPU.values()))
 
 
 @pytest.fixture(scope="session", autouse=True)
