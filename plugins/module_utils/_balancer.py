@@ -710,13 +710,24 @@ class Balancers:
     def capacity(self) -> t.Dict[str, t.Any]:
         """The capacity guard's count over many hosts' entries (each with `host`, and `server` or `worker_url`): the
         hosts any balancer has out of rotation (not UP or "no check" in HAProxy, weight 0 there, a worker the router
-        does not list healthy), and the balancers that could not be read (their hosts are not counted out)."""
+        does not list healthy), the balancers that could not be read (their hosts are not counted out), and each pool
+        a request can be routed to (an HAProxy backend of a socket, a router) with the hosts that have a server there
+        and those in rotation there: a host out of one backend only still carries another's requests (helper-47)."""
         out_hosts: t.List[str] = []
         unread: t.List[str] = []
         seen: t.Dict[str, t.Any] = {}
+        pools: t.Dict[str, t.Dict[str, t.List[str]]] = {}
+
+        def member(pool: str, host: str, in_rotation: bool) -> None:
+            p = pools.setdefault(pool, {"members": [], "in": []})
+            for k, add in (("members", True), ("in", in_rotation)):
+                if add and host not in p[k]:
+                    p[k].append(host)
+
         for b in self.entries:
             if b["type"] == "http":
                 continue
+            host = b.get("host") or self.server
             if b["type"] == "haproxy":
                 sock = b.get("socket") or HAPROXY_SOCKET
                 if sock not in seen:
@@ -730,7 +741,12 @@ class Balancers:
                     continue
                 srv = b.get("server") or b.get("host") or self.server
                 mine = [r for r in rows if r.get("svname") == srv and (not b.get("backend") or r.get("pxname") == b["backend"])]
+                for r in mine:
+                    member("HAProxy %s backend %s" % (sock, r.get("pxname")), host,
+                           word(r.get("status", "")) in ("UP", "no") and r.get("weight") != "0")
                 ok = bool(mine) and all(word(r.get("status", "")) in ("UP", "no") and r.get("weight") != "0" for r in mine)
+                if not mine:
+                    member("HAProxy %s backend %s" % (sock, b.get("backend") or "(any)"), host, False)
             else:
                 key = "router " + b["url"].rstrip("/")
                 if key not in seen:
@@ -745,7 +761,60 @@ class Balancers:
                 if ws is None:
                     continue
                 ok = any(w.get("url") == (b.get("worker_url") or self.worker_url) and w.get("is_healthy") for w in ws)
-            host = b.get("host") or self.server
+                member(key, host, ok)
             if not ok and host not in out_hosts:
                 out_hosts.append(host)
-        return {"out_hosts": out_hosts, "unread": unread}
+        return {"out_hosts": out_hosts, "unread": unread, "pools": pools}
+
+
+def capacity_refusal(reads: t.Sequence[t.Mapping[str, t.Any]], fleet: t.Sequence[str], batch: t.Sequence[str],
+                     drained: t.Sequence[str], left_out: t.Sequence[str], minimum: int) -> t.Optional[str]:
+    """The capacity guard's decision for a batch, from the balancers' reads (capacity(), one per delegate): None when the
+    batch may go on, else why not.
+
+    `fleet`: the hosts with balancers; `drained`: the batch's hosts that will be drained (not already up to date);
+    `left_out`: fleet hosts out whatever the balancers say (this run's failed hosts, the clean playbook's stopped ones).
+    A host is in service when every balancer of it has it in rotation. The batch must leave `minimum` hosts in service,
+    unless it drains nobody who is in service anywhere (it cannot lower the capacity then); and, with a minimum, no pool
+    (an HAProxy backend, a router) that has a server in rotation now may be left without one: a host out of one backend
+    only (an operator's MAINT there) still carries the other's requests (helper-47, the last server of a backend was
+    drained under load while the fleet count said it was out already)."""
+    pools: t.Dict[str, t.Dict[str, t.Set[str]]] = {}
+    out_by_balancers: t.Set[str] = set()
+    for r in reads:
+        out_by_balancers.update(str(h) for h in r.get("out_hosts") or [])
+        for name, p in (r.get("pools") or {}).items():
+            q = pools.setdefault(name, {"members": set(), "in": set()})
+            q["members"].update(str(h) for h in p.get("members") or [])
+            q["in"].update(str(h) for h in p.get("in") or [])
+    fleet_set, batch_set = set(fleet), set(batch)
+    gone = (set(left_out) & fleet_set) | (out_by_balancers - batch_set) & fleet_set
+    out_now = gone | (out_by_balancers & batch_set & fleet_set)
+    # A host of the batch that some pool still has in rotation is drained out of it: it lowers that pool's capacity.
+    in_somewhere = {h for q in pools.values() for h in q["in"]} - gone
+    draining = sorted((set(drained) & fleet_set) - gone - (out_now - in_somewhere))
+    after = len(fleet_set) - len(out_now | set(draining))
+    if draining and after < minimum:
+        already = sorted(out_now - set(draining))
+        partly = sorted(set(draining) & out_now)
+        return ("gpufleet_rollout_min_in_service: draining %s would leave %d of %d server(s) in rotation%s%s, fewer than "
+                "%d; nothing was touched: %s"
+                % (", ".join(draining), after, len(fleet_set),
+                   " (%s already out)" % ", ".join(already) if already else "",
+                   " (%s out of some of its balancers and still in others)" % ", ".join(partly) if partly else "",
+                   minimum,
+                   "use smaller batches (gpufleet_rollout_serial)" if len(fleet_set) - len(out_now) - 1 >= minimum
+                   else "no batch can pass, as even a batch of one host would leave fewer: lower "
+                        "gpufleet_rollout_min_in_service or put servers back into rotation"))
+    if minimum > 0 and draining:
+        for name in sorted(pools):
+            q = pools[name]
+            now = q["in"] - gone
+            if now and not (now - set(draining)):
+                others = sorted(q["members"] - (now & set(draining)))
+                return ("gpufleet_rollout_min_in_service: draining %s would leave no server in rotation in %s (%s); "
+                        "nothing was touched: put a server of it back into rotation first, or set "
+                        "gpufleet_rollout_min_in_service to 0 to drain it anyway"
+                        % (", ".join(sorted(now & set(draining))), name,
+                           "its other servers are out: %s" % ", ".join(others) if others else "it has no other server"))
+    return None

@@ -289,6 +289,16 @@ unread:
   returned: always
   type: list
   elements: str
+pools:
+  description:
+    - O(report=capacity), each pool a request can be routed to (C(HAProxy SOCKET backend NAME), C(router URL)) with the
+      hosts that have a server there (C(members)) and those in rotation there (C(in)). A host out of one backend only
+      still serves another; the capacity guard (P(gpufleet.serving.capacity_refusal#filter)) drains no pool's last
+      server in rotation.
+  returned: with report capacity
+  type: dict
+  version_added: 0.3.0
+  sample: {"HAProxy /run/haproxy/admin.sock backend gpufleet": {"members": [gpu1, gpu2], "in": [gpu1]}}
 """
 
 import typing as t

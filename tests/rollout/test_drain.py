@@ -187,8 +187,10 @@ def test_capacity_guard_refuses_a_batch_before_anything_is_touched(df):
         df.put_back("host2")
         df.put_back("host3")
     df.all_in_rotation(timeout=30)
-    # A host of the batch already out (host1, MAINT by an operator) counts as out and is named; with 3 to keep of the 3
-    # in rotation, no batch can pass, and the advice says so, not "smaller batches" (helper-36).
+    # A host of the batch out of one balancer (host1, MAINT by an operator in HAProxy) still serves the router's
+    # requests: it is drained out of the router, so it is counted with the batch and named as such (helper-47: it was
+    # counted out already, and its drain "changed nothing"); with 3 to keep, no batch can pass, and the advice says so,
+    # not "smaller batches" (helper-36).
     _balancer.haproxy_cmd(df.haproxy.sock, "set server %s/host1 state maint" % _balancer.BACKEND)
     try:
         r = df.playbook("rollout", "--limit", "host1,host2", extra_vars={"gpufleet_server_force_restart": True,
@@ -196,11 +198,27 @@ def test_capacity_guard_refuses_a_batch_before_anything_is_touched(df):
                                                                          "gpufleet_rollout_min_in_service": 3})
         assert r.rc != 0
         said = " ".join(r.summary["host2"]["failure"].split())
-        assert ("draining host2 would leave 2 of 4 server(s) in rotation (host1 already out), fewer than 3; nothing was "
-                "touched: no batch can pass") in said, said
+        assert ("draining host1, host2 would leave 2 of 4 server(s) in rotation (host1 out of some of its balancers and "
+                "still in others), fewer than 3; nothing was touched: no batch can pass") in said, said
         assert _pids(df) == before
+        # helper-47 (High): the router's only healthy worker is host1's (the others removed from it by hand), and host1
+        # is in an operator's MAINT in HAProxy. The guard let its drain through ("already out"), and every request
+        # through the router failed. Now the batch is refused, nothing touched.
+        listed = df.fleet.hub_run(["curl", "-sf", df.smg.url + "/workers"], check=True).stdout
+        removed = [w["id"] for w in json.loads(listed)["workers"] if w["url"] != df.worker_url("host1")]
+        for wid in removed:
+            df.fleet.hub_run(["curl", "-sf", "-XDELETE", "%s/workers/%s" % (df.smg.url, wid)], check=True)
+        r = df.playbook("rollout", "--limit", "host1", extra_vars={"gpufleet_server_force_restart": True,
+                                                                   "gpufleet_rollout_min_in_service": 1})
+        assert r.rc != 0
+        said = " ".join(r.summary["host1"]["failure"].split())
+        assert ("draining host1 would leave 0 of 4 server(s) in rotation (host2, host3, host4 already out) (host1 out of "
+                "some of its balancers and still in others), fewer than 1; nothing was touched") in said, said
+        assert _pids(df) == before and df.smg_workers() == {df.worker_url("host1"): True}
     finally:
         df.put_back("host1")
+        for h in ("host2", "host3", "host4"):
+            df.put_back(h)
     df.all_in_rotation(timeout=30)
     # The clean playbook (a stop drains first) has the same guard.
     c = df.playbook("clean", extra_vars={"gpufleet_rollout_serial": ["50%"], "gpufleet_rollout_min_in_service": "75%"})

@@ -291,13 +291,22 @@ def test_capacity_counts_weight_0_maint_and_unhealthy_as_out(hp, smg):
         "directory)", "the router http://127.0.0.1:1 from r (GET http://127.0.0.1:1/workers: [Errno 111] Connection "
         "refused)"]
     assert hp.commands.count("show stat") == 1  # one read per socket
+    # Each pool a request is routed to, with its hosts and those in rotation there (helper-47: a host out of one
+    # backend still serves another, and the guard must not drain a backend's last server).
+    pools = r["pools"]
+    web = next(v for k, v in pools.items() if k.startswith("HAProxy ") and k.endswith(" backend web"))
+    assert web == {"members": ["host1", "host2", "host3", "host4"], "in": ["host1", "host4"]}, pools
+    router = pools["router " + smg.url.rstrip("/")]
+    assert router == {"members": ["host1", "host5"], "in": ["host1"]}, router
 
 
 def test_capacity_router_unhealthy_worker_is_out(smg):
     smg.workers["w1"]["is_healthy"] = False
     entries = [{"type": "sglang_router", "name": "smg", "url": smg.url, "host": h, "worker_url": "http://10.0.0.%d:30000" % i}
                for i, h in ((1, "host1"), (2, "host2"), (3, "host3"))]
-    assert bal(entries).capacity() == {"out_hosts": ["host2", "host3"], "unread": []}
+    r = bal(entries).capacity()
+    assert (r["out_hosts"], r["unread"]) == (["host2", "host3"], [])
+    assert r["pools"] == {"router " + smg.url.rstrip("/"): {"members": ["host1", "host2", "host3"], "in": ["host1"]}}
 
 
 def test_router_out_and_in(smg):
