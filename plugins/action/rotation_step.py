@@ -31,10 +31,11 @@ ARGUMENT_SPEC = dict(
     rotation=dict(type="dict", default={}),
     first=dict(type="dict", default={}),
     up_timeout=dict(type="float", default=120),
+    release_lock=dict(type="dict"),
 )
 
 # The arguments the first item carries for every item of its loop (see run()).
-ONCE = ("records", "rotation", "first")
+ONCE = ("records", "rotation", "first", "release_lock")
 
 # The drain (or return) of each host in this worker process, by task and host: the items of one loop run one after
 # another in the one process ansible-core forked for the host's task, the first item (index 0) starting it afresh.
@@ -76,6 +77,17 @@ class ActionModule(ActionBase):
         args.update(flow.once)
         todo = flow.call(step, args)
         out = flow.took(step, self._call(todo, task_vars)) if isinstance(todo, _drainflow.Call) else todo
+        if step == "clear" and args.get("release_lock") and isinstance(todo, _drainflow.Call) and not out.get("failed"):
+            # The host lock is released here, on the host, once the host is back in service and its record cleared:
+            # a put-back outside the lock would race another run's drain of the host (helper-47). Its own call, in this
+            # task: a task of its own would be a task execution of every restarted host (issue 25).
+            released = self._call(_drainflow.Call("gpufleet.serving.server_state", dict(
+                action="unlock", **{k: v for k, v in dict(args["release_lock"]).items()
+                                    if k in ("name", "state_file", "lock_file", "owner")})), task_vars)
+            out["lock_released"] = bool(released.get("released"))
+            if released.get("failed"):
+                out.setdefault("warnings", []).append(
+                    "the host lock could not be released: %s (the role's last task releases it)" % released.get("msg"))
         if step in ("settle", "verdict", "clear"):  # the last step
             _FLOWS.pop(key, None)
         result.update(out)

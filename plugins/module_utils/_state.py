@@ -374,10 +374,15 @@ def check(p: t.Dict[str, t.Any], step: Step) -> dict:
         if holder is not None:
             res["lock_holder"] = holder
             res["up_to_date"] = False
+    # A host an earlier run left out of rotation (its drain record names entries of its balancers) goes back in this
+    # run, also without a restart: under the lock, as a put-back outside it would race another run's drain of the host
+    # (helper-47). The return to service releases it once the host is back.
+    returning = bool(p["owner"] and p["decide"] and set(res.get("drain_records") or {})
+                     & {str(n) for n in p["decide"].get("balancers") or []})
     if locking:
         res["locked"] = True
         rerecord(p, step, res)  # under the lock, when there is one
-        if not res["needs_restart"] and not p["keep_lock"] and not held_before:
+        if not res["needs_restart"] and not p["keep_lock"] and not held_before and not returning:
             res["locked"] = not _hostlock.release_lock(p["lock_file"], p["owner"])
         # The lock file this call leaves behind, when it was not there before, is its only change to the host (with
         # the record of a server whose record had failed).
@@ -385,7 +390,7 @@ def check(p: t.Dict[str, t.Any], step: Step) -> dict:
     elif p["lock_file"] and p["owner"]:
         # Check mode takes no lock but predicts the real call: it keeps the lock when a restart is needed.
         res["locked"] = held_before
-        res["changed"] = bool(res["needs_restart"] or p["keep_lock"]) and not held_before
+        res["changed"] = bool(res["needs_restart"] or p["keep_lock"] or returning) and not held_before
     return res
 
 

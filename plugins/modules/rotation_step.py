@@ -118,6 +118,16 @@ options:
     description: Seconds V(back) waits for each balancer to report the host UP.
     type: float
     default: 120
+  release_lock:
+    version_added: 0.3.0
+    description:
+      - With V(clear), the host lock to release once the drain record is cleared (C(name), C(state_file), C(lock_file),
+        C(owner), as M(gpufleet.serving.server_state)'s O(gpufleet.serving.server_state#module:action=unlock) takes
+        them), in the same task; RV(lock_released) says whether it was. Not released when a balancer did not take the
+        host back (the clear is skipped and the host fails; the role releases it after its rescue).
+      - The gpu_server role keeps the lock a restart behind balancers took until the host is back in service, so no
+        other run drains or puts back the host while this one does.
+    type: dict
 notes:
   - An action plugin; it must run with C(delegate_to) set to each step's machine, in a loop whose O(index) counts from
     V(0).
@@ -155,6 +165,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+lock_released:
+  version_added: 0.3.0
+  description: With O(release_lock), whether the host lock was released after the clear.
+  returned: with release_lock, when the clear ran
+  type: bool
 step:
   description: The step this item ran.
   returned: always

@@ -167,6 +167,10 @@ def test_clean_drains_the_host_stops_it_and_the_next_rollout_puts_it_back(df):
     assert r.summary["host1"]["out_of_rotation"] == [], r.summary["host1"]
     assert "put back into rotation, left out by an earlier run (drain record): host1 (haproxy, sglang_router)" in " ".join(
         r.out.split()), r.tail()
+    # The restart behind balancers leaves the host lock to the return to service, which releases it once the host is
+    # back (helper-47): the role's last task (the release of a lock still held) has nothing to do.
+    assert _task_outcomes(r.out, "Release the host lock, and fail the host where its flow failed") == {"host1": "skipping"}
+    assert df.fleet.ssh("host1", "test -e /run/gpufleet/demo.lock").returncode != 0
     df.all_in_rotation(timeout=30)
     assert df.drain_record("host1") is None
 
@@ -203,6 +207,11 @@ def test_a_host_an_interrupted_run_left_drained_is_put_back_without_a_restart(df
     assert _pids(df)["host3"] == before["host3"]  # no restart
     _wait_in_rotation(df, "host3", timeout=5)
     assert df.drain_record("host3") is None
+    # Put back under the host lock (helper-47: the put-back ran after its release, racing another run's drain of the
+    # host): the check kept it and the return to service released it with the record's clear, so the role's last task
+    # (the release of a lock still held) had nothing to do, and no lock is left.
+    assert _task_outcomes(r.out, "Release the host lock, and fail the host where its flow failed") == {"host3": "skipping"}
+    assert df.fleet.ssh("host3", "test -e /run/gpufleet/demo.lock").returncode != 0
     # A record the role cannot read is reported; the host never passes as up to date over it.
     df.fleet.ssh("host3", "cat > %s" % RECORD, input="[]", check=True)
     try:
@@ -211,6 +220,20 @@ def test_a_host_an_interrupted_run_left_drained_is_put_back_without_a_restart(df
         assert _pids(df)["host3"] == before["host3"]
     finally:
         df.fleet.ssh("host3", "rm -f %s" % RECORD, check=True)
+
+
+def _task_outcomes(out: str, task: str) -> dict:
+    """Each host's outcome (ok, changed, skipping, failed, fatal) under the default callback's header of `task`."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("TASK [") and (": %s]" % task) in line)
+    got = {}
+    for line in lines[start + 1:]:
+        if line.startswith(("TASK [", "PLAY ", "RUNNING HANDLER")):
+            break
+        for word in ("ok", "changed", "skipping", "failed", "fatal"):
+            if line.startswith(word + ": ["):
+                got[line.split("[", 1)[1].split("]", 1)[0]] = word
+    return got
 
 
 def test_servers_taken_out_by_hand_are_left_as_found(df):

@@ -918,3 +918,22 @@ def test_a_generation_left_aside_for_the_running_server_is_kept_by_the_next_lock
     assert not os.path.exists(_lastgood.pending_path(paths["pidfile"])) and not os.path.exists(paths["lock_file"])
     again = run_module(server_state.main, check_args(paths, lock_file=paths["lock_file"]))
     assert again["up_to_date"] is True and "last_good_pending" not in again, again
+
+
+def test_check_keeps_the_lock_of_a_host_that_goes_back_into_rotation(servers, paths, run_module, tmp_path):
+    """helper-47: an up-to-date host an earlier run left drained goes back into its balancers in this run; its put-back
+    is under the lock (the return to service releases it), as one outside it raced another run's drain of the host."""
+    running(servers, paths, run_module)
+    record = tmp_path / "demo.rotation.json"
+    record.write_text(json.dumps({"drains": {"haproxy": {"found": "UP", "server": "h1", "run": "ctl:9:old",
+                                                         "at": "2026-12-06T13:00:00+0000"}}}))
+    os.chmod(str(record), 0o600)
+    args = check_args(paths, lock_file=paths["lock_file"], owner="ctl:1:a", rotation_file=str(record))
+    other = run_module(server_state.main, dict(args, decide={"balancers": ["smg"]}))
+    assert other["needs_restart"] is False and other["locked"] is False and not os.path.exists(paths["lock_file"])
+    back = run_module(server_state.main, dict(args, decide={"balancers": ["haproxy", "smg"]}))
+    assert back["needs_restart"] is False and back["locked"] is True and back["changed"] is True, back
+    assert json.load(open(paths["lock_file"]))["owner"] == "ctl:1:a"
+    _hostlock.release_lock(paths["lock_file"], "ctl:1:a")
+    predicted = run_module(server_state.main, dict(args, decide={"balancers": ["haproxy"]}), check_mode=True)
+    assert predicted["changed"] is True and predicted["locked"] is False and not os.path.exists(paths["lock_file"])
