@@ -158,10 +158,13 @@ def describe(pid: int, procs: t.Mapping[int, _proc.Proc]) -> str:
 
 
 def port_holders(url: str, ours: t.Callable[[int, t.Mapping[int, _proc.Proc]], bool],
-                 proc_root: str = "/proc", reached_only: bool = False) -> t.Dict[str, t.Any]:
+                 proc_root: str = "/proc", reached_only: bool = False, any_address: bool = False) -> t.Dict[str, t.Any]:
     """Who holds the listening socket(s) that a request to `url` can reach, by `ours(pid, procs)`; with
     `reached_only`, only the one a request reaches now (reached(): the URL's host may name several addresses, each
     with its own listener), and `elsewhere` lists the pids of ours listening on the port where the request does not go.
+    With `any_address` (the restart's preflight), every socket listening on the port on any address of this host, as
+    each keeps a server that binds the port on all addresses from starting (EADDRINUSE; helper-47: one bound to the
+    host's own address, not the URL's 127.0.0.1, was missed and the launch failed after the kill).
 
     Returns {port, checked, foreign: [{pid, user, cmdline, uid}], ours: [pids], elsewhere: [pids], assumed}: `checked`
     is false (and `assumed` says what was taken for granted) when the URL's host is not an address of this host, or
@@ -175,7 +178,7 @@ def port_holders(url: str, ours: t.Callable[[int, t.Mapping[int, _proc.Proc]], b
         res["assumed"] = ("%s is not an address of this host: the answer on port %d is taken as the launched server's "
                           "(its listening socket cannot be checked)" % (host, port))
         return res
-    socks = [s for s in listeners(port, proc_root) if serving(s, targets)]
+    socks = [s for s in listeners(port, proc_root) if any_address or serving(s, targets)]
     # One reading of the processes and the sockets' owners, for the socket reached and the others alike.
     procs = _proc.snapshot(proc_root) if socks else {}
     owners = socket_owners([s.inode for s in socks], proc_root=proc_root) if socks else {}

@@ -462,7 +462,7 @@ def refuse_foreign_listeners(p: t.Mapping[str, t.Any], urls: t.Sequence[str]) ->
             chosen, _procs = _killmod.select_or_fail(_selector(p, **_old_server(p)))
             selected = set(chosen["selected"])
         keep = selected
-        res = _listener.port_holders(url, lambda pid, _procs: pid in keep)
+        res = _listener.port_holders(url, lambda pid, _procs: pid in keep, any_address=True)
         if not res["foreign"]:
             continue
         holding = _holds_server_gpus(p, [f["pid"] for f in res["foreign"]])
@@ -476,12 +476,18 @@ def refuse_foreign_listeners(p: t.Mapping[str, t.Any], urls: t.Sequence[str]) ->
                     "(gpufleet_server_adopt_cmdline_regex), or kill.gpu_strays (gpufleet_server_kill_gpu_strays) ends "
                     "what holds them")
         addrs = sorted({str(f.get("address")) for f in res["foreign"]})
+        targets = _listener.resolve(*_listener.url_endpoint(url))
         # An IPv6 wildcard socket takes IPv4 connections too unless it set IPV6_V6ONLY, which /proc does not show: the
         # refusal stays (the port may be taken), the reason says so (helper-39).
-        reach = ("may reach it (an IPv6 wildcard socket takes IPv4 connections unless it set IPV6_V6ONLY, which "
-                 "/proc does not show)" if "::" in addrs else "would reach it")
+        reach = ("may reach it (an IPv6 wildcard socket takes IPv4 connections unless it set IPV6_V6ONLY, which /proc "
+                 "does not show) instead of the new server" if "::" in addrs else "would reach it instead of the new server")
+        if not any(_listener.serving(_listener.Listener(a, res["port"], 0, 0), targets) for a in addrs):
+            # Bound to another address of the host than the URL's: requests to the URL do not reach it, but the new
+            # server cannot bind the port on all addresses while it listens there (helper-47).
+            reach = ("does not reach it, but the new server cannot listen on the port on all addresses while it does "
+                     "(EADDRINUSE)")
         raise StepError("port %d of %s is held by %s, which is not this server's (the kill does not select it, "
-                        "and it is never killed); it listens on %s, where %s %s instead of the new server. "
+                        "and it is never killed); it listens on %s, where %s %s. "
                         "Nothing was stopped: stop that process or give the server another port.%s"
                         % (res["port"], url, _listener.foreign_text(res), " or ".join(addrs), url, reach, hint),
                         phase="preflight", port_holders=res["foreign"])

@@ -27,8 +27,9 @@ description:
     O(log_path) must each have 16 KiB and 4 inodes free (the failure names the directory and its free bytes);
     otherwise the module fails and stops nothing.
     With O(wait_ready.check_listener), a process that the kill does not select listening on the port of the health
-    URL (or of the request's URL) fails it too, named by pid, user and command line (it is never killed): a request
-    to the URL would reach that process instead of the new server. A listener holding one of O(gpus) (itself or
+    URL (or of the request's URL), on any address of the host, fails it too, named by pid, user and command line (it
+    is never killed): a request to the URL would reach that process instead of the new server, or, bound to another
+    address, it keeps the new server from listening on the port on all addresses (EADDRINUSE). A listener holding one of O(gpus) (itself or
     through a descendant) is a server started by hand: O(kill.gpu_strays) lets it through (the stray kill ends what
     holds the GPUs), otherwise the failure says how to adopt it."
   - "C(kill): every process carrying the launch tag O(tag_name)=O(name) (workers orphaned to PID 1 included), the

@@ -695,6 +695,26 @@ def test_an_ipv6_wildcard_listener_is_refused_saying_it_may_reach_the_url(server
         s6.close()
 
 
+def test_a_listener_on_another_address_of_the_port_is_refused_before_the_kill(servers, paths, run_module):
+    """helper-47 (Medium): a process listening on the port on the host's own address (not the URL's 127.0.0.1) was not
+    seen; the new server then died on EADDRINUSE after the kill. Any address of the port counts."""
+    import socket
+    running(servers, paths, run_module)
+    other = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        other.bind(("127.0.0.2", 0))
+        other.listen(1)
+        port = other.getsockname()[1]
+        url = "http://127.0.0.1:%d/health" % port
+        r = run_module(server_state.main, _restart_wanted(paths, url))
+        assert r["failed"] and r["phase"] == "preflight", r
+        assert r["msg"].startswith("port %d of %s is held by pid %d (" % (port, url, os.getpid())), r["msg"]
+        assert ("it listens on 127.0.0.2, where %s does not reach it, but the new server cannot listen on the port on "
+                "all addresses while it does (EADDRINUSE). Nothing was stopped" % url) in r["msg"], r["msg"]
+    finally:
+        other.close()
+
+
 def test_the_servers_own_listener_on_its_port_does_not_refuse_a_restart(servers, paths, run_module, nvml):
     """The port held by what the kill ends (a process carrying this service's launch tag) is the old server's: fine."""
     running(servers, paths, run_module)
