@@ -493,6 +493,26 @@ def refuse_foreign_listeners(p: t.Mapping[str, t.Any], urls: t.Sequence[str]) ->
                         phase="preflight", port_holders=res["foreign"])
 
 
+def gpu_intruders(p: t.Mapping[str, t.Any]) -> t.Dict[int, t.List[str]]:
+    """{GPU index: [holders]} of the server's GPUs held by a process that does not carry its launch tag (read once after
+    the launch; the tag reaches every worker the server starts, spawn ones included)."""
+    with _gpumod.backend_or_fail(p["backend"]) as backend:
+        gpus = _gpuwait.read_states(backend, _nvml.resolve_indices(backend, p["gpus"]))
+    out: t.Dict[int, t.List[str]] = {}
+    procs: t.Optional[t.Mapping[int, _proc.Proc]] = None
+    for g in gpus:
+        for pr in g["processes"]:
+            pid = int(pr["pid"])
+            if _proc.environ_has(pid, p["tag_name"], p["name"]):
+                continue
+            procs = procs if procs is not None else _proc.snapshot()
+            # Gone since NVML listed it, or not visible here (another pid namespace): not counted, as a restart failed
+            # (and rolled back) on a process it cannot name would be worse than the audit's report of it.
+            if pid in procs:
+                out.setdefault(int(g["index"]), []).append(_listener.describe(pid, procs))
+    return out
+
+
 def _holds_server_gpus(p: t.Mapping[str, t.Any], pids: t.Sequence[int]) -> t.Set[int]:
     """Those of `pids` that hold one of the server's GPUs, themselves or through a descendant."""
     with _gpumod.backend_or_fail(p["backend"]) as backend:
@@ -666,6 +686,19 @@ def run(p: t.Dict[str, t.Any], step: Step, result: t.Dict[str, t.Any],
         result["busy"] = wait_busy(p, launched)
         timings["busy_s"] = result["busy"]["waited_s"]
 
+    # The GPUs the server was launched onto hold only its own processes: one that took a GPU between the clean gate and
+    # the launch (a watcher starting a job when the old server died) shares it with the new server unseen (helper-47:
+    # the host was reported ok and the server recorded as last known good; the next audit said "GPUs held by 1
+    # process(es) without this server's launch tag").
+    result["phase"] = "verify_gpus"
+    foreign = gpu_intruders(p)
+    if foreign:
+        raise StepError("after the launch, %s, not this server's (no %s=%s in its environment): another process took "
+                        "the GPU between the clean gate and the launch, and the new server shares it with that process"
+                        % ("; ".join("GPU %s is held by %s" % (g, ", ".join(foreign[g])) for g in sorted(foreign)),
+                           p["tag_name"], p["name"]),
+                        gpu_intruders={str(g): v for g, v in foreign.items()})
+
     if p["verify_env"]:
         result["phase"] = "verify_env"
         t_verify = time.monotonic()
@@ -759,7 +792,7 @@ def unit_files(step: Step, p: t.Mapping[str, t.Any]) -> t.Optional[t.List[t.Dict
 REMOVED_DROPINS = "_removed_dropins"
 
 # Failures after the kill that a rollback answers: the new server never served, or was slower than the last known good.
-ROLLBACK_PHASES = ("launch", "ready", "busy", "verify_env", "gate")
+ROLLBACK_PHASES = ("launch", "ready", "busy", "verify_gpus", "verify_env", "gate")
 
 
 def _restore_layers(step: Step, g: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:

@@ -67,6 +67,10 @@ description:
     O(wait_busy.idle_grace) seconds while the server's own processes hold the others fails the step early (a ready
     server has loaded its model: a GPU it has not taken is one it does not use), and the failure names the idle GPUs
     and the O(gpus) to set. The server is left running then: it answered its readiness request."
+  - "C(verify_gpus): the server's GPUs (O(gpus)) are held only by processes that carry its launch tag. One that took
+    a GPU between the clean gate and the launch fails the step, named, and is never killed (RV(gpu_intruders)); the
+    server is not recorded as verified. A holder that is gone or not visible here (another pid namespace) is passed
+    over."
   - "C(verify_env): with O(verify_env), check that every GPU-holding worker carries the expected environment
     (and, with a log, what NCCL logged), as M(gpufleet.serving.process_env) does. Only the expected keys are read."
   - "C(record): with O(record), write the state file (fingerprint, pid, timings) as
@@ -862,11 +866,18 @@ log_tail:
   description: Last lines of the server log (O(wait_ready.log_tail_path) when set) when the readiness wait failed.
   returned: failure in the ready step
   type: str
+gpu_intruders:
+  version_added: 0.3.0
+  description: With a failure in the C(verify_gpus) step, each of the server's GPUs another process holds, with those
+    processes (pid, user and command line).
+  returned: failure in the verify_gpus step
+  type: dict
+  sample: {"0": ["pid 4242 (alice: python3 train.py)"]}
 phase:
   description: The step that failed - V(preflight) (nothing stopped), V(kill), V(strays), V(clean) (nothing launched;
     nothing stopped either when RV(clean) has C(before_kill)), V(launch), V(startup) (the server died; stopped unless
     O(keep_failed)), V(ready) (timeout; stopped unless O(keep_failed)), V(busy) (a GPU stayed idle, or the launcher
-    died after it was ready), V(verify_env), V(gate) (the performance gate, slower than this host's last known good,
+    died after it was ready), V(verify_gpus) (another process holds one of its GPUs), V(verify_env), V(gate) (the performance gate, slower than this host's last known good,
     or a benchmark request failed; the server keeps running) or V(record).
   returned: failure
   type: str

@@ -473,6 +473,41 @@ def test_a_worker_without_the_expected_environment_fails_verify_env_and_is_not_r
     assert r["lock_released"] is True
 
 
+def test_a_process_that_takes_the_servers_gpu_after_the_clean_gate_fails_the_restart(server, run_module, tmp_path):
+    """helper-47 (Medium): a process that took a GPU right after the kill (a watcher starting a job when the old server
+    died) shared it with the new server unseen: the host was reported ok and the server recorded as its last known good.
+    Here the launch itself starts it, without the launch tag, after the clean gate: the restart fails, unrecorded."""
+    a = server
+    _lock(a)
+    wrapper = tmp_path / "with_intruder.py"
+    wrapper.write_text(
+        "import os, subprocess, sys, time\n"
+        "env = {k: v for k, v in os.environ.items() if k != %r}\n"
+        "subprocess.Popen([sys.executable, os.path.join(os.environ['FAKE_DIR'], 'fake_gpu.py'), 'hold', '--gpu', '0',"
+        " '--mib', '10', '--ready-file', %r], env=env, start_new_session=True)\n"
+        "while not os.path.exists(%r):\n    time.sleep(0.01)\n"
+        "os.execv(sys.executable, [sys.executable] + sys.argv[1:])\n"
+        % (a["tag_name"], str(tmp_path / "intruder-ready"), str(tmp_path / "intruder-ready")))
+    a["command"] = [sys.executable, str(wrapper)] + a["command"][1:]
+    try:
+        r = run_module(server_restart.main, a)
+        assert r["failed"] and r["phase"] == "verify_gpus", r
+        intruder = [pid for pid in _proc.snapshot() if pid not in _tagged(a)
+                    and "intruder-ready" in " ".join(_proc.read_proc(pid).cmdline if _proc.read_proc(pid) else [])]
+        assert len(intruder) == 1, intruder
+        assert r["msg"].startswith("after the launch, GPU 0 is held by pid %d (" % intruder[0]), r["msg"]
+        assert ("not this server's (no %s=%s in its environment): another process took the GPU between the clean gate "
+                "and the launch" % (a["tag_name"], SERVICE)) in r["msg"], r["msg"]
+        assert list(r["gpu_intruders"]) == ["0"] and len(r["gpu_intruders"]["0"]) == 1, r["gpu_intruders"]
+        assert json.load(open(a["record"]["state_file"])) == {"verified": False}  # not recorded as good
+        assert pid_alive(intruder[0])  # never killed: it is not this service's
+    finally:
+        for pid in _proc.snapshot():
+            proc = _proc.read_proc(pid)
+            if proc and "intruder-ready" in " ".join(proc.cmdline):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_check_mode_lists_what_it_would_kill_and_changes_nothing(server, run_module):
     a = server
     first = run_module(server_restart.main, a)
