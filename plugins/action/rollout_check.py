@@ -130,11 +130,13 @@ class ActionModule(ActionBase):
             return None, none
         resolved: t.Dict[str, t.Any] = {}
         if profile == "auto":
-            if mode != "check":  # a rollback restores a generation's own layers: no read of the host's GPUs for it
-                return None, none
+            # Resolved on the host in a rollback too (one read of its GPUs): the inventory's fingerprint the rollback
+            # reports, and compares with the generation it goes back to, includes the profile's variables; unresolved,
+            # it was the fingerprint of no NCCL variables, another host's (helper-47). A host whose GPUs cannot be read
+            # refuses nothing there (a rollback restores the generation's own layers): nothing is computed.
             refusal, resolved = self._auto(ntemplar.template(scope["gpufleet_nccl_gpu_backend"]), task_vars)
             if refusal:
-                return refusal, {}
+                return (None, none) if mode != "check" else (refusal, {})
             profile = resolved["nccl_profile_resolved"]
         scope.maps.insert(0, {"_gpufleet_nccl_for": profile})
         env = ntemplar.copy_with_new_env(available_variables=scope).template(role_vars["_gpufleet_nccl_env_for"])

@@ -25,7 +25,7 @@ description:
     nccl_tuning role resolves it (M(gpufleet.serving.gpu_info) with C(gpufleet_nccl_gpu_backend), V(pcie_only) when no
     NVLink is active, else V(nvlink), with a warning when the NVLink state is unknown), in RV(nccl_profile_resolved);
     a host whose GPUs gpu_info cannot read fails here, nothing on it changed.
-    O(nccl=compute) computes them without refusing anything (an unusable input, or the auto profile, gives null), as
+    O(nccl=compute) computes them without refusing anything (an unusable input, or an auto profile whose GPUs cannot be read, gives null), as
     the rollback playbook needs; O(nccl=none) leaves both null.
   - With O(fast_check=true), one M(gpufleet.serving.server_info) check (read-only) with the arguments the task's
     C(_gpufleet_rollout_check_args) variable gives says whether the host is already right (server, workers'

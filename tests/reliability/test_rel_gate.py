@@ -410,11 +410,14 @@ def test_the_rollback_playbook_puts_the_host_back_to_its_last_known_good_and_aga
         assert _runs(rf)["ids"] == now["ids"] and rec.calls == [], rec.calls
 
         # Forward again to B by its fingerprint (the inventory says A now: the run says so), from a CI job this time
-        # (python -m gpufleet_ci rollback, through ansible-runner)...
-        p, report = _ci_rollback(rf, _defn(rf, "A", http), b[:12])
+        # (python -m gpufleet_ci rollback, through ansible-runner)... with A's profile as auto, which this PCIe-only host
+        # resolves to pcie_only: the inventory's fingerprint is A's (helper-47: an unresolved auto was counted as no NCCL
+        # variables, the fingerprint of another host's definition, and the run said the next rollout would restart it).
+        p, report = _ci_rollback(rf, dict(_defn(rf, "A", http), gpufleet_nccl_profile="auto"), b[:12])
         assert p.returncode == 0 and report["ok"] is True and report["playbook"] == "rollback", p.stdout[-4000:]
         row = next(h for h in report["hosts"] if h["host"] == H)
         assert row["restart"] == "rolled back to %s" % b[:12] and row["rollback_to"]["fingerprint"] == b, row
+        assert row["rollback_to"]["inventory_fingerprint"] == a, row
         back = _runs(rf)
         assert back["defs"] == {"B"} and back["nccl"] == [{"NCCL_ALGO": "Tree"}] * 2 and _record(rf)["fingerprint"] == b
         assert "### gpufleet rollback: OK (rc 0)" in p.stdout and "rolled back to %s" % b[:12] in p.stdout, p.stdout[-4000:]
