@@ -98,7 +98,8 @@ def test_fast_check_asks_the_server_check_what_the_roles_check_asks():
 def test_the_audit_asks_server_info_what_the_roles_check_asks():
     """The audit (gpu_server tasks/audit.yml) checks with server_info, read-only, and reports what the lifecycle's check
     (tasks/check.yml, server_state under the lock) would decide: the same check arguments with the same values, less
-    the lock, the drain record (the audit reads it with a task of its own), the layers' write and the rollback."""
+    the lock's owner (the lock is only looked at), the drain record (the audit reads it with a task of its own), the
+    layers' write and the rollback."""
     tasks = Path(__file__).resolve().parents[2] / "roles" / "gpu_server" / "tasks"
 
     def call(name: str, module: str) -> dict:
@@ -107,7 +108,7 @@ def test_the_audit_asks_server_info_what_the_roles_check_asks():
     full = call("check.yml", "gpufleet.serving.server_state")
     audit = call("audit.yml", "gpufleet.serving.server_info")
     assert "gpufleet.serving.server_state" not in (tasks / "audit.yml").read_text()
-    lock_only = {"action", "lock_file", "owner", "lock_ttl", "lock_wait", "keep_lock", "rotation_file", "tune", "rollback"}
+    lock_only = {"action", "owner", "lock_ttl", "lock_wait", "keep_lock", "rotation_file", "tune", "rollback"}
     assert set(audit) == set(full) - lock_only, set(audit) ^ (set(full) - lock_only)
     differ = {k: (full[k], audit[k]) for k in audit if full[k] != audit[k]}
     assert set(differ) == {"nccl_layers", "decide"}, differ

@@ -2,6 +2,9 @@
 """gpufleet.serving.{restart,clean,audit} and rollout --check on 3 sandbox hosts with the demo server."""
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from rollout_helpers import PCIE_ONLY, nccl, workers
@@ -67,11 +70,21 @@ def test_audit_of_a_hand_started_server_says_what_answers_on_the_health_url(rf):
 def test_audit_passes_on_a_rolled_out_fleet_and_changes_nothing(rolled_out, check):
     rf = rolled_out("clean")
     before = rf.snapshot()
-
-    run = rf.playbook("audit", check=check)
+    # Another run's live host lock on host1 (helper-47: the audit said nothing of it): named in the verdict's notes,
+    # not drift, and left as it is.
+    lock = json.dumps({"owner": "ctl:7:other-run", "acquired": time.time(), "expires": time.time() + 600})
+    rf.fleet.ssh("host1", "mkdir -p /run/gpufleet && cat > /run/gpufleet/demo.lock", input=lock, check=True)
+    try:
+        run = rf.playbook("audit", check=check)
+        assert rf.fleet.ssh("host1", "cat /run/gpufleet/demo.lock", check=True).stdout == lock
+    finally:
+        rf.fleet.ssh("host1", "rm -f /run/gpufleet/demo.lock", check=True)
 
     assert run.rc == 0, run.tail()
     assert all(run.recap[h]["failed"] == 0 and run.recap[h]["changed"] == 0 for h in ALL), run.recap
+    said = " ".join(run.out.split())
+    assert "the host lock is held by another run (ctl:7:other-run): it may be changing this host now" in said, run.tail()
+    assert said.count("the host lock is held by another run") == 1, run.tail()
     unchanged(before, rf.snapshot())
     rf.state = "clean"
 
