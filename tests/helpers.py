@@ -176,3 +176,16 @@ def run_while_progressing(argv: t.Sequence[str], idle_timeout: float, timeout: t
         time.sleep(0.2)
     th.join()
     return subprocess.CompletedProcess(list(argv), p.returncode, "".join(lines))
+
+
+# The start of a script that answers 200 "ok" to every GET and POST (class H), for another interpreter to run
+# (`python3 -c`, as another user: nobody cannot reach the venv): the foreign listeners of the port tests.
+HTTP_OK_SCRIPT = r"""
+import http.server, sys, time
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"ok")
+    do_POST = do_GET
+"""

@@ -141,15 +141,27 @@ options:
 """
 
 EXAMPLES = r"""
-- name: Does the server need a restart?
+- name: Take the host lock and check the server under it (the lock is kept when a restart is needed)
   gpufleet.serving.server_state:
+    action: check
     name: sglang
     state_file: /var/lib/gpufleet/sglang.json
     pidfile: /run/gpufleet/sglang.pid
     fingerprint: "{{ fingerprint }}"
     gpus: [0, 1, 2, 3, 4, 5, 6, 7]
     expected_env: {NCCL_PROTO: LL}
+    lock_file: /run/gpufleet/sglang.lock
+    owner: "{{ lookup('gpufleet.serving.run') }}"
   register: st
+
+- name: Release the lock when nothing was restarted
+  gpufleet.serving.server_state:
+    action: unlock
+    name: sglang
+    state_file: /var/lib/gpufleet/sglang.json
+    lock_file: /run/gpufleet/sglang.lock
+    owner: "{{ lookup('gpufleet.serving.run') }}"
+  when: st.locked
 """
 
 RETURN = r"""

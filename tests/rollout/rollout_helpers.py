@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "tests" / "unit"))
 
 from collection_copy import private_collections  # noqa: E402
 from gpufleet_ci import sandbox  # noqa: E402
-from helpers import run_playbook  # noqa: E402
+from helpers import HTTP_OK_SCRIPT, run_playbook  # noqa: E402
 
 PCIE_ONLY = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
              "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
@@ -350,14 +350,7 @@ def nccl(env: t.Mapping[str, str]) -> t.Dict[str, str]:
 
 # Another process on a server's port, answering 200 to every GET and POST: `python3 -c FOREIGN_LISTENER PORT [ADDRESS]`
 # (default all addresses). Run by the system python, as another user can run it (nobody cannot reach the venv).
-FOREIGN_LISTENER = r"""
-import http.server, sys
-class H(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-    def do_GET(self):
-        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"ok")
-    do_POST = do_GET
+FOREIGN_LISTENER = HTTP_OK_SCRIPT + r"""
 http.server.ThreadingHTTPServer((sys.argv[2] if len(sys.argv) > 2 else "0.0.0.0", int(sys.argv[1])), H).serve_forever()
 """
 

@@ -18,7 +18,7 @@ import pytest
 from ansible_collections.gpufleet.serving.plugins.module_utils import _hostlock, _proc, _restart, _statefile
 from ansible_collections.gpufleet.serving.plugins.modules import server_restart
 
-from helpers import FAKE_NVML_DIR, pid_alive, wait_for
+from helpers import FAKE_NVML_DIR, HTTP_OK_SCRIPT, pid_alive, wait_for
 
 # A launcher that starts one worker (which inherits its environment, the launch tag included) holding fake GPU
 # memory on GPU 0, then answers /health once the worker holds it.
@@ -758,14 +758,7 @@ def test_the_cycle_notes_termination_signals_without_obeying_them_and_execd_chil
 
 # Another user's process answering 200 to every request; with a port already taken it retries every 5 ms until it
 # gets it (so it takes the port the moment the old server lets it go).
-GRABBER = r"""
-import http.server, sys, time
-class H(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-    def do_GET(self):
-        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"ok")
-    do_POST = do_GET
+GRABBER = HTTP_OK_SCRIPT + r"""
 while True:
     try:
         srv = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
