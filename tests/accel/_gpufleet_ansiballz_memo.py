@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Test-only: remember across ansible-playbook runs what compiling the same Python files (and parsing the same YAML)
-again would give.
+"""Test-only: remember across ansible-playbook runs what compiling the same Python files (parsing the same YAML,
+compiling the same Jinja templates) again would give.
 
 Why: the suite runs ansible-playbook hundreds of times over the same files, and these places compile or parse them anew
 each time:
@@ -17,7 +17,10 @@ each time:
 - PyYAML, constructing what ansible-core parses (each value tagged with its Origin, strings with TrustedAsTemplate):
   config/ansible_builtin_runtime.yml for the collection loader, every plugin's DOCUMENTATION for its config
   definitions, config/base.yml, and in real runs the playbook, its roles' files and vars files: ~0.55 of a no-op
-  ansible-playbook's ~0.75 CPU-s under cProfile, ~0.2 s of it without the profiler on this machine.
+  ansible-playbook's ~0.75 CPU-s under cProfile, ~0.2 s of it without the profiler on this machine;
+- Jinja2, compiling each template and expression ansible-core renders (lexer, parser, code generator and Python's
+  compile): about 18 % of the controller's samples under py-spy on tests/rollout/test_rollout_check.py. Each forked
+  worker compiles a role's variables again, and every ansible-playbook starts with none compiled.
 
 What:
 - a memo of `ModuleDepFinder`'s two outputs (`submodules`, `optional_imports`) keyed by the sha256 of the file's source,
@@ -46,13 +49,26 @@ What:
   200 characters, a file given to ansible-core's loaders, a stream with other tags (a decrypted vault file), a result
   with anything else in it (an !vault EncryptedString, a set), a parse that warned (a duplicate key: a later run must
   warn again), a parse that failed. This one patch sits on PyYAML's `load` rather than on ansible-core's entry points
-  (`from_yaml`, `_meta_yml_to_dict`, `_load_config_defs`, DataLoader): all of them, and `yaml_load`, call it.
+  (`from_yaml`, `_meta_yml_to_dict`, `_load_config_defs`, DataLoader): all of them, and `yaml_load`, call it;
+- the code object jinja2's `Environment.compile` gives ansible-core's AnsibleEnvironment (its `from_string`: every
+  template) and its `compile_expression` (conditionals), marshalled, keyed by the sha256 of the exact source, name,
+  file name and defer_init with everything the lexer, parser and code generator read from the environment: the
+  delimiters and lexer settings (what a `#jinja2:` header's overlay changes), optimized, is_async, the sandbox's
+  intercepted operators, autoescape, finalize and how it takes its argument, the environment's, code generator's,
+  context's, template's and undefined's classes, whether ansible-core escapes backslashes in this compile (its lexer
+  reads _TemplateCompileContext) and lets constants be templates (ALLOW_EMBEDDED_TEMPLATES, AnsibleCodeGenerator),
+  with the versions of ansible-core, jinja2 and Python. The code generator looks each filter and test up (a missing
+  one fails the compile outside a conditional; how the plugin takes its first argument shapes the call): the memo
+  keeps those lookups and their answers, makes them again on a hit (loading the plugins as a compile would) and
+  compiles where any answer differs. A key seen for the first time only marks it; the second compile stores it. Never
+  memoised: raw=True (the Python source), a compile that fails, an environment with extensions, a callable
+  autoescape or a finalize called at compile time, ansible-core's template debugging, a compile inside another.
 tests/foundation/test_ansiballz_memo.py checks each.
 
 How it attaches: scripts/setup puts a .pth file into .venv that imports this file; it does nothing unless
 GPUFLEET_ANSIBALLZ_MEMO names a directory (tests/conftest.py sets it for the suite), and then only patches
-`ansible.executor.module_common`, the collection loader and `yaml.load` when a process imports them. Product code never
-sees it. Unset the variable (or set it empty) to run the suite without it.
+`ansible.executor.module_common`, the collection loader, `yaml.load` and AnsibleEnvironment (with the filter and test
+maps' `get`) when a process imports them. Product code never sees it. Unset the variable (or set it empty) to run the suite without it.
 """
 from __future__ import annotations
 
@@ -500,16 +516,196 @@ def patch_yaml(yaml: t.Any, memo_dir: str) -> None:
     yaml.load = load
 
 
+_JINJA_ENV_ATTRS = (
+    # what Environment.compile's lexer, parser and code generator read from the environment (jinja2 3.1: lexer.get_lexer,
+    # compiler.CodeGenerator, nodes.EvalContext); the lexer's settings are also ansible-core's `#jinja2:` overrides
+    "block_start_string", "block_end_string", "variable_start_string", "variable_end_string", "comment_start_string",
+    "comment_end_string", "line_statement_prefix", "line_comment_prefix", "trim_blocks", "lstrip_blocks",
+    "newline_sequence", "keep_trailing_newline", "optimized", "is_async", "sandboxed", "autoescape",
+)
+_JINJA_ENV_CLASSES = ("code_generator_class", "context_class", "template_class", "undefined", "concat")
+_JINJA_TLS = None  # threading.local(): the plugin lookups a compile makes, while one is recorded
+
+
+def _qualname(obj: t.Any) -> str:
+    obj = getattr(obj, "__func__", obj)
+    return "%s.%s" % (getattr(obj, "__module__", "?"), getattr(obj, "__qualname__", type(obj).__qualname__))
+
+
+class _JinjaMemoHit:
+    """What the memo hands `compile` through ansible-core's from_string for an expression it remembers."""
+
+    __slots__ = ("code",)
+
+    def __init__(self, code: t.Any) -> None:
+        self.code = code
+
+
+def patch_jinja(jinja_bits: t.Any, memo_dir: str) -> None:
+    """jinja2's `Environment.compile` for ansible-core's AnsibleEnvironment (`from_string`, so each template and
+    variable expression ansible-core compiles) and its `compile_expression` (conditionals): the code object, marshalled,
+    keyed by everything compile reads (see _jinja_key); what a compile looked up (each filter and test the code
+    generator resolves, and how it passes its first argument) is looked up again on a hit, and the memo is used only
+    where the answers are the same. Anything unexpected: the real compile."""
+    global _JINJA_TLS
+    import threading
+    import types
+    try:
+        import jinja2
+        from jinja2.environment import Environment, TemplateExpression
+        from jinja2.utils import _PassArg, internalcode
+    except ImportError:
+        return
+    env_cls = getattr(jinja_bits, "AnsibleEnvironment", None)
+    intercept = getattr(jinja_bits, "JinjaPluginIntercept", None)
+    config = getattr(jinja_bits, "_TemplateConfig", None)
+    tcc_cls = getattr(jinja_bits, "_TemplateCompileContext", None)
+    csc_cls = getattr(jinja_bits, "_CompileStateSmugglingCtx", None)
+    field_names = getattr(jinja_bits, "_TEMPLATE_OVERRIDE_FIELD_NAMES", None)
+    core = sys.modules.get("ansible.release")
+    if None in (env_cls, intercept, config, tcc_cls, csc_cls, field_names, core) or \
+            not jinja2.__version__.startswith("3.1.") or "compile" in env_cls.__dict__ or \
+            env_cls.compile is not Environment.compile or "get" in intercept.__dict__ or \
+            Environment.compile.__code__.co_varnames[:6] != ("self", "source", "name", "filename", "raw", "defer_init") or \
+            "compile_expression" not in env_cls.__dict__:
+        return  # another ansible-core or jinja2 layout: compiled as without the memo
+    import importlib.util
+    salt = "%s/%s/%s/%s" % (core.__version__, jinja2.__version__, sys.version.split()[0], importlib.util.MAGIC_NUMBER.hex())
+    _JINJA_TLS = tls = threading.local()
+    orig_compile = Environment.compile
+    orig_get = intercept.get
+    orig_expression = env_cls.compile_expression
+
+    def get(self: t.Any, key: t.Any, default: t.Any = None) -> t.Any:
+        func = orig_get(self, key, default)
+        lookups = getattr(tls, "lookups", None)
+        if lookups is not None:
+            lookups.append((id(self), key, func is None, repr(_PassArg.from_obj(func))))
+        return func
+
+    def same_lookups(env: t.Any, recorded: t.Any) -> bool:
+        # the lookups the code generator made, again (each also loads its plugin, as the real compile would)
+        for kind, name, missing, pass_arg in recorded:
+            func = getattr(env, kind).get(name)
+            if (func is None) != missing or repr(_PassArg.from_obj(func)) != pass_arg:
+                return False
+        return True
+
+    def key_of(env: t.Any, kind: str, source: t.Any, name: t.Any, filename: t.Any, raw: t.Any, defer_init: t.Any) -> t.Optional[str]:
+        if not isinstance(source, str) or raw or defer_init not in (False, True) or \
+                not (name is None or type(name) is str) or not (filename is None or type(filename) is str) or \
+                getattr(env, "_debuggable_template_source", True) or csc_cls.current(optional=True) is not None or \
+                getattr(tls, "lookups", None) is not None:
+            return None
+        return _jinja_key(env, kind, source, name, filename, defer_init, salt, config, tcc_cls, field_names, intercept)
+
+    def load(path: str, env: t.Any) -> t.Any:
+        import marshal
+        try:
+            with open(path, "rb") as f:
+                fmt, lookups, code = marshal.loads(f.read())
+            if fmt != _MEMO_FORMAT or type(code) is not types.CodeType or not same_lookups(env, lookups):
+                return None
+        except Exception:  # none yet, unreadable, or a lookup that fails: compiled (and fails there as without the memo)
+            return None
+        return code
+
+    def record(env: t.Any, path: str, compile_: t.Callable[[], t.Any]) -> t.Any:
+        """Run the real compile, noting the plugins it looks up; store its code object on a key's second sight."""
+        import marshal
+        tls.lookups, tls.code, tls.compiles = [], None, 0
+        try:
+            result = compile_()
+            lookups, code, compiles = tls.lookups, tls.code, tls.compiles
+        finally:
+            tls.lookups = tls.code = None
+        kinds = {id(env.filters): "filters", id(env.tests): "tests"}
+        if type(code) is not types.CodeType or compiles != 1 or any(i not in kinds for i, _n, _m, _p in lookups):
+            return result  # a lookup of another mapping: not memoised
+        seen = path[:-len(".code")] + ".seen"
+        if not os.path.exists(seen):
+            _write_atomic(seen, b"")  # a template compiled once (a test's own play) costs no store
+            return result
+        try:
+            data = marshal.dumps((_MEMO_FORMAT, tuple((kinds[i], n, m, p) for i, n, m, p in lookups), code))
+        except ValueError:
+            return result
+        _write_atomic(path, data)
+        return result
+
+    @internalcode
+    def compile(self: t.Any, source: t.Any, name: t.Any = None, filename: t.Any = None, raw: bool = False,
+                defer_init: bool = False) -> t.Any:
+        if type(source) is _JinjaMemoHit:
+            return source.code
+        if getattr(tls, "lookups", None) is not None:  # recording a miss: the real compile, once (a nested one: not stored)
+            code = orig_compile(self, source, name, filename, raw, defer_init)
+            tls.code, tls.compiles = code, tls.compiles + 1
+            return code
+        key = key_of(self, "template", source, name, filename, raw, defer_init)
+        if key is None:
+            return orig_compile(self, source, name, filename, raw, defer_init)
+        path = os.path.join(memo_dir, key + ".jinja.code")
+        code = load(path, self)
+        if code is not None:
+            return code
+        return record(self, path, lambda: compile(self, source, name, filename, raw, defer_init))
+
+    def compile_expression(self: t.Any, source: t.Any, undefined_to_none: bool = True) -> t.Any:
+        key = key_of(self, "expression", source, None, None, False, False)
+        if key is None:
+            return orig_expression(self, source, undefined_to_none)
+        path = os.path.join(memo_dir, key + ".jinja.code")
+        code = load(path, self)
+        if code is None:
+            return record(self, path, lambda: orig_expression(self, source, undefined_to_none))
+        # jinja2 3.1's compile_expression past its parse: the template of the expression's code, through from_string
+        return TemplateExpression(self.from_string(_JinjaMemoHit(code)), undefined_to_none)
+
+    intercept.get = get
+    env_cls.compile = compile
+    env_cls.compile_expression = compile_expression
+
+
+def _jinja_key(env: t.Any, kind: str, source: str, name: t.Any, filename: t.Any, defer_init: bool, salt: str, config: t.Any,
+               tcc_cls: t.Any, field_names: t.Any, intercept: t.Any) -> t.Optional[str]:
+    """The sha256 of the exact source, name, file name, kind (template, expression) and defer_init, with everything about
+    the environment that changes the code jinja2 generates from it: the lexer's settings (ansible-core's `#jinja2:`
+    overrides make an overlay of them), the code generator's (optimized, is_async, sandboxed and its intercepted
+    operators, autoescape, finalize and how it is passed its argument), the classes it names, whether ansible-core
+    escapes backslashes in this compile (its lexer reads _TemplateCompileContext) and lets constants be templates
+    (AnsibleCodeGenerator.visit_Const). None where the memo cannot tell: an environment with extensions, an autoescape
+    or finalize the code generator calls at compile time, filters or tests that are not ansible-core's plugin maps."""
+    import hashlib
+    from jinja2.utils import _PassArg
+    if env.extensions or callable(env.autoescape) or type(env.filters) is not intercept or type(env.tests) is not intercept:
+        return None
+    finalize = env.finalize
+    if finalize is not None and _PassArg.from_obj(finalize) is None:
+        return None  # a plain finalize is called on constants while compiling
+    tcc = tcc_cls.current(optional=True)
+    parts = [salt, _MEMO_FORMAT, kind, repr(name), repr(filename), repr(bool(defer_init)), _qualname(type(env)),
+             repr(getattr(config, "allow_embedded_templates", None)), repr(None if tcc is None else tcc.escape_backslashes),
+             repr(None if finalize is None else (_qualname(finalize), repr(_PassArg.from_obj(finalize)))),
+             repr(sorted(getattr(env, "intercepted_binops", ()))), repr(sorted(getattr(env, "intercepted_unops", ())))]
+    parts += [repr(getattr(env, a)) for a in _JINJA_ENV_ATTRS + tuple(field_names)]
+    parts += [_qualname(getattr(env, a)) for a in _JINJA_ENV_CLASSES]
+    h = hashlib.sha256(source.encode("utf-8", "surrogatepass"))
+    h.update(("\0" + "\0".join(parts)).encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
 _PATCHES = {
     _TARGET: "patch",
     "ansible.utils.collection_loader._collection_finder": "patch_collection_loader",
     "yaml": "patch_yaml",
+    "ansible._internal._templating._jinja_bits": "patch_jinja",
 }
 
 
 class _Hook:
-    """Patches module_common, the collection loader and PyYAML right after each is first imported; every other import
-    passes through untouched."""
+    """Patches module_common, the collection loader, PyYAML and ansible-core's Jinja environment right after each is
+    first imported; every other import passes through untouched."""
 
     def __init__(self, memo_dir: str) -> None:
         self.memo_dir = memo_dir

@@ -7,6 +7,8 @@ interpreter loads the bytecode, and the source where the .pyc does not match it;
 compile() gives for the file; a built payload is reused by later runs until what it is made of changes; a memoised YAML
 parse gives the types, values and data tags (Origin, TrustedAsTemplate) of a real one, a new object each call, an
 edited file is parsed again, what it cannot give back whole (a vault value, a parse that warns) is parsed every time,
+and ansible-playbook prints the same with it cold, warm and off; a memoised Jinja compile is the code object the real
+one gives (what it renders, its errors and their template lines), a changed template or delimiter is compiled again,
 and ansible-playbook prints the same with it cold, warm and off."""
 from __future__ import annotations
 
@@ -483,4 +485,195 @@ def test_ansible_playbook_prints_the_same_with_the_yaml_memo_cold_warm_and_off(t
     runs = [run(str(memo)) for _run in range(3)]  # marked, stored, read
     kept = sorted(p.name for p in memo.glob("*.yaml.pickle"))
     assert len(kept) >= 4, kept  # the play, its vars file, the role's tasks and defaults (and ansible-core's own)
+    assert runs == [off] * 3
+
+
+_JINJA_PROBE = r"""
+import json, sys
+import jinja2.environment as je
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar
+from ansible._internal._datatag._tags import TrustedAsTemplate
+from ansible._internal._templating._jinja_bits import AnsibleEnvironment, TemplateOverrides, _TemplateCompileContext
+
+generated = []
+real_generate = je.Environment._generate
+
+
+def counting(self, *args, **kwargs):
+    generated.append(1)
+    return real_generate(self, *args, **kwargs)
+
+
+je.Environment._generate = counting  # under the memo: what a real compile does
+templar = Templar(loader=DataLoader(), variables={"port": 8080, "names": ["a", "b"], "zero": 0, "path": "c:\\new"})
+env = templar._engine.environment
+
+
+def template_frames(ex, src):
+    # the frames of the template's code in each traceback of the error's chain: the code's line, and the template's
+    # line jinja2 maps it to (the code's debug_info)
+    import traceback
+    frames = []
+    while ex is not None:
+        frames += [[f.filename, f.lineno, env.from_string(src).get_corresponding_lineno(f.lineno)]
+                   for f in traceback.extract_tb(ex.__traceback__) if f.filename == "<template>"]
+        ex = ex.__cause__ or ex.__context__
+    return frames
+
+
+out = []
+for kind, src in json.loads(sys.argv[1]):
+    del generated[:]
+    frames, error = [], None
+    try:
+        if kind == "expression":
+            got = templar.evaluate_expression(TrustedAsTemplate().tag(src))
+        else:
+            got = templar.template(TrustedAsTemplate().tag(src))
+        got = repr(got)
+    except Exception as ex:
+        got, error = "%s: %s" % (type(ex).__name__, ex), ex
+    compiled = len(generated)
+    if got.startswith("AnsibleTemplateError"):
+        frames = template_frames(error, src)
+    same = None
+    if kind == "template" and not got.startswith("AnsibleTemplateSyntaxError"):
+        # the code through the memo (a second sight of the source) and the real compile's: the same code object; in the
+        # environment ansible-core compiles it with (an overlay of the `#jinja2:` header's settings)
+        body, overlay = templar._engine._create_overlay(src, TemplateOverrides.DEFAULT)
+        with _TemplateCompileContext(escape_backslashes=True):
+            memo, fresh = overlay.compile(body), je.Environment.compile(overlay, body)
+        same = memo == fresh and memo.co_filename == fresh.co_filename
+    out.append({"got": got, "compiled": compiled, "same": same, "frames": frames})
+print(json.dumps({"patched": AnsibleEnvironment.compile.__module__, "out": out}))
+"""
+
+_JINJA_TEMPLATES = [
+    ["template", "{{ port + 1 }} {{ names | join(',') | upper }} {{ names | map('upper') | list }}"],
+    ["template", "{% if port > 8000 %}high {{ port }}{% else %}low{% endif %}\n{% for n in names %}{{ loop.index }}={{ n }} {% endfor %}"],
+    ["template", "{{ path }} {{ 'c:\\new' }}"],  # ansible-core's lexer escapes backslashes in a compile it starts
+    ["template", "#jinja2:variable_start_string:'[[', variable_end_string:']]'\n[[ port ]] {{ port }}"],
+    ["template", "line one\n{{ port }}\n{{ port // zero }}"],  # fails on line 3 when rendered
+    ["template", "{{ port | no_such_filter }}"],  # fails to compile: never memoised
+    ["expression", "port > 8000 and names | length == 2"],
+]
+
+
+def _jinja_probe(memo, templates=_JINJA_TEMPLATES) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "GPUFLEET_ANSIBALLZ_MEMO"}
+    if memo is not None:
+        env["GPUFLEET_ANSIBALLZ_MEMO"] = str(memo)
+    env["ANSIBLE_CONFIG"] = str(helpers.ROOT / "ansible.cfg")
+    out = subprocess.run([str(VENV_PY), "-c", _JINJA_PROBE, json.dumps(templates)], env=env, capture_output=True,
+                         text=True, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_memoised_jinja_compile_renders_as_the_real_one(tmp_path):
+    """A template or expression compiled once only marks the memo, a second time stores its code, and a later process
+    takes the code from it: what it renders, the errors it raises and the template lines their tracebacks name are
+    those of the real compile, and the code object is the one compile gives. One that fails to compile is compiled
+    every time."""
+    memo = tmp_path / "memo"
+    memo.mkdir()
+    off = _jinja_probe(None)
+    assert off["patched"] == "jinja2.environment"
+    got = [o["got"] for o in off["out"]]
+    assert got[:4] == ['"8081 A,B [\'A\', \'B\']"', "'high 80801=a 2=b '", "'c:\\\\new c:\\\\new'", "'8080 {{ port }}'"], got
+    assert "modulo by zero" in got[4] and [f[2] for f in off["out"][4]["frames"]] == [3], off["out"][4]
+    assert "No filter named 'no_such_filter'" in got[5] and got[6] == "True", got
+    runs = [_jinja_probe(memo) for _run in range(2)]
+    assert runs[0]["patched"] == "_gpufleet_ansiballz_memo"
+    for run in runs:
+        assert [o["got"] for o in run["out"]] == got, run
+        assert [o["frames"] for o in run["out"]] == [o["frames"] for o in off["out"]], run
+        assert [o["same"] for o in run["out"]] == [True] * 5 + [None] * 2, run
+    assert [o["compiled"] for o in runs[0]["out"]] == [1] * 7  # each compiled (then again by the probe: stored)
+    assert [o["compiled"] for o in runs[1]["out"]] == [0] * 4 + [0, 1, 1], runs[1]  # read; the expression seen once
+    assert len(list(memo.glob("*.jinja.code"))) >= 6, sorted(memo.iterdir())  # and what ansible-core compiles itself
+    again = _jinja_probe(memo)
+    assert [o["compiled"] for o in again["out"]] == [0, 0, 0, 0, 0, 1, 0], again
+    assert [o["got"] for o in again["out"]] == got
+
+
+def test_a_changed_template_or_delimiter_is_compiled_again(tmp_path):
+    memo = tmp_path / "memo"
+    memo.mkdir()
+    base = [["template", "{{ port }} {{ names | join('-') }} [[ port ]]"], ["expression", "port + 1"]]
+    _jinja_probe(memo, base)  # marked
+    _jinja_probe(memo, base)  # stored
+    assert [o["compiled"] for o in _jinja_probe(memo, base)["out"]] == [0, 0]  # read
+    changed = [
+        ["template", "{{ port }} {{ names | join('+') }} [[ port ]]"],  # the source
+        ["template", "#jinja2:variable_start_string:'[[', variable_end_string:']]'\n{{ port }} {{ names | join('-') }} [[ port ]]"],
+        ["template", "#jinja2:trim_blocks:False\n{{ port }} {{ names | join('-') }} [[ port ]]"],  # a lexer setting
+        ["expression", "port + 2"],
+    ]
+    got = _jinja_probe(memo, changed)["out"]
+    assert [o["compiled"] for o in got] == [1, 1, 1, 1], got
+    assert [o["got"] for o in got] == [repr("8080 a+b [[ port ]]"), repr("{{ port }} {{ names | join('-') }} 8080"),
+                                       repr("8080 a-b [[ port ]]"), "8082"], got
+
+
+_JINJA_PLAY = """\
+# Templated vars, filters, a conditional, a loop and a template error: what ansible-playbook prints of them must not
+# depend on where the compiled code came from.
+- hosts: localhost
+  gather_facts: false
+  vars:
+    base_port: 8000
+    names: [alpha, beta, gamma]
+    port: "{{ base_port | int + 80 }}"
+    banner: "{{ names | map('upper') | join('/') }} on {{ port }}"
+    nested: "{{ {'ports': range(base_port | int, base_port | int + 3) | list, 'first': names | first} }}"
+  tasks:
+    - name: Templated vars and filters
+      ansible.builtin.debug:
+        msg: "{{ banner }} {{ nested | to_json }} {{ (port | int / 3) | round(2) }}"
+    - name: A conditional
+      ansible.builtin.debug:
+        msg: "{% if port | int > 8000 %}high{% else %}low{% endif %} {{ names | length }}"
+      when: names | length > 2 and port | int == 8080
+    - name: Skipped by its conditional
+      ansible.builtin.debug:
+        msg: never
+      when: base_port | int > 9000
+    - name: A loop
+      ansible.builtin.debug:
+        msg: "{{ item | capitalize }} is {{ idx }}"
+      loop: "{{ names }}"
+      loop_control:
+        index_var: idx
+    - name: A template error
+      ansible.builtin.debug:
+        msg: "{{ names | first }}\\n{{ base_port // 0 }}"
+      ignore_errors: true
+    - name: An undefined variable
+      ansible.builtin.debug:
+        msg: "{{ port }} {{ no_such_variable | upper }}"
+      ignore_errors: true
+"""
+
+
+def test_ansible_playbook_prints_the_same_with_the_jinja_memo_cold_warm_and_off(tmp_path):
+    play = tmp_path / "play.yml"
+    play.write_text(_JINJA_PLAY)
+    memo = tmp_path / "memo"
+    memo.mkdir()
+
+    def run(memo_dir: str) -> str:
+        r = helpers.run_playbook(play, env=dict(os.environ, GPUFLEET_ANSIBALLZ_MEMO=memo_dir), timeout=120)
+        assert r.returncode == 0, r.stdout[-3000:]
+        return r.stdout
+
+    off = run("")
+    assert "ALPHA/BETA/GAMMA on 8080" in off and "high 3" in off and "Gamma is 2" in off, off
+    assert "modulo by zero" in off and "no_such_variable" in off and "ok=5" in off and "ignored=2" in off, off
+    runs, kept = [], []
+    for _run in range(3):  # marked, stored, read
+        runs.append(run(str(memo)))
+        kept.append({p.name: p.stat().st_mtime_ns for p in memo.glob("*.jinja.code")})
+    assert len(kept[1]) >= 8, sorted(p.name for p in memo.iterdir())
+    assert kept[2] == kept[1]  # the third run read what the second stored (wrote nothing, not even the same again)
     assert runs == [off] * 3

@@ -268,6 +268,8 @@ def test_systemd_files_keep_the_env_root_only_and_out_of_the_output(tmp_path):
         ev = tmp_path / ("vars-%d.json" % i)
         ev.write_text(json.dumps({
             "ansible_python_interpreter": PY, "gpufleet_server_name": "sglang", "gpufleet_server_command": COMMAND,
+            # The files are the systemd launcher's (the role renders them for it only).
+            "gpufleet_server_launcher": "systemd",
             "gpufleet_server_env": {"HF_TOKEN": token, "HF_HUB_OFFLINE": "1"}, "gpufleet_nccl_effective_env": NCCL,
             "_gpufleet_server_env_file": str(etc / "sglang.env"), "_gpufleet_server_unit_path": str(tmp_path / "unit"),
             "gpufleet_server_log_dir": str(tmp_path / "log")}))
