@@ -261,10 +261,13 @@ class HAProxy:
         others = {be: sum(1 for r in every if r.get("pxname") == be and r.get("svname") != server
                           and word(r.get("status", "")) in ("UP", "no") and r.get("weight") != "0")
                   for be in {r["pxname"] for r in rows}}
+        # The server's rows in the backends `backend` leaves out (the drain's check that an entry covers them).
+        elsewhere = {r["pxname"]: {"status": r.get("status", ""), "weight": r.get("weight", ""), "addr": r.get("addr", "")}
+                     for r in every if backend and r.get("svname") == server and r.get("pxname") != backend}
         return {"states": {r["pxname"]: r.get("status", "") for r in rows},
                 "addrs": {r["pxname"]: r.get("addr", "") for r in rows},
                 "weights": {r["pxname"]: r.get("weight", "") for r in rows},
-                "others_in_rotation": others}
+                "others_in_rotation": others, "elsewhere": elsewhere}
 
     def set_state(self, backends: t.Iterable[str], server: str, state: str) -> None:
         for b in sorted(backends):
@@ -418,10 +421,45 @@ class Balancers:
         return {"found": "unknown"}
 
     # out -------------------------------------------------------------------------------------------------------------
+    def uncovered_backends(self, reads: t.Mapping[str, t.Mapping[str, t.Any]]) -> t.List[str]:
+        """Why this host's server would be killed in rotation: HAProxy backends of a socket where it is in rotation (UP
+        or "no check", weight not 0, at this host's address) that no entry of the host covers, as its entries there
+        name other backends (helper-49: an entry with backend B took the server out of B only, and the restart killed
+        it while backend A, the frontend's, sent it requests). From the plan's own reads (no other show stat)."""
+        out = []
+        by_sock: t.Dict[t.Tuple[str, str], t.List[Entry]] = {}
+        for b in self.entries:
+            if b["type"] == "haproxy":
+                by_sock.setdefault((b.get("socket") or HAPROXY_SOCKET, self.ident(b)), []).append(b)
+        for (sock, srv), entries in by_sock.items():
+            if any(not b.get("backend") for b in entries):
+                continue  # an entry without backend covers every backend that has the server
+            covered = {b["backend"] for b in entries}
+            rows: t.Dict[str, t.Mapping[str, str]] = {}
+            for b in entries:
+                rows.update((reads.get(b["name"]) or {}).get("elsewhere") or {})
+            url = entries[0].get("worker_url") or self.worker_url
+            serving = sorted(be for be, r in rows.items()
+                             if be not in covered and word(r.get("status", "")) in ("UP", "no") and r.get("weight") != "0"
+                             and not address_mismatch(str(r.get("addr") or ""), url))
+            if serving:
+                out.append("haproxy %s (%s on %s): server %s is also in rotation in backend %s, which no balancer entry of "
+                           "this host takes it out of (its entries name backend %s): the restart would stop it while %s "
+                           "sends it requests. Add an entry for %s, or leave the entry's backend empty (every backend that "
+                           "has the server)"
+                           % (entries[0]["name"], sock, entries[0].get("delegate_to") or "localhost", srv,
+                              ", ".join(serving), ", ".join(sorted(covered)), "that backend" if len(serving) == 1
+                              else "those backends", ", ".join(serving)))
+        return out
+
     def plan_out(self) -> t.List[t.Dict[str, t.Any]]:
-        """Read every entry before any is touched; refuse a wrong server or worker URL with nothing touched."""
+        """Read every entry before any is touched; refuse a wrong server or worker URL, or a server left in rotation in
+        a backend no entry covers, with nothing touched."""
         plan = []
         reads = self.read_each(self.entries)
+        uncovered = self.uncovered_backends(reads)
+        if uncovered:
+            raise BalancerError("; ".join(uncovered) + "; nothing was touched")
         for b in self.entries:
             now = reads[b["name"]]
             found = now["found"]

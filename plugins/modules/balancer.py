@@ -82,7 +82,11 @@ options:
         type: str
         default: /var/run/haproxy.sock
       backend:
-        description: V(haproxy), the backend; empty is every backend that has the server.
+        description:
+          - V(haproxy), the backend; empty is every backend that has the server.
+          - With O(state=out), a server in rotation (at the entry's worker URL's address) in a backend of the same
+            socket that no entry names is refused before anything is touched, as it would be stopped while that
+            backend sends it requests.
         type: str
         default: ''
       server:
