@@ -201,6 +201,17 @@ def address_mismatch(addr: str, worker_url: str) -> t.Optional[str]:
         host, u.hostname, ", ".join(sorted(str(i) for i in ips)))
 
 
+# A backend that sent a server a session this recently (show stat's lastsess, seconds) is one a frontend uses.
+SERVING_S = 300
+
+
+def _recent(lastsess: t.Any) -> bool:
+    try:
+        return 0 <= int(str(lastsess)) <= SERVING_S
+    except ValueError:  # not shown (an old HAProxy), or -1 written otherwise: no evidence
+        return False
+
+
 def word(status: str) -> str:
     return (status.split() or [""])[0]
 
@@ -262,7 +273,8 @@ class HAProxy:
                           and word(r.get("status", "")) in ("UP", "no") and r.get("weight") != "0")
                   for be in {r["pxname"] for r in rows}}
         # The server's rows in the backends `backend` leaves out (the drain's check that an entry covers them).
-        elsewhere = {r["pxname"]: {"status": r.get("status", ""), "weight": r.get("weight", ""), "addr": r.get("addr", "")}
+        elsewhere = {r["pxname"]: {"status": r.get("status", ""), "weight": r.get("weight", ""), "addr": r.get("addr", ""),
+                                   "lastsess": r.get("lastsess", "")}
                      for r in every if backend and r.get("svname") == server and r.get("pxname") != backend}
         return {"states": {r["pxname"]: r.get("status", "") for r in rows},
                 "addrs": {r["pxname"]: r.get("addr", "") for r in rows},
@@ -421,12 +433,14 @@ class Balancers:
         return {"found": "unknown"}
 
     # out -------------------------------------------------------------------------------------------------------------
-    def uncovered_backends(self, reads: t.Mapping[str, t.Mapping[str, t.Any]]) -> t.List[str]:
-        """Why this host's server would be killed in rotation: HAProxy backends of a socket where it is in rotation (UP
-        or "no check", weight not 0, at this host's address) that no entry of the host covers, as its entries there
-        name other backends (helper-49: an entry with backend B took the server out of B only, and the restart killed
-        it while backend A, the frontend's, sent it requests). From the plan's own reads (no other show stat)."""
-        out = []
+    def uncovered_backends(self, reads: t.Mapping[str, t.Mapping[str, t.Any]]) -> t.Tuple[t.List[str], t.List[str]]:
+        """(refusals, warnings): HAProxy backends of a socket where this host's server is in rotation (UP or "no check",
+        weight not 0, at this host's address) that no entry of the host covers, as its entries there name other
+        backends. An entry with backend B took the server out of B only, and the restart stopped it while backend A, a
+        frontend's, sent it requests (helper-49). The admin socket does not say which backends a frontend uses: a
+        backend that sent the server a session in the last SERVING_S seconds (show stat's lastsess) is refused, before
+        anything is touched; one with no session of it (a pool no frontend uses) is warned of. From the plan's reads."""
+        refusals, warnings = [], []
         by_sock: t.Dict[t.Tuple[str, str], t.List[Entry]] = {}
         for b in self.entries:
             if b["type"] == "haproxy":
@@ -439,27 +453,37 @@ class Balancers:
             for b in entries:
                 rows.update((reads.get(b["name"]) or {}).get("elsewhere") or {})
             url = entries[0].get("worker_url") or self.worker_url
-            serving = sorted(be for be, r in rows.items()
-                             if be not in covered and word(r.get("status", "")) in ("UP", "no") and r.get("weight") != "0"
-                             and not address_mismatch(str(r.get("addr") or ""), url))
-            if serving:
-                out.append("haproxy %s (%s on %s): server %s is also in rotation in backend %s, which no balancer entry of "
-                           "this host takes it out of (its entries name backend %s): the restart would stop it while %s "
-                           "sends it requests. Add an entry for %s, or leave the entry's backend empty (every backend that "
-                           "has the server)"
-                           % (entries[0]["name"], sock, entries[0].get("delegate_to") or "localhost", srv,
-                              ", ".join(serving), ", ".join(sorted(covered)), "that backend" if len(serving) == 1
-                              else "those backends", ", ".join(serving)))
-        return out
+            serving = {be: r for be, r in rows.items()
+                       if be not in covered and word(r.get("status", "")) in ("UP", "no") and r.get("weight") != "0"
+                       and not address_mismatch(str(r.get("addr") or ""), url)}
+            if not serving:
+                continue
+            used = sorted(be for be, r in serving.items() if _recent(r.get("lastsess")))
+            head = ("haproxy %s (%s on %s): server %s is also in rotation in backend %%s, which no balancer entry of this "
+                    "host takes it out of (its entries name backend %s)"
+                    % (entries[0]["name"], sock, entries[0].get("delegate_to") or "localhost", srv,
+                       ", ".join(sorted(covered))))
+            if used:
+                refusals.append(head % ", ".join(used) + ", and sent it requests in the last %d s: the restart would stop "
+                                "it while %s sends it more. Add an entry for %s, or leave the entry's backend empty "
+                                "(every backend that has the server)"
+                                % (SERVING_S, "that backend" if len(used) == 1 else "those backends", ", ".join(used)))
+            idle = sorted(be for be in serving if be not in used)
+            if idle:
+                warnings.append(head % ", ".join(idle) + " but sent it no request lately: if a frontend uses it, its "
+                                "requests to this server fail while it restarts. Add an entry for it, or leave the entry's "
+                                "backend empty (every backend that has the server)")
+        return refusals, warnings
 
     def plan_out(self) -> t.List[t.Dict[str, t.Any]]:
         """Read every entry before any is touched; refuse a wrong server or worker URL, or a server left in rotation in
         a backend no entry covers, with nothing touched."""
         plan = []
         reads = self.read_each(self.entries)
-        uncovered = self.uncovered_backends(reads)
+        uncovered, unused = self.uncovered_backends(reads)
         if uncovered:
             raise BalancerError("; ".join(uncovered) + "; nothing was touched")
+        self.warnings.extend(unused)
         for b in self.entries:
             now = reads[b["name"]]
             found = now["found"]

@@ -85,8 +85,9 @@ options:
         description:
           - V(haproxy), the backend; empty is every backend that has the server.
           - With O(state=out), a server in rotation (at the entry's worker URL's address) in a backend of the same
-            socket that no entry names is refused before anything is touched, as it would be stopped while that
-            backend sends it requests.
+            socket that no entry names is refused before anything is touched when that backend sent it a request in
+            the last 300 s (C(show stat)'s C(lastsess)), as it would be stopped while that backend sends it more; a
+            backend that sent it none (a pool no frontend uses, as far as HAProxy shows) is warned of.
         type: str
         default: ''
       server:

@@ -21,6 +21,7 @@ class FakeHAProxy:
         self.servers = {k: {"status": v, "weight": "1"} for k, v in servers.items()}
         # show stat's addr column (HAProxy 1.7+), "IP:PORT" by (backend, server): shown once a test sets one.
         self.addrs: t.Dict[t.Tuple[str, str], str] = {}
+        self.lastsess: t.Dict[t.Tuple[str, str], str] = {}
         self.commands: t.List[str] = []
         # Called with the command before it is answered: a test's "reload" (MAINT forgotten) or operator action.
         self.hook: t.Optional[t.Callable[[str], None]] = None
@@ -45,15 +46,17 @@ class FakeHAProxy:
 
     def answer(self, line: str) -> str:
         if line == "show stat":
-            addr = bool(self.addrs)
-            out = ["# pxname,svname,qcur,status,weight," + ("addr," if addr else "")]
+            # The optional columns a test set values of (addr: HAProxy 1.7+; lastsess: seconds since the server's last
+            # session, -1 never), each by (backend, server).
+            extra = [(name, col) for name, col in (("addr", self.addrs), ("lastsess", self.lastsess)) if col]
+            out = ["# pxname,svname,qcur,status,weight," + "".join(name + "," for name, _ in extra)]
             for b in sorted({k[0] for k in self.servers}):
-                out.append("%s,FRONTEND,,OPEN,,%s" % (b, "," if addr else ""))
+                out.append("%s,FRONTEND,,OPEN,,%s" % (b, "," * len(extra)))
                 for (bk, s), v in sorted(self.servers.items()):
                     if bk == b:
                         out.append("%s,%s,0,%s,%s,%s" % (bk, s, v["status"], v["weight"],
-                                                         (self.addrs.get((bk, s), "") + ",") if addr else ""))
-                out.append("%s,BACKEND,0,UP,1,%s" % (b, "," if addr else ""))
+                                                         "".join(col.get((bk, s), "") + "," for _, col in extra)))
+                out.append("%s,BACKEND,0,UP,1,%s" % (b, "," * len(extra)))
             return "\n".join(out) + "\n\n"
         parts = line.split()
         if parts[:2] == ["set", "server"] and len(parts) == 5 and parts[3] == "state":

@@ -93,28 +93,41 @@ def test_url_secrets_and_public_url():
 
 
 def test_a_server_in_rotation_in_a_backend_no_entry_covers_is_refused_before_anything_is_touched(hp):
-    """helper-49 (High): the host's entry named backend web only, host1 also served backend api (the frontend's), and
-    the restart killed it there in rotation: requests failed. Refused by name, nothing touched; an entry without
-    backend, or one entry per backend, covers it."""
+    """helper-49 (High): the host's entry named backend web only, host1 also served backend api (a frontend's), and the
+    restart stopped it there in rotation: requests failed. A backend that sent it requests lately (lastsess) is refused
+    by name, nothing touched; one that sent it none (a pool no frontend uses) is warned of; an entry without backend,
+    or one entry per backend, covers it."""
+    hp.lastsess[("api", "host1")] = "2"
+    hp.lastsess[("web", "host1")] = "0"
     with pytest.raises(B.BalancerError) as e:
         bal([haproxy_entry(hp, backend="web")]).plan_out()
     assert str(e.value) == (
         "haproxy haproxy (%s on lb1): server host1 is also in rotation in backend api, which no balancer entry of this "
-        "host takes it out of (its entries name backend web): the restart would stop it while that backend sends it "
-        "requests. Add an entry for api, or leave the entry's backend empty (every backend that has the server); "
-        "nothing was touched" % hp.path)
-    assert hp.commands == ["show stat"] * len(hp.commands) and hp.status("web", "host1") == "UP"
+        "host takes it out of (its entries name backend web), and sent it requests in the last 300 s: the restart would "
+        "stop it while that backend sends it more. Add an entry for api, or leave the entry's backend empty (every "
+        "backend that has the server); nothing was touched" % hp.path)
+    assert set(hp.commands) == {"show stat"} and hp.status("web", "host1") == "UP"
     assert [s["name"] for s in bal([haproxy_entry(hp, backend="web"),
                                     haproxy_entry(hp, name="api", backend="api")]).plan_out()] == ["haproxy", "api"]
     assert len(bal([haproxy_entry(hp)]).plan_out()) == 1
-    # Out of rotation there already (an operator's MAINT, weight 0): nothing to stop it serving.
+    # No session from api ever (-1): a pool no frontend uses, as far as HAProxy shows; warned of, the drain goes on.
+    hp.lastsess[("api", "host1")] = "-1"
+    b = bal([haproxy_entry(hp, backend="web")])
+    assert len(b.plan_out()) == 1
+    assert b.warnings == ["haproxy haproxy (%s on lb1): server host1 is also in rotation in backend api, which no balancer "
+                          "entry of this host takes it out of (its entries name backend web) but sent it no request "
+                          "lately: if a frontend uses it, its requests to this server fail while it restarts. Add an "
+                          "entry for it, or leave the entry's backend empty (every backend that has the server)" % hp.path]
+    # Out of rotation there already (an operator's MAINT): nothing to stop it serving.
+    hp.lastsess[("api", "host1")] = "2"
     hp.servers[("api", "host1")]["status"] = "MAINT"
     assert len(bal([haproxy_entry(hp, backend="web")]).plan_out()) == 1
     # Another host's server of the same name there (another address): not this host's.
     hp.servers[("api", "host1")]["status"] = "UP"
     hp.addrs[("api", "host1")] = "10.0.0.9:30000"
     hp.addrs[("web", "host1")] = "10.0.0.1:30000"
-    assert len(bal([haproxy_entry(hp, backend="web")]).plan_out()) == 1
+    b = bal([haproxy_entry(hp, backend="web")])
+    assert len(b.plan_out()) == 1 and b.warnings == []
 
 
 def test_out_then_in_round_trip(hp):
@@ -203,7 +216,6 @@ def test_a_reload_mid_drain_puts_the_server_back(hp):
 
 
 def test_a_reload_right_after_maint_fails_the_drain(hp):
-    del hp.servers[("api", "host1")]  # host1 serves backend web only here (an entry naming web covers it)
     # The server comes back UP right after gpufleet set it MAINT (a reload): the wait for MAINT names what it saw.
     n = {"stat": 0}
 
@@ -428,7 +440,6 @@ def test_a_record_of_another_server_under_the_entrys_name_is_not_this_hosts_drai
     """helper-38: a record made from an entry copied from another host (server host2 under host1's entry name) was
     taken for host1's drain: the put-back undid an operator's MAINT on host1. It is not gpufleet's drain now: the
     plan leaves the MAINT as found, the audit names the record, the put-back refuses with nothing touched."""
-    del hp.servers[("api", "host1")]  # host1 serves backend web only here (an entry naming web covers it)
     hp.servers[("web", "host1")]["status"] = "MAINT"
     rec = {"haproxy": {"found": "UP", "server": "host2", "run": "r-1", "at": "t"}}
     plan = {s["name"]: s for s in bal([haproxy_entry(hp, backend="web")], records=rec).plan_out()}
@@ -527,7 +538,6 @@ def test_the_put_back_waits_for_a_check_to_pass_not_the_up_a_server_leaves_maint
     """helper-41: a server HAProxy can no longer reach read UP right after `state ready`, and the host counted as
     back. The wait now needs a settled UP: it fails the host when the next check marks the server DOWN, and passes
     when the check passes."""
-    del hp.servers[("api", "host1")]  # host1 serves backend web only here (an entry naming web covers it)
     b = bal([haproxy_entry(hp, backend="web")])
     r = b.take_out(b.plan_out())
     _leaves_maint_pending(hp, "DOWN")
