@@ -118,6 +118,15 @@ def is_local(address: str) -> bool:
         return False
 
 
+def binds_clash(a: str, b: str) -> bool:
+    """Whether two sockets on one port and these addresses cannot both listen: the same address, or a wildcard of a
+    family the other is in (an IPv6 wildcard also takes IPv4 unless it is v6only, which /proc does not say: counted)."""
+    if a == b or "::" in (a, b):
+        return True
+    v4 = [x for x in (a, b) if ipaddress.ip_address(x).version == 4]
+    return "0.0.0.0" in (a, b) and len(v4) == 2
+
+
 def serving(listener: Listener, targets: t.Sequence[str]) -> bool:
     """Whether a connection to one of `targets` can reach `listener`: same address, or a wildcard of its family (an
     IPv6 wildcard also takes IPv4 unless it is v6only, which /proc does not say: counted, to be safe)."""
@@ -166,13 +175,14 @@ def port_holders(url: str, ours: t.Callable[[int, t.Mapping[int, _proc.Proc]], b
     each keeps a server that binds the port on all addresses from starting (EADDRINUSE; helper-47: one bound to the
     host's own address, not the URL's 127.0.0.1, was missed and the launch failed after the kill).
 
-    Returns {port, checked, foreign: [{pid, user, cmdline, uid}], ours: [pids], elsewhere: [pids], assumed}: `checked`
+    Returns {port, checked, foreign: [{pid, user, cmdline, uid}], ours: [pids], ours_addresses, elsewhere: [pids],
+    assumed}: `checked`
     is false (and `assumed` says what was taken for granted) when the URL's host is not an address of this host, or
     when no listener of the port could be seen or attributed to a process.
     """
     host, port = url_endpoint(url)
-    res: t.Dict[str, t.Any] = {"port": port, "checked": False, "foreign": [], "ours": [], "elsewhere": [],
-                               "assumed": None}
+    res: t.Dict[str, t.Any] = {"port": port, "checked": False, "foreign": [], "ours": [], "ours_addresses": [],
+                               "elsewhere": [], "assumed": None}
     targets = resolve(host, port)
     if not targets or not all(is_local(a) for a in targets):
         res["assumed"] = ("%s is not an address of this host: the answer on port %d is taken as the launched server's "
@@ -203,6 +213,8 @@ def port_holders(url: str, ours: t.Callable[[int, t.Mapping[int, _proc.Proc]], b
             if ours(pid, procs):
                 if pid not in res["ours"]:
                     res["ours"].append(pid)
+                if s.address not in res["ours_addresses"]:
+                    res["ours_addresses"].append(s.address)
             elif pid not in [f["pid"] for f in res["foreign"]]:
                 p = procs.get(pid)
                 res["foreign"].append({"pid": pid, "user": p.user() if p else _proc.user_name(s.uid),

@@ -482,10 +482,19 @@ def refuse_foreign_listeners(p: t.Mapping[str, t.Any], urls: t.Sequence[str]) ->
         reach = ("may reach it (an IPv6 wildcard socket takes IPv4 connections unless it set IPV6_V6ONLY, which /proc "
                  "does not show) instead of the new server" if "::" in addrs else "would reach it instead of the new server")
         if not any(_listener.serving(_listener.Listener(a, res["port"], 0, 0), targets) for a in addrs):
-            # Bound to another address of the host than the URL's: requests to the URL do not reach it, but the new
-            # server cannot bind the port on all addresses while it listens there (helper-47).
-            reach = ("does not reach it, but the new server cannot listen on the port on all addresses while it does "
-                     "(EADDRINUSE)")
+            # Bound to another address of the host than the URL's: requests to the URL do not reach it. The old server's
+            # own sockets say where the new one binds: beside it on other addresses is fine (helper-49: a server on
+            # 127.0.0.1 and another process on the host's address); without them (the old server not running), a
+            # server that binds every address would fail with EADDRINUSE after the kill (helper-47).
+            ours = res.get("ours_addresses") or []
+            if ours and not any(_listener.binds_clash(o, a) for o in ours for a in addrs):
+                continue
+            reach = ("does not reach it, but the new server cannot listen on the port on %s while it does (EADDRINUSE)"
+                     % " or ".join(sorted(ours)) if ours else
+                     "does not reach it, but a new server that binds every address cannot listen on the port while it "
+                     "does (EADDRINUSE; the old server, whose own sockets would say where it binds, is not listening: "
+                     "for a server bound to another address, which runs beside it, set gpufleet_server_check_listener "
+                     "false)")
         raise StepError("port %d of %s is held by %s, which is not this server's (the kill does not select it, "
                         "and it is never killed); it listens on %s, where %s %s. "
                         "Nothing was stopped: stop that process or give the server another port.%s"

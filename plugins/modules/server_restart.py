@@ -29,7 +29,8 @@ description:
     With O(wait_ready.check_listener), a process that the kill does not select listening on the port of the health
     URL (or of the request's URL), on any address of the host, fails it too, named by pid, user and command line (it
     is never killed): a request to the URL would reach that process instead of the new server, or, bound to another
-    address, it keeps the new server from listening on the port on all addresses (EADDRINUSE). A listener holding one of O(gpus) (itself or
+    address, it would keep the new server from listening (EADDRINUSE) on the addresses the old server's own sockets
+    have (every address when the old server is not listening); beside them it is fine. A listener holding one of O(gpus) (itself or
     through a descendant) is a server started by hand: O(kill.gpu_strays) lets it through (the stray kill ends what
     holds the GPUs), otherwise the failure says how to adopt it."
   - "C(kill): every process carrying the launch tag O(tag_name)=O(name) (workers orphaned to PID 1 included), the

@@ -127,3 +127,12 @@ def test_exit_status_of_an_unreaped_child_and_none_for_another_process():
     assert _ready.exit_status(p.pid) == "exit status 3"
     p.returncode = 3  # reaped above
     assert _ready.exit_status(1) is None
+
+
+@pytest.mark.parametrize("a, b, clash", [
+    ("127.0.0.1", "127.0.0.1", True), ("0.0.0.0", "10.0.0.5", True), ("10.0.0.5", "0.0.0.0", True),
+    ("::", "127.0.0.1", True), ("127.0.0.1", "10.0.0.5", False), ("0.0.0.0", "::1", False), ("::1", "fe80::1", False)])
+def test_two_sockets_on_a_port_clash_on_one_address_or_a_wildcard_of_its_family(a, b, clash):
+    """helper-49: a server on 127.0.0.1 and another process on the host's address listen side by side; the preflight
+    refuses only what the old server's own addresses would clash with."""
+    assert _listener.binds_clash(a, b) is clash

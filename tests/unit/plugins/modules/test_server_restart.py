@@ -850,6 +850,22 @@ def test_a_foreign_listener_on_the_servers_port_fails_the_preflight_and_nothing_
     assert r.get("killed", 0) == 0 and _tagged(a) == running and holder.poll() is None
 
 
+def test_a_listener_beside_the_servers_own_address_on_its_port_does_not_refuse_the_restart(server, run_module):
+    """helper-49 (Medium): the server listens on 127.0.0.1 and another process on another address of the port: both
+    listen side by side (no EADDRINUSE), so the restart goes on; the old server's own sockets say where it binds."""
+    a = server
+    assert "failed" not in run_module(server_restart.main, a)
+    beside = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        beside.bind(("127.0.0.2", _port(a)))
+        beside.listen(1)
+        r = run_module(server_restart.main, a)
+        assert "failed" not in r, r.get("msg")
+        assert r["killed"] >= 1 and r["ready"]["ready_s"] > 0
+    finally:
+        beside.close()
+
+
 def test_a_foreign_listener_taking_the_port_after_the_kill_fails_the_start_at_once_and_is_not_killed(
         server, run_module, grabber):
     a = server
