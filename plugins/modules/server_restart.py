@@ -878,8 +878,9 @@ phase:
   description: The step that failed - V(preflight) (nothing stopped), V(kill), V(strays), V(clean) (nothing launched;
     nothing stopped either when RV(clean) has C(before_kill)), V(launch), V(startup) (the server died; stopped unless
     O(keep_failed)), V(ready) (timeout; stopped unless O(keep_failed)), V(busy) (a GPU stayed idle, or the launcher
-    died after it was ready), V(verify_gpus) (another process holds one of its GPUs), V(verify_env), V(gate) (the performance gate, slower than this host's last known good,
-    or a benchmark request failed; the server keeps running) or V(record).
+    died after it was ready), V(verify_gpus) (another process holds one of its GPUs), V(verify_env), V(gate) (the
+    performance gate, slower than this host's last known good, or a benchmark request failed; the server keeps
+    running) or V(record).
   returned: failure
   type: str
 """

@@ -72,6 +72,9 @@ maps' `get`) when a process imports them. Product code never sees it. Unset the 
 """
 from __future__ import annotations
 
+# Exact type checks on purpose: a tagged str subclass, a proxy or another mapping must not pass for the plain value a
+# memo's key or result was made from.
+# pylint: disable=unidiomatic-typecheck
 # Every .venv interpreter imports this file (the .pth): the module level stays cheap, the rest is imported in patch().
 import os
 import sys

@@ -560,7 +560,8 @@ _JINJA_TEMPLATES = [
 ]
 
 
-def _jinja_probe(memo, templates=_JINJA_TEMPLATES) -> dict:
+def _jinja_probe(memo, templates=None) -> dict:
+    templates = _JINJA_TEMPLATES if templates is None else templates
     env = {k: v for k, v in os.environ.items() if k != "GPUFLEET_ANSIBALLZ_MEMO"}
     if memo is not None:
         env["GPUFLEET_ANSIBALLZ_MEMO"] = str(memo)

@@ -49,13 +49,13 @@ class FakeHAProxy:
             # The optional columns a test set values of (addr: HAProxy 1.7+; lastsess: seconds since the server's last
             # session, -1 never), each by (backend, server).
             extra = [(name, col) for name, col in (("addr", self.addrs), ("lastsess", self.lastsess)) if col]
-            out = ["# pxname,svname,qcur,status,weight," + "".join(name + "," for name, _ in extra)]
+            out = ["# pxname,svname,qcur,status,weight," + "".join(name + "," for name, _col in extra)]
             for b in sorted({k[0] for k in self.servers}):
                 out.append("%s,FRONTEND,,OPEN,,%s" % (b, "," * len(extra)))
                 for (bk, s), v in sorted(self.servers.items()):
                     if bk == b:
                         out.append("%s,%s,0,%s,%s,%s" % (bk, s, v["status"], v["weight"],
-                                                         "".join(col.get((bk, s), "") + "," for _, col in extra)))
+                                                         "".join(col.get((bk, s), "") + "," for _name, col in extra)))
                 out.append("%s,BACKEND,0,UP,1,%s" % (b, "," * len(extra)))
             return "\n".join(out) + "\n\n"
         parts = line.split()

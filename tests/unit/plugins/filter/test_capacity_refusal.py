@@ -11,8 +11,10 @@ FLEET = ["h1", "h2", "h3"]
 A, B = "HAProxy /s backend a", "HAProxy /s backend b"
 
 
-def read(in_a=FLEET, in_b=FLEET, members=FLEET):
-    """One delegate's read: every host has a server in backends a and b; `in_*` those in rotation there."""
+def read(in_a=None, in_b=None, members=None):
+    """One delegate's read: every host has a server in backends a and b; `in_*` those in rotation there (all unless
+    given)."""
+    in_a, in_b, members = (FLEET if x is None else x for x in (in_a, in_b, members))
     out = sorted(h for h in members if h not in in_a or h not in in_b)
     return {"out_hosts": out, "unread": [],
             "pools": {A: {"members": list(members), "in": list(in_a)}, B: {"members": list(members), "in": list(in_b)}}}
